@@ -1,0 +1,5 @@
+"""The ``healthplane`` command."""
+
+from healthplane.cli.main import main
+
+__all__ = ["main"]

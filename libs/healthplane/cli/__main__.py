@@ -1,0 +1,5 @@
+import sys
+
+from healthplane.cli.main import main
+
+sys.exit(main())

@@ -1,0 +1,289 @@
+"""The cluster config and the collector config, exactly as SPEC.md shows them.
+
+pydantic models with the documented defaults. Unknown keys are refused (a typo such as
+``cordonBelo`` must not silently fall back to a default), and every error names the field
+path as written in the file (``nodeHealth.cordonBelow``).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import (
+    AnyHttpUrl,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic.alias_generators import to_camel
+
+from healthplane import wire
+
+MIB = 1024 * 1024
+GIB = 1024 * MIB
+NODES_BUCKET_MIN_BYTES = 64 * MIB
+NODES_BUCKET_MAX_BYTES = 2 * GIB
+
+Percent = Annotated[int, Field(ge=0, le=100)]
+Score = Annotated[int, Field(ge=0, le=100)]
+
+
+class _Camel(BaseModel):
+    model_config = ConfigDict(
+        alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True
+    )
+
+
+_DURATION_RE = re.compile(r"^(\d+)(ms|s|m|h|d)$")
+_DURATION_UNIT_S = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_duration(text: str) -> float:
+    """``"5m"`` → 300.0 seconds; the reference's duration form."""
+    match = _DURATION_RE.match(text.strip())
+    if not match:
+        raise ValueError(f"{text!r} is not a duration like 30s, 5m, 2h or 1d")
+    return int(match.group(1)) * _DURATION_UNIT_S[match.group(2)]
+
+
+class CircuitBreaker(_Camel):
+    """Reference 004: a breaker on automated cordons."""
+
+    enabled: bool = True
+    percentage: Annotated[int, Field(ge=1, le=100)] = 50
+    max_nodes: Annotated[int, Field(ge=0)] = 0
+    max_cordoned_nodes: Annotated[int, Field(ge=0)] = 0
+    max_cordoned_percentage: Percent = 0
+    duration: str = "5m"
+
+    @field_validator("duration")
+    @classmethod
+    def _duration(cls, value: str) -> str:
+        if parse_duration(value) <= 0:
+            raise ValueError("must be longer than zero")
+        return value
+
+    @property
+    def duration_seconds(self) -> float:
+        return parse_duration(self.duration)
+
+
+class NodeHealth(_Camel):
+    heartbeat_miss_threshold: Annotated[int, Field(ge=1)] = 3
+    mode: wire.PolicyMode = "observe"
+    cordon_below: Score = 60
+    drain_below: Score = 45
+    degraded_at_or_below: Score = 95
+    max_unavailable_percent: Percent = 20
+    cordon_suppression_minutes: Annotated[int, Field(ge=0)] = 30
+    max_replacements_per_hour: Annotated[int, Field(ge=0)] = 3
+    evict_on_fault_classes: list[str] = []
+    max_eviction_restarts: Annotated[int, Field(ge=0)] = 3
+    failure_tally_penalty: Annotated[int, Field(ge=0, le=100)] = 5
+    failure_tally_half_life_hours: Annotated[float, Field(gt=0)] = 168
+    penalties: dict[str, Annotated[int, Field(ge=0, le=100)]] = {}
+    circuit_breaker: CircuitBreaker = CircuitBreaker()
+    rule_sets: list[dict[str, Any]] = []
+    detectors: list[dict[str, Any]] = []
+    quiet_reports_to_clear: Annotated[int, Field(ge=1)] = 1
+    ignore_read_only_mounts: list[str] = []
+
+    @model_validator(mode="after")
+    def _thresholds(self) -> NodeHealth:
+        if self.drain_below > self.cordon_below:
+            raise ValueError(
+                f"drainBelow ({self.drain_below}) must not be above cordonBelow "
+                f"({self.cordon_below}): a node would be drained before it is cordoned"
+            )
+        return self
+
+    @field_validator("evict_on_fault_classes")
+    @classmethod
+    def _fault_classes(cls, value: list[str]) -> list[str]:
+        known = {t.upper() for t in wire.CONDITION_TYPES}
+        unknown = [v for v in value if v not in known]
+        if unknown:
+            raise ValueError(f"unknown fault class {unknown[0]!r}; known: {', '.join(sorted(known))}")
+        return value
+
+    @field_validator("ignore_read_only_mounts")
+    @classmethod
+    def _globs(cls, value: list[str]) -> list[str]:
+        for pattern in value:
+            if not pattern.startswith("/") and not pattern.startswith("*"):
+                raise ValueError(f"{pattern!r} is not an absolute mount point or glob")
+            fnmatch.translate(pattern)
+        return value
+
+
+class NodeHealthOverride(_Camel):
+    """A provisioner definition's nodeHealth: every field optional, merged over the cluster's."""
+
+    heartbeat_miss_threshold: Annotated[int, Field(ge=1)] | None = None
+    mode: wire.PolicyMode | None = None
+    cordon_below: Score | None = None
+    drain_below: Score | None = None
+    degraded_at_or_below: Score | None = None
+    max_unavailable_percent: Percent | None = None
+    cordon_suppression_minutes: Annotated[int, Field(ge=0)] | None = None
+    max_replacements_per_hour: Annotated[int, Field(ge=0)] | None = None
+    evict_on_fault_classes: list[str] | None = None
+    max_eviction_restarts: Annotated[int, Field(ge=0)] | None = None
+    failure_tally_penalty: Annotated[int, Field(ge=0, le=100)] | None = None
+    failure_tally_half_life_hours: Annotated[float, Field(gt=0)] | None = None
+    penalties: dict[str, Annotated[int, Field(ge=0, le=100)]] | None = None
+    quiet_reports_to_clear: Annotated[int, Field(ge=1)] | None = None
+    ignore_read_only_mounts: list[str] | None = None
+
+
+class ProvisionerDefinition(_Camel):
+    node_health: NodeHealthOverride = NodeHealthOverride()
+
+
+class Webhook(_Camel):
+    url: AnyHttpUrl
+    secret: str = Field(min_length=1, repr=False)
+    events: list[wire.EventType] | None = None
+    max_attempts: Annotated[int, Field(ge=1, le=100)] = 5
+
+
+class Substrate(_Camel):
+    nodes_bucket_max_bytes: Annotated[
+        int, Field(ge=NODES_BUCKET_MIN_BYTES, le=NODES_BUCKET_MAX_BYTES)
+    ] = NODES_BUCKET_MIN_BYTES
+
+
+class ClusterConfig(_Camel):
+    cluster: str = Field(default="default", min_length=1)
+    node_health: NodeHealth = NodeHealth()
+    node_event_webhooks: list[Webhook] = []
+    substrate: Substrate = Substrate()
+    provisioner_definitions: dict[str, ProvisionerDefinition] = {}
+
+    def node_health_for(self, definition: str | None) -> NodeHealth:
+        """The effective nodeHealth for a definition. Its penalties table replaces the
+        cluster's: built-in defaults plus the definition's own (SCO-2)."""
+        found = self.provisioner_definitions.get(definition or "")
+        if found is None:
+            return self.node_health
+        override = found.node_health.model_dump(exclude_none=True)
+        return self.node_health.model_copy(update=override)
+
+    def to_wire(self) -> dict[str, Any]:
+        """The config as applied: camelCase, defaults filled in, secrets included (the
+        stream is the config store; it is never printed)."""
+        return self.model_dump(mode="json", by_alias=True)
+
+
+# ---------------------------------------------------------------------------- collector config
+
+
+class _Kebab(BaseModel):
+    model_config = ConfigDict(
+        alias_generator=lambda name: name.replace("_", "-"),
+        populate_by_name=True,
+        extra="forbid",
+        frozen=True,
+    )
+
+
+class CollectorHealth(_Kebab):
+    disabled: bool = False
+    report_interval_seconds: Annotated[int, Field(ge=1, le=86400)] = 30
+
+
+class CollectorSettings(_Kebab):
+    node_id: str | None = None
+    cluster: str = "default"
+    definition: str | None = None
+    provisioned: bool = False
+    maintenance: bool = False
+    nats_url: str | None = None
+    health: CollectorHealth = CollectorHealth()
+    annotations: dict[str, str] = {}
+    smartctl_timeout_seconds: Annotated[float, Field(gt=0)] = 10.0
+    signal_timeout_seconds: Annotated[float, Field(gt=0)] = 15.0
+    read_only_mounts_expected: list[str] = []
+
+
+class CollectorConfig(_Kebab):
+    """The node agent's config, shaped like the reference's extension config."""
+
+    binary: str = "healthplane-collector"
+    enabled: bool = True
+    config: CollectorSettings = CollectorSettings()
+
+
+# ---------------------------------------------------------------------------- loading
+
+
+class ConfigError(ValueError):
+    """A config that cannot be applied; ``str()`` is the message to show, naming the field."""
+
+
+def _field_path(loc: tuple[int | str, ...]) -> str:
+    path = ""
+    for part in loc:
+        if isinstance(part, int):
+            path += f"[{part}]"
+        else:
+            path += f".{part}" if path else str(part)
+    return path or "(top level)"
+
+
+def describe(error: ValidationError) -> str:
+    """One line per problem: ``nodeHealth.cordonBelow: Input should be ≤ 100 (got 140)``."""
+    lines = []
+    for item in error.errors():
+        # pydantic reports the alias path; strip the wrappers it adds for Annotated/unions.
+        loc = tuple(p for p in item["loc"] if p not in ("function-after", "constrained-int"))
+        got = f" (got {item['input']!r})" if "input" in item and not isinstance(item["input"], dict) else ""
+        message = item["msg"].removeprefix("Value error, ")
+        lines.append(f"{_field_path(loc)}: {message}{got}")
+    return "\n".join(lines)
+
+
+def _read_yaml(path: Path) -> Any:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from exc
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise ConfigError(f"{path}: not valid YAML{where}: {getattr(exc, 'problem', exc)}") from exc
+    return {} if data is None else data
+
+
+def parse_cluster_config(data: Any, origin: str = "config") -> ClusterConfig:
+    if not isinstance(data, dict):
+        raise ConfigError(f"{origin}: the top level must be a mapping, not {type(data).__name__}")
+    try:
+        return ClusterConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(f"{origin}: {describe(exc)}") from exc
+
+
+def load_cluster_config(path: Path | str) -> ClusterConfig:
+    path = Path(path)
+    return parse_cluster_config(_read_yaml(path), str(path))
+
+
+def load_collector_config(path: Path | str) -> CollectorConfig:
+    path = Path(path)
+    data = _read_yaml(path)
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping")
+    try:
+        return CollectorConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(f"{path}: {describe(exc)}") from exc

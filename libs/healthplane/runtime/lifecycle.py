@@ -1,0 +1,75 @@
+"""Running one service process: logs, metrics endpoint, connection, streams, signals.
+
+``run_service`` is the one entry point every ``healthplane service NAME`` goes through.
+SIGTERM/SIGINT set ``ctx.stopping``; the service finishes the batch in hand, acks,
+snapshots and returns, and the process exits 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from nats.aio.client import Client as NATS
+from nats.js import JetStreamContext
+
+from healthplane import streams
+from healthplane.runtime import connect, logs, metrics
+
+
+@dataclass
+class ServiceContext:
+    name: str
+    nc: NATS
+    js: JetStreamContext
+    log: Any
+    metrics_url: str
+    stopping: asyncio.Event
+
+
+ServiceMain = Callable[[ServiceContext], Awaitable[None]]
+
+
+async def _run(name: str, main: ServiceMain, nats_url: str | None, creds: str | None,
+               metrics_port: int) -> int:
+    log = logs.configure(name)
+    endpoint = metrics.serve(metrics_port)
+    log.info("metrics endpoint", url=endpoint.url)
+    stopping = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stopping.set)
+    nc = await connect.connect(nats_url, name=f"healthplane-{name}", creds=creds, log=log)
+    js = nc.jetstream(publish_async_max_pending=8192)
+    try:
+        await streams.ensure(js)
+        ctx = ServiceContext(name, nc, js, log, endpoint.url, stopping)
+        log.info("service started", nats_url=nats_url or connect.default_url())
+        await main(ctx)
+    finally:
+        await nc.drain()
+    log.info("service stopped")
+    return 0
+
+
+def run_service(name: str, main: ServiceMain, *, nats_url: str | None = None,
+                creds: str | None = None, metrics_port: int = 0) -> int:
+    try:
+        return asyncio.run(_run(name, main, nats_url, creds, metrics_port))
+    except streams.StreamConflict as exc:
+        logs.get(service=name).error("cannot start", reason=str(exc))
+        return 1
+
+
+async def until_stopped(ctx: ServiceContext, *runners: Any) -> None:
+    """Run processors (anything with ``run()``/``stop()``) until a signal arrives."""
+    tasks = [asyncio.create_task(r.run()) for r in runners]
+    waiter = asyncio.create_task(ctx.stopping.wait())
+    await asyncio.wait([*tasks, waiter], return_when=asyncio.FIRST_COMPLETED)
+    for runner in runners:
+        runner.stop()
+    await asyncio.gather(*tasks)
+    waiter.cancel()

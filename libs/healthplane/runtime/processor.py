@@ -1,0 +1,312 @@
+"""The event-sourced service loop: snapshot, replay, fold, emit exactly once, ack.
+
+A service supplies a :class:`Core` — ``initial_state()`` and a pure
+``step(state, inbound) -> (state, emits)`` — and this module does the rest:
+
+1. **Start.** Load the latest snapshot (``HP_SNAPSHOTS``, one subject per service and
+   partition); with none, start from the initial state at sequence 0.
+2. **Already emitted.** Read the headers of every output stream past the positions the
+   snapshot recorded and collect the causations this producer already wrote.
+3. **Consume.** One consumer per input starts right after the snapshot's position; replay and
+   live processing are the same path, so the state after a restart equals a full replay.
+4. **Emit.** Each output carries ``Hp-Producer``, ``Hp-Causation`` (input stream and sequence)
+   and a deterministic ``Nats-Msg-Id``. Outputs of inputs already reflected in the streams are
+   not emitted again (REL-1), whatever the de-duplication window says.
+5. **Ack.** Inputs are acked only after every output of their batch is stored.
+6. **Snapshot** every ``snapshot_every`` inputs or seconds, and on a clean stop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Generic, Protocol, TypeVar
+
+import msgspec
+from nats.aio.client import Client as NATS
+from nats.js import JetStreamContext
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+from nats.js.errors import NotFoundError
+
+from healthplane import subjects, wire
+from healthplane.runtime import metrics
+from healthplane.runtime.publish import Publisher, PublishError
+from healthplane.runtime.pull import Delivery, PullLoop
+from healthplane.runtime.replay import replay
+
+S = TypeVar("S")
+
+PRODUCER_HEADER = "Hp-Producer"
+CAUSATION_HEADER = "Hp-Causation"
+SNAPSHOT_STREAM = "HP_SNAPSHOTS"
+
+
+class Reject(Exception):  # noqa: N818 - it is an outcome, not an error of ours
+    """Raised by a core for an input it cannot fold (malformed, wrong shape). The input is
+    terminated, logged and counted; later inputs go on (REL-3)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Input:
+    stream: str
+    filter_subjects: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Inbound:
+    """One input record as a core sees it. ``at`` is the stream's timestamp: time is data."""
+
+    stream: str
+    seq: int
+    subject: str
+    data: bytes
+    headers: dict[str, str]
+    at: datetime
+    caught_up: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Emit:
+    subject: str
+    payload: bytes
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+class Core(Protocol[S]):
+    def initial_state(self) -> S: ...
+
+    def step(self, state: S, inbound: Inbound) -> tuple[S, Sequence[Emit]]: ...
+
+
+def message_id(producer: str, stream: str, seq: int, index: int) -> str:
+    return f"{producer}:{stream}:{seq}:{index}"
+
+
+class Processor(Generic[S]):
+    def __init__(
+        self,
+        *,
+        nc: NATS,
+        js: JetStreamContext,
+        service: str,
+        core: Core[S],
+        state_type: type[S],
+        inputs: Sequence[Input],
+        outputs: Sequence[str],
+        partition: int = 0,
+        batch: int = 256,
+        snapshot_every_inputs: int = 5000,
+        snapshot_every_s: float = 10.0,
+        log: Any = None,
+    ) -> None:
+        self._nc, self._js = nc, js
+        self.service, self.partition = service, partition
+        self.producer = f"{service}.{partition}"
+        self._core = core
+        self._state_type = state_type
+        self._inputs = tuple(inputs)
+        self._outputs = tuple(outputs)
+        self._batch = batch
+        self._snapshot_every_inputs = snapshot_every_inputs
+        self._snapshot_every_s = snapshot_every_s
+        self._log = log
+        self._lock = asyncio.Lock()
+        self._publisher = Publisher(js)
+        self._loops: list[PullLoop] = []
+        self.state: S = core.initial_state()
+        self.positions: dict[str, int] = {}
+        self._already_emitted: set[tuple[str, int]] = set()
+        self._since_snapshot = 0
+        self._last_snapshot_at = time.monotonic()
+        self._state_decoder = msgspec.json.Decoder(state_type)
+        self._stopping = asyncio.Event()
+
+    # ------------------------------------------------------------------ start
+
+    async def start(self) -> None:
+        await self._restore()
+        self._already_emitted = await self._scan_emitted(self._snapshot_outputs)
+        for spec in self._inputs:
+            name = self._consumer_name(spec)
+            await self._create_consumer(spec)
+            loop = PullLoop(
+                self._nc, spec.stream, name, self._handle, service=self.service,
+                batch=self._batch, log=self._log,
+                recreate=lambda spec=spec: self._create_consumer(spec),  # type: ignore[misc]
+            )
+            self._loops.append(loop)
+
+    async def run(self) -> None:
+        """Process until :meth:`stop`; then snapshot and return."""
+        tasks = [asyncio.create_task(loop.run()) for loop in self._loops]
+        stop = asyncio.create_task(self._stopping.wait())
+        done, _ = await asyncio.wait([*tasks, stop], return_when=asyncio.FIRST_COMPLETED)
+        for loop in self._loops:
+            loop.stop()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for task in done:
+            if task is not stop and task.exception() is not None:
+                raise task.exception()  # type: ignore[misc]
+        stop.cancel()
+        await self.snapshot()
+
+    def stop(self) -> None:
+        self._stopping.set()
+
+    def _consumer_name(self, spec: Input) -> str:
+        return f"{self.producer}-{spec.stream}".replace(".", "_")
+
+    async def _create_consumer(self, spec: Input) -> None:
+        name = self._consumer_name(spec)
+        try:
+            await self._js.delete_consumer(spec.stream, name)
+        except NotFoundError:
+            pass
+        start = self.positions.get(spec.stream, 0) + 1
+        await self._js.add_consumer(
+            spec.stream,
+            ConsumerConfig(
+                durable_name=name,
+                deliver_policy=DeliverPolicy.BY_START_SEQUENCE if start > 1 else DeliverPolicy.ALL,
+                opt_start_seq=start if start > 1 else None,
+                ack_policy=AckPolicy.EXPLICIT,
+                ack_wait=60.0,
+                max_ack_pending=self._batch * 8,
+                max_waiting=64,
+                filter_subjects=list(spec.filter_subjects) or None,
+                inactive_threshold=3600.0,
+            ),
+        )
+
+    # ------------------------------------------------------------------ snapshots
+
+    async def _restore(self) -> None:
+        self._snapshot_outputs: dict[str, int] = {}
+        try:
+            raw = await self._js.get_last_msg(SNAPSHOT_STREAM, subjects.snapshot(self.service, self.partition))
+        except NotFoundError:
+            return
+        snap = wire.decode(wire.Snapshot, raw.data or b"")
+        self.state = self._state_decoder.decode(snap.state)
+        self.positions = dict(snap.positions)
+        self._snapshot_outputs = dict(snap.outputs)
+        if self._log is not None:
+            self._log.info("snapshot restored", positions=self.positions, taken_at=snap.taken_at.isoformat())
+
+    async def snapshot(self) -> None:
+        async with self._lock:
+            outputs = {}
+            for stream in self._outputs:
+                info = await self._js.stream_info(stream)
+                outputs[stream] = info.state.last_seq
+            snap = wire.Snapshot(
+                service=self.service,
+                partition=self.partition,
+                taken_at=datetime.now(UTC),
+                positions=dict(self.positions),
+                outputs=outputs,
+                state=msgspec.Raw(msgspec.json.encode(self.state)),
+            )
+            await self._js.publish(subjects.snapshot(self.service, self.partition), wire.encode(snap))
+            self._since_snapshot = 0
+            self._last_snapshot_at = time.monotonic()
+
+    async def _scan_emitted(self, from_positions: dict[str, int]) -> set[tuple[str, int]]:
+        found: set[tuple[str, int]] = set()
+        for stream in self._outputs:
+            start = from_positions.get(stream, 0) + 1
+            info = await self._js.stream_info(stream)
+            subject_trees = info.config.subjects or []
+            for tree in subject_trees:
+                async for msg in replay(self._js, stream, tree, start_seq=start, headers_only=True):
+                    headers = msg.headers or {}
+                    if headers.get(PRODUCER_HEADER) != self.producer:
+                        continue
+                    cause_stream, _, cause_seq = headers.get(CAUSATION_HEADER, "").rpartition(":")
+                    if cause_seq.isdigit():
+                        found.add((cause_stream, int(cause_seq)))
+        if found and self._log is not None:
+            self._log.info("outputs already in the streams", inputs=len(found))
+        return found
+
+    # ------------------------------------------------------------------ the fold
+
+    async def _handle(self, batch: list[Delivery]) -> None:
+        async with self._lock:
+            emits: list[tuple[Emit, str]] = []
+            state = self.state
+            for delivery in batch:
+                msg = delivery.msg
+                inbound = Inbound(
+                    stream=delivery.stream,
+                    seq=delivery.stream_seq,
+                    subject=msg.subject,
+                    data=msg.data,
+                    headers=msg.headers or {},
+                    at=datetime.fromtimestamp(delivery.timestamp_ns / 1e9, UTC),
+                    caught_up=delivery.pending == 0,
+                )
+                if delivery.stream_seq <= self.positions.get(delivery.stream, 0):
+                    continue  # redelivered after we folded it; the ack was lost
+                try:
+                    state, outputs = self._core.step(state, inbound)
+                except Reject as exc:
+                    self._reject(delivery, str(exc), "malformed")
+                    self.positions[delivery.stream] = delivery.stream_seq
+                    continue
+                except Exception as exc:
+                    self._reject(delivery, f"{type(exc).__name__}: {exc}", "error")
+                    self.positions[delivery.stream] = delivery.stream_seq
+                    continue
+                self.positions[delivery.stream] = delivery.stream_seq
+                cause = (delivery.stream, delivery.stream_seq)
+                if cause in self._already_emitted:
+                    self._already_emitted.discard(cause)
+                    metrics.DUPLICATES_SKIPPED.labels(self.service).inc()
+                    continue
+                for index, emit in enumerate(outputs):
+                    emits.append((emit, message_id(self.producer, *cause, index)))
+                    emit.headers[CAUSATION_HEADER] = f"{cause[0]}:{cause[1]}"
+                    emit.headers[PRODUCER_HEADER] = self.producer
+            await self._emit_all(emits)
+            self.state = state
+            for delivery in batch:
+                if delivery.disposition == "ack":
+                    metrics.MESSAGES_PROCESSED.labels(self.service, delivery.stream).inc()
+            self._since_snapshot += len(batch)
+        if (
+            self._since_snapshot >= self._snapshot_every_inputs
+            or time.monotonic() - self._last_snapshot_at >= self._snapshot_every_s
+        ):
+            await self.snapshot()
+
+    def _reject(self, delivery: Delivery, why: str, kind: str) -> None:
+        delivery.term(why)
+        metrics.MESSAGES_REJECTED.labels(self.service, delivery.stream, kind).inc()
+        if self._log is not None:
+            self._log.warning("input rejected", stream=delivery.stream, seq=delivery.stream_seq,
+                              subject=delivery.msg.subject, reason=why)
+
+    async def _emit_all(self, emits: list[tuple[Emit, str]]) -> None:
+        """Store every output; on failure retry the same records (same ids) until stored."""
+        delay = 0.2
+        while True:
+            try:
+                for emit, msg_id in emits:
+                    headers = dict(emit.headers)
+                    headers["Nats-Msg-Id"] = msg_id
+                    await self._publisher.publish(emit.subject, emit.payload, headers)
+                stored = await self._publisher.flush()
+            except PublishError as exc:
+                if self._log is not None:
+                    self._log.warning("emit failed, retrying", error=str(exc), retry_in_s=delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+                continue
+            for record in stored:
+                if not record.ack.duplicate:
+                    metrics.EMITTED.labels(self.service, record.ack.stream).inc()
+            return

@@ -1,0 +1,247 @@
+"""The shared pull loop: batches kept in flight on one inbox subscription.
+
+nats-py's ``fetch()`` waits for a batch, then asks for the next one, so the consumer idles for
+a round trip per batch. Here one callback subscription on an inbox receives everything, raw
+``$JS.API.CONSUMER.MSG.NEXT.<stream>.<consumer>`` requests ask for the next batch before the
+current one is drained, and status messages are accounted for:
+
+- ``100`` idle heartbeat: the request is alive;
+- ``404``/``408``: the request ended; ``Nats-Pending-Messages`` says how much of it went unused;
+- ``409``: the server cancelled it (consumer deleted, leadership change, max waiting…);
+- ``503``: nobody answers for the consumer (it or the stream is gone, or the server restarted).
+
+A watchdog re-issues requests when neither messages nor heartbeats arrive (reconnects,
+server restarts) and asks the owner to recreate a missing consumer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import msgspec
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+
+from healthplane.runtime import metrics
+
+Disposition = Literal["ack", "term", "nak"]
+
+
+@dataclass(slots=True)
+class Delivery:
+    """One data message with its JetStream metadata, and what to do with it afterwards."""
+
+    msg: Msg
+    stream: str
+    stream_seq: int
+    delivered: int
+    timestamp_ns: int
+    pending: int
+    disposition: Disposition = "ack"
+    nak_delay_s: float = 0.0
+    reject_reason: str = field(default="")
+
+    def term(self, reason: str) -> None:
+        self.disposition, self.reject_reason = "term", reason
+
+    def nak(self, delay_s: float = 1.0) -> None:
+        self.disposition, self.nak_delay_s = "nak", delay_s
+
+
+BatchHandler = Callable[[list[Delivery]], Awaitable[None]]
+
+
+def parse_ack_subject(reply: str) -> tuple[str, int, int, int, int]:
+    """``(stream, delivered, stream_seq, timestamp_ns, pending)`` from a ``$JS.ACK`` subject.
+
+    Handles both the v1 form (9 tokens) and v2 with domain and account hash (12 tokens).
+    """
+    tokens = reply.split(".")
+    if len(tokens) == 9:
+        base = 2
+    elif len(tokens) >= 11:
+        base = 4
+    else:
+        raise ValueError(f"not a JetStream ack subject: {reply!r}")
+    return (
+        tokens[base],
+        int(tokens[base + 2]),
+        int(tokens[base + 3]),
+        int(tokens[base + 5]),
+        int(tokens[base + 6]),
+    )
+
+
+class PullLoop:
+    def __init__(
+        self,
+        nc: NATS,
+        stream: str,
+        consumer: str,
+        handler: BatchHandler,
+        *,
+        service: str = "",
+        batch: int = 256,
+        expires_s: float = 30.0,
+        idle_heartbeat_s: float = 1.0,
+        recreate: Callable[[], Awaitable[None]] | None = None,
+        log: Any = None,
+    ) -> None:
+        self._nc = nc
+        self._stream = stream
+        self._consumer = consumer
+        self._handler = handler
+        self._batch = batch
+        self._expires_ns = int(expires_s * 1e9)
+        self._hb_s = idle_heartbeat_s
+        self._recreate = recreate
+        self._log = log
+        self._next_subject = f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{consumer}"
+        self._request = msgspec.json.encode(
+            {"batch": batch, "expires": self._expires_ns, "idle_heartbeat": int(idle_heartbeat_s * 1e9)}
+        )
+        self._inbox = nc.new_inbox()
+        self._buffer: deque[Delivery] = deque()
+        self._ready = asyncio.Event()
+        self._outstanding = 0
+        self._last_seen = time.monotonic()
+        self._stopping = False
+        self._consumer_missing = False
+        self._reconnects_seen = nc.stats.get("reconnects", 0)
+        self._lag = metrics.CONSUMER_LAG.labels(service, stream, consumer)
+        self.delivered = 0
+
+    # ------------------------------------------------------------------ inbound
+
+    async def _on_msg(self, msg: Msg) -> None:
+        self._last_seen = time.monotonic()
+        if not msg.reply:
+            await self._on_status(msg)
+            return
+        try:
+            stream, delivered, seq, ts, pending = parse_ack_subject(msg.reply)
+        except ValueError:
+            return
+        self._outstanding = max(0, self._outstanding - 1)
+        self._buffer.append(Delivery(msg, stream, seq, delivered, ts, pending))
+        self._ready.set()
+
+    async def _on_status(self, msg: Msg) -> None:
+        headers = msg.headers or {}
+        status = headers.get("Status", "")
+        if status == "100":
+            return
+        unused = headers.get("Nats-Pending-Messages")
+        if status in ("404", "408", "409"):
+            if unused is not None:
+                self._outstanding = max(0, self._outstanding - int(unused))
+            else:
+                self._outstanding = 0
+            if status == "409":
+                description = headers.get("Description", "")
+                if "Deleted" in description:
+                    self._consumer_missing = True
+                if self._log is not None and "Exceeded" not in description:
+                    self._log.warning("pull request cancelled", stream=self._stream,
+                                      consumer=self._consumer, reason=description)
+        elif status == "503":
+            self._outstanding = 0
+            self._consumer_missing = True
+            return
+        await self._top_up()
+
+    async def _top_up(self) -> None:
+        # Keep at most two batches requested-or-buffered: the next one is on its way
+        # while the current one is handled, and memory stays bounded.
+        if self._stopping or self._consumer_missing or not self._nc.is_connected:
+            return
+        while self._outstanding + len(self._buffer) <= self._batch:
+            self._outstanding += self._batch
+            await self._nc.publish(self._next_subject, self._request, reply=self._inbox)
+
+    # ------------------------------------------------------------------ watchdog
+
+    async def _watchdog(self) -> None:
+        delay = self._hb_s
+        while not self._stopping:
+            await asyncio.sleep(self._hb_s)
+            reconnects = self._nc.stats.get("reconnects", 0)
+            if reconnects != self._reconnects_seen:
+                # Pull requests do not survive a reconnect.
+                self._reconnects_seen = reconnects
+                self._outstanding = 0
+            silent_for = time.monotonic() - self._last_seen
+            if self._outstanding and silent_for > 3 * self._hb_s:
+                self._outstanding = 0
+            if self._consumer_missing and self._nc.is_connected:
+                if self._recreate is None:
+                    self._consumer_missing = False
+                else:
+                    try:
+                        await self._recreate()
+                        self._consumer_missing = False
+                        delay = self._hb_s
+                    except Exception as exc:
+                        if self._log is not None:
+                            self._log.warning("consumer missing, recreate failed", stream=self._stream,
+                                              consumer=self._consumer, error=str(exc), retry_in_s=delay)
+                        await asyncio.sleep(delay)
+                        delay = min(delay * 2, 30.0)
+            if not self._outstanding:
+                self._last_seen = time.monotonic()
+                try:
+                    await self._top_up()
+                except Exception:  # not connected yet; next round
+                    pass
+
+    # ------------------------------------------------------------------ main loop
+
+    def stop(self) -> None:
+        """Finish the batch in hand, settle it, and return from :meth:`run`."""
+        self._stopping = True
+        self._ready.set()
+
+    async def run(self) -> None:
+        sub = await self._nc.subscribe(self._inbox, cb=self._on_msg, pending_msgs_limit=-1,
+                                       pending_bytes_limit=-1)
+        watchdog = asyncio.create_task(self._watchdog())
+        try:
+            await self._top_up()
+            while True:
+                await self._ready.wait()
+                if self._stopping:
+                    break
+                batch = [self._buffer.popleft() for _ in range(min(self._batch, len(self._buffer)))]
+                if not self._buffer:
+                    self._ready.clear()
+                if not batch:
+                    continue
+                await self._handler(batch)
+                await self._settle(batch)
+                self._lag.set(batch[-1].pending)
+                self.delivered += len(batch)
+                await self._top_up()
+        finally:
+            watchdog.cancel()
+            await sub.unsubscribe()
+            # Hand back what was delivered but not handled, for the next consumer at once.
+            for left in self._buffer:
+                if self._nc.is_connected:
+                    await self._nc.publish(left.msg.reply, b"-NAK")
+            self._buffer.clear()
+
+    async def _settle(self, batch: list[Delivery]) -> None:
+        publish = self._nc.publish
+        for d in batch:
+            if d.disposition == "ack":
+                await publish(d.msg.reply, b"+ACK")
+            elif d.disposition == "term":
+                await publish(d.msg.reply, b"+TERM " + d.reject_reason.encode()[:200])
+            else:
+                delay = msgspec.json.encode({"delay": int(d.nak_delay_s * 1e9)})
+                await publish(d.msg.reply, b"-NAK " + delay)

@@ -1,0 +1,158 @@
+"""Every subject and KV key Healthplane uses, built and parsed in one place.
+
+Node ids come from operators and hardware (``10.0.0.42/9100``, ``node.gpu_14``) and may hold
+characters a NATS subject token cannot (``.``, ``*``, ``>``, whitespace) or a KV key cannot
+(anything outside ``[-/_=.A-Za-z0-9]``). :func:`encode_token` maps any string to one token
+that is valid in both places and :func:`decode_token` reverses it exactly.
+
+The encoding keeps ``[A-Za-z0-9_-]`` as is and writes every other UTF-8 byte as ``=XX``
+(upper-case hex), quoted-printable style, so ``cn-042`` stays readable and the common case
+costs nothing.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Final
+
+PREFIX: Final = "hp"
+
+_SAFE = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-")
+_ESCAPE: Final = "="
+_TOKEN_RE = re.compile(r"^(?:[A-Za-z0-9_-]|=[0-9A-F]{2})+$")
+
+
+class SubjectError(ValueError):
+    """A subject or token that does not follow the Healthplane scheme."""
+
+
+def encode_token(value: str) -> str:
+    """Encode ``value`` (a node id, cluster name…) into one subject token."""
+    if not value:
+        raise SubjectError("an empty string cannot be a subject token")
+    raw = value.encode("utf-8")
+    if all(b in _SAFE for b in raw):
+        return value
+    return "".join(chr(b) if b in _SAFE else f"{_ESCAPE}{b:02X}" for b in raw)
+
+
+def decode_token(token: str) -> str:
+    """Reverse :func:`encode_token`; refuses anything it could not have produced."""
+    if not _TOKEN_RE.match(token):
+        raise SubjectError(f"not an encoded token: {token!r}")
+    if _ESCAPE not in token:
+        return token
+    out = bytearray()
+    i = 0
+    while i < len(token):
+        ch = token[i]
+        if ch == _ESCAPE:
+            out.append(int(token[i + 1 : i + 3], 16))
+            i += 3
+        else:
+            out.append(ord(ch))
+            i += 1
+    try:
+        return out.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise SubjectError(f"token {token!r} does not decode to UTF-8") from exc
+
+
+# Subject builders. Cluster and node are always encoded; verbs, event types and
+# allocation ids are encoded too so that no caller can smuggle a wildcard in.
+
+
+def report(cluster: str, node_id: str) -> str:
+    return f"{PREFIX}.report.{encode_token(cluster)}.{encode_token(node_id)}"
+
+
+def resource(cluster: str, node_id: str) -> str:
+    return f"{PREFIX}.resource.{encode_token(cluster)}.{encode_token(node_id)}"
+
+
+def assessment(cluster: str, node_id: str) -> str:
+    return f"{PREFIX}.assess.{encode_token(cluster)}.{encode_token(node_id)}"
+
+
+def event(cluster: str, node_id: str, event_type: str) -> str:
+    return f"{PREFIX}.event.{encode_token(cluster)}.{encode_token(node_id)}.{encode_token(event_type)}"
+
+
+def command(cluster: str, node_id: str, verb: str) -> str:
+    return f"{PREFIX}.cmd.{encode_token(cluster)}.{encode_token(node_id)}.{encode_token(verb)}"
+
+
+def command_outcome(cluster: str, node_id: str) -> str:
+    """Where eviction answers a command (applied, refused, retry): kept with the commands."""
+    return f"{PREFIX}.outcome.{encode_token(cluster)}.{encode_token(node_id)}"
+
+
+def allocation(cluster: str, node_id: str, allocation_id: str) -> str:
+    return (
+        f"{PREFIX}.alloc.{encode_token(cluster)}.{encode_token(node_id)}."
+        f"{encode_token(allocation_id)}"
+    )
+
+
+def directive(cluster: str, node_id: str) -> str:
+    return f"{PREFIX}.directive.{encode_token(cluster)}.{encode_token(node_id)}"
+
+
+CONFIG: Final = f"{PREFIX}.config"
+
+
+def snapshot(service: str, partition: int = 0) -> str:
+    return f"{PREFIX}.snapshot.{encode_token(service)}.{partition}"
+
+
+def kv_node_key(cluster: str, node_id: str) -> str:
+    """Key of a node in the ``substrate-nodes`` bucket."""
+    return f"{encode_token(cluster)}.{encode_token(node_id)}"
+
+
+# Filters (wildcards) for consumers.
+
+
+def all_of(kind: str, cluster: str | None = None) -> str:
+    """``hp.<kind>.>`` or, for one cluster, ``hp.<kind>.<cluster>.>``."""
+    if cluster is None:
+        return f"{PREFIX}.{kind}.>"
+    return f"{PREFIX}.{kind}.{encode_token(cluster)}.>"
+
+
+def node_events(cluster: str, node_id: str) -> str:
+    """Every event of one node (the per-node filter the CLI replays)."""
+    return f"{PREFIX}.event.{encode_token(cluster)}.{encode_token(node_id)}.*"
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSubject:
+    """A parsed per-node subject: ``hp.<kind>.<cluster>.<node>[.<rest>]``."""
+
+    kind: str
+    cluster: str
+    node_id: str
+    rest: str | None
+
+
+_NODE_KINDS = frozenset({"report", "resource", "assess", "event", "cmd", "outcome", "alloc", "directive"})
+
+
+def parse(subject: str) -> NodeSubject:
+    """Parse any per-node subject back into kind, cluster, node id and the trailing token."""
+    parts = subject.split(".")
+    if len(parts) < 4 or parts[0] != PREFIX or parts[1] not in _NODE_KINDS:
+        raise SubjectError(f"not a Healthplane node subject: {subject!r}")
+    if len(parts) > 5:
+        raise SubjectError(f"too many tokens in subject: {subject!r}")
+    rest = decode_token(parts[4]) if len(parts) == 5 else None
+    return NodeSubject(parts[1], decode_token(parts[2]), decode_token(parts[3]), rest)
+
+
+def parse_kv_node_key(key: str) -> tuple[str, str]:
+    """``(cluster, node_id)`` of a ``substrate-nodes`` key."""
+    cluster, sep, node = key.partition(".")
+    if not sep or "." in node:
+        raise SubjectError(f"not a node key: {key!r}")
+    return decode_token(cluster), decode_token(node)

@@ -1,0 +1,531 @@
+"""Wire records: every JSON payload on a Healthplane subject, as msgspec Structs.
+
+Keys are camelCase on the wire (``rename="camel"``), times are RFC 3339 UTC with ``Z``.
+Decoders are strict and built once per type; a decode error names the field path
+(``$.signals.edac.controllers[0].ce``) so a bad report can be logged and counted precisely.
+``proto/`` holds the JSON Schema generated from these classes (``just proto``).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Final, Literal, TypeVar
+
+import msgspec
+
+# ---------------------------------------------------------------------------- enums
+
+SignalStatus = Literal["ok", "unavailable", "failed"]
+ReportTrigger = Literal["scheduled", "kmsg", "start"]
+Severity = Literal["info", "warning", "critical"]
+Health = Literal["HEALTHY", "DEGRADED", "UNKNOWN"]
+NodeStatus = Literal["READY", "CORDONED", "NOT_READY", "OFFLINE"]
+HoldEffect = Literal["cordon", "evict", "deprovision"]
+PolicyMode = Literal["observe", "cordon", "drain", "replace"]
+CommandVerb = Literal[
+    "cordon", "uncordon", "drain", "evict", "deprovision", "hold-release", "service"
+]
+CommandResult = Literal["applied", "refused", "retry"]
+AllocationState = Literal["placed", "started", "finished", "failed"]
+RestartPolicy = Literal["never", "on-node-fault"]
+DirectiveAction = Literal["requeue", "fail", "terminate"]
+
+EventType = Literal[
+    "CONDITION_RAISED",
+    "CONDITION_CLEARED",
+    "HEARTBEAT_MISSED",
+    "HEARTBEAT_RESUMED",
+    "SCORE_CHANGED",
+    "POLICY_RECOMMENDED",
+    "POLICY_ACTED",
+    "POLICY_HALTED",
+    "NODE_REGISTERED",
+    "NODE_CORDONED",
+    "NODE_UNCORDONED",
+    "NODE_DRAINED",
+    "NODE_EVICTED",
+    "NODE_DEPROVISIONED",
+    "NODE_REPLACED",
+    "NODE_SERVICED",
+    "HOLD_CREATED",
+    "HOLD_RELEASED",
+    "JOB_FAILURE_ATTRIBUTED",
+]
+EVENT_TYPES: Final[tuple[str, ...]] = EventType.__args__  # type: ignore[attr-defined]
+
+ConditionType = Literal[
+    "memory_errors",
+    "disk_degraded",
+    "disk_readonly",
+    "machine_check_errors",
+    "gpu_ecc_errors",
+    "gpu_xid_errors",
+    "gpu_throttling",
+    "heartbeat_missed",
+    "collector_failed",
+    "telemetry_stale",
+]
+CONDITION_TYPES: Final[tuple[str, ...]] = ConditionType.__args__  # type: ignore[attr-defined]
+
+SEVERITY_LEVEL: Final[dict[str, int]] = {"info": 1, "warning": 2, "critical": 3}
+
+
+class Record(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    """Base of every wire record."""
+
+
+class Sparse(Record, frozen=True, kw_only=True, omit_defaults=True):
+    """A record whose optional fields are left out when unset (node events, commands)."""
+
+
+# ---------------------------------------------------------------------------- health report
+
+
+class DimmCounts(Record, frozen=True, kw_only=True):
+    name: str
+    label: str | None = None
+    ce: int
+    ue: int
+
+
+class EdacController(Record, frozen=True, kw_only=True):
+    name: str
+    ce: int
+    ue: int
+    ce_noinfo: int = 0
+    ue_noinfo: int = 0
+    dimms: list[DimmCounts] = []
+
+
+class EdacSignal(Record, frozen=True, kw_only=True):
+    status: SignalStatus
+    reason: str | None = None
+    controllers: list[EdacController] = []
+
+
+class SmartAttribute(Record, frozen=True, kw_only=True):
+    id: int
+    name: str
+    value: int | None = None
+    worst: int | None = None
+    thresh: int | None = None
+    raw: int | None = None
+    when_failed: Literal["now", "past", ""] = ""
+
+
+class SmartDevice(Record, frozen=True, kw_only=True):
+    name: str
+    protocol: str | None = None  # "ATA", "NVMe", "SCSI"
+    model: str | None = None
+    serial: str | None = None
+    passed: bool | None = None
+    exit_status: int = 0
+    exit_status_bits: list[str] = []
+    critical_warning: int | None = None
+    failing_now: list[SmartAttribute] = []
+    failed_in_past: list[SmartAttribute] = []
+    error: str | None = None
+
+
+class SmartSignal(Record, frozen=True, kw_only=True):
+    status: SignalStatus
+    reason: str | None = None
+    devices: list[SmartDevice] = []
+
+
+class IoErrorCount(Record, frozen=True, kw_only=True):
+    name: str
+    count: int
+
+
+class IoerrSignal(Record, frozen=True, kw_only=True):
+    status: SignalStatus
+    reason: str | None = None
+    devices: list[IoErrorCount] = []
+
+
+class XidEntry(Record, frozen=True, kw_only=True):
+    pci_bus_id: str
+    gpu_index: int | None
+    xid: int
+    count: int
+    last_at: datetime | None = None
+    last_message: str
+
+
+class SxidEntry(Record, frozen=True, kw_only=True):
+    device: str
+    sxid: int
+    count: int
+    last_message: str
+
+
+class MachineChecks(Record, frozen=True, kw_only=True):
+    corrected: int = 0
+    fatal: int = 0
+
+
+class HardwareErrorRecords(Record, frozen=True, kw_only=True):
+    """GHES/APEI records by severity."""
+
+    corrected: int = 0
+    recoverable: int = 0
+    fatal: int = 0
+
+
+class KernelEdacCounts(Record, frozen=True, kw_only=True):
+    ce: int = 0
+    ue: int = 0
+
+
+class RemountReadOnly(Record, frozen=True, kw_only=True):
+    device: str
+    last_message: str
+
+
+class KmsgSignal(Record, frozen=True, kw_only=True):
+    status: SignalStatus
+    reason: str | None = None
+    xid: list[XidEntry] = []
+    sxid: list[SxidEntry] = []
+    machine_checks: MachineChecks = MachineChecks()
+    hardware_errors: HardwareErrorRecords = HardwareErrorRecords()
+    edac: KernelEdacCounts = KernelEdacCounts()
+    remount_read_only: list[RemountReadOnly] = []
+    backlog_skipped: bool | None = None
+    malformed_records: int = 0
+
+
+class ReadOnlyMount(Record, frozen=True, kw_only=True):
+    mount_point: str
+    device: str
+    fs_type: str
+
+
+class MountsSignal(Record, frozen=True, kw_only=True):
+    status: SignalStatus
+    reason: str | None = None
+    read_only: list[ReadOnlyMount] = []
+
+
+class EccCounts(Record, frozen=True, kw_only=True):
+    corrected: int
+    uncorrected: int
+
+
+class GpuEcc(Record, frozen=True, kw_only=True):
+    """Never zeros when unavailable: the counts are null then (COL-10)."""
+
+    status: Literal["ok", "unavailable"]
+    reason: str | None = None
+    volatile: EccCounts | None = None
+    aggregate: EccCounts | None = None
+
+
+class GpuThrottle(Record, frozen=True, kw_only=True):
+    reasons: list[str] = []
+    thermal: bool = False
+    power_brake: bool = False
+
+
+class GpuRowRemap(Record, frozen=True, kw_only=True):
+    correctable: int = 0
+    uncorrectable: int = 0
+    pending: bool = False
+    failed: bool = False
+
+
+class GpuDevice(Record, frozen=True, kw_only=True):
+    index: int
+    pci_bus_id: str
+    uuid: str | None = None
+    serial: str | None = None
+    name: str | None = None
+    ecc: GpuEcc
+    throttle: GpuThrottle
+    row_remap: GpuRowRemap | None = None
+    temperature_c: int | None = None
+
+
+class GpuSignal(Record, frozen=True, kw_only=True):
+    status: SignalStatus
+    reason: str | None = None
+    source: Literal["nvml", "nvidia-smi"] | None = None
+    driver_version: str | None = None
+    devices: list[GpuDevice] = []
+
+
+class Signals(Record, frozen=True, kw_only=True):
+    edac: EdacSignal
+    smart: SmartSignal
+    ioerr: IoerrSignal
+    kmsg: KmsgSignal
+    mounts: MountsSignal
+    gpu: GpuSignal
+
+
+class HealthReport(Record, frozen=True, kw_only=True):
+    """``hp.report.{cluster}.{node}``: what the collector saw (``collector --once -o json``)."""
+
+    node_id: str
+    cluster: str
+    hostname: str
+    sent_at: datetime
+    interval_seconds: int
+    trigger: ReportTrigger
+    signals: Signals
+    boot_id: str | None = None
+    agent_version: str | None = None
+
+
+# ---------------------------------------------------------------------------- resource report
+
+
+class ResourceDevice(Record, frozen=True, kw_only=True):
+    kind: Literal["gpu"]
+    vendor: Literal["nvidia", "amd", "other"]
+    index: int
+    pci_bus_id: str
+    uuid: str | None = None
+    model: str | None = None
+    memory_bytes: int | None = None
+
+
+class ResourceReport(Record, frozen=True, kw_only=True):
+    """``hp.resource.{cluster}.{node}``: inventory and readiness (COL-11)."""
+
+    node_id: str
+    cluster: str
+    hostname: str
+    sent_at: datetime
+    ready: bool
+    cores: int
+    memory_bytes: int
+    devices: list[ResourceDevice] = []
+    annotations: dict[str, str] = {}
+    definition: str | None = None
+    provisioned: bool = False
+    health_reporting: bool = True
+
+
+# ---------------------------------------------------------------------------- assessment
+
+
+class Condition(Record, frozen=True, kw_only=True):
+    type: ConditionType
+    reason: str
+    severity: Severity
+    message: str
+    first_seen: datetime
+    observations: int = 1
+
+
+class Assessment(Record, frozen=True, kw_only=True):
+    """``hp.assess.{cluster}.{node}``: the node's complete active condition set after one report."""
+
+    node_id: str
+    cluster: str
+    assessed_at: datetime
+    report_sent_at: datetime | None
+    health: Health
+    conditions: list[Condition]
+    definition: str | None = None
+    real_fault: bool = False
+
+
+# ---------------------------------------------------------------------------- node events
+
+
+class ConditionChange(Sparse, frozen=True, kw_only=True):
+    type: ConditionType
+    reason: str
+    severity: Severity
+    message: str
+    previous_severity: Severity | None = None
+
+
+class Contribution(Record, frozen=True, kw_only=True):
+    reason: str
+    condition: str
+    points: int  # negative: points deducted
+
+
+class Hold(Record, frozen=True, kw_only=True):
+    id: str
+    effect: HoldEffect
+    reason: str | None
+    actor: str
+    created_at: datetime
+
+
+class NodeEvent(Sparse, frozen=True, kw_only=True):
+    """``hp.event.{cluster}.{node}.{TYPE}``: the durable record; the CLI and webhooks show it as is."""
+
+    id: str
+    node_id: str
+    cluster: str
+    type: EventType
+    occurred_at: datetime
+    message: str
+    actor: str
+    condition: ConditionChange | None = None
+    score: int | None = None
+    previous_score: int | None = None
+    contributions: list[Contribution] | None = None
+    penalties: str | None = None
+    action: str | None = None
+    policy_mode: PolicyMode | None = None
+    hold: Hold | None = None
+    fault_class: str | None = None
+    moved: int | None = None
+    failed: int | None = None
+    drain_mode: Literal["passive", "active"] | None = None
+    allocation_id: str | None = None
+    command_id: str | None = None
+    hostname: str | None = None
+    definition: str | None = None
+    provisioned: bool | None = None
+    config_version: int | None = None
+
+
+# ---------------------------------------------------------------------------- commands
+
+
+class Command(Sparse, frozen=True, kw_only=True):
+    """``hp.cmd.{cluster}.{node}.{verb}``: an operator's or automation's request."""
+
+    id: str
+    node_id: str
+    cluster: str
+    verb: CommandVerb
+    actor: str
+    issued_at: datetime
+    reason: str | None = None
+    active: bool = False
+    evict: bool = False
+    force: bool = False
+    batch_id: str | None = None
+    hold_ids: list[str] = []
+    effect: HoldEffect | None = None
+
+
+class CommandOutcome(Sparse, frozen=True, kw_only=True):
+    """``hp.outcome.{cluster}.{node}``: what became of a command (events, or a refusal)."""
+
+    command_id: str
+    node_id: str
+    cluster: str
+    verb: CommandVerb
+    result: CommandResult
+    message: str
+    decided_at: datetime
+    event_ids: list[str] = []
+
+
+# ---------------------------------------------------------------------------- scheduler protocol
+
+
+class Allocation(Sparse, frozen=True, kw_only=True):
+    """``hp.alloc.{cluster}.{node}.{alloc}``: one step of a job on one node (EVI-8)."""
+
+    id: str
+    job_id: str
+    node_id: str
+    cluster: str
+    state: AllocationState
+    at: datetime
+    reason: str | None = None
+    retry_on: list[str] = []
+    retry_attempts: int = 0
+    restart: RestartPolicy = "never"
+    node_fault_restarts: int = 0
+
+
+class Directive(Sparse, frozen=True, kw_only=True):
+    """``hp.directive.{cluster}.{node}``: eviction's instruction to the scheduler or provisioner."""
+
+    id: str
+    node_id: str
+    cluster: str
+    action: DirectiveAction
+    message: str
+    issued_at: datetime
+    allocation_id: str | None = None
+    cause_event_id: str | None = None
+
+
+# ---------------------------------------------------------------------------- config, snapshots
+
+
+class ConfigEnvelope(Record, frozen=True, kw_only=True):
+    """``hp.config``: the whole validated cluster config, as applied."""
+
+    version: int
+    applied_at: datetime
+    actor: str
+    config: dict[str, Any]
+
+
+class Snapshot(Record, frozen=True, kw_only=True):
+    """``hp.snapshot.{service}.{partition}``: a service's folded state and where it stood."""
+
+    service: str
+    partition: int
+    taken_at: datetime
+    positions: dict[str, int]  # input stream -> last sequence folded into ``state``
+    outputs: dict[str, int] = {}  # output stream -> its last sequence when this was taken
+    state: msgspec.Raw
+
+
+# ---------------------------------------------------------------------------- codec
+
+R = TypeVar("R", bound=Record)
+
+
+class WireError(ValueError):
+    """A payload that does not decode; the message names the record and the field."""
+
+
+_encoder: Final = msgspec.json.Encoder()
+_decoders: dict[type[Any], msgspec.json.Decoder[Any]] = {}
+
+
+def encode(record: Record) -> bytes:
+    return _encoder.encode(record)
+
+
+def decoder(kind: type[R]) -> msgspec.json.Decoder[R]:
+    """The one strict decoder for ``kind`` (built on first use, then shared)."""
+    found = _decoders.get(kind)
+    if found is None:
+        found = _decoders[kind] = msgspec.json.Decoder(kind)
+    return found
+
+
+def decode(kind: type[R], data: bytes | str) -> R:
+    try:
+        return decoder(kind).decode(data)
+    except msgspec.ValidationError as exc:
+        raise WireError(f"invalid {kind.__name__}: {exc}") from exc
+    except msgspec.DecodeError as exc:
+        raise WireError(f"invalid {kind.__name__}: malformed JSON ({exc})") from exc
+
+
+def to_builtins(record: Record) -> Any:
+    """The record as plain JSON types, exactly as it is on the wire."""
+    return msgspec.to_builtins(record)
+
+
+# Every record on a subject, by subject kind: the contract proto/ is generated from.
+RECORDS: Final[dict[str, type[Record]]] = {
+    "report": HealthReport,
+    "resource": ResourceReport,
+    "assess": Assessment,
+    "event": NodeEvent,
+    "cmd": Command,
+    "outcome": CommandOutcome,
+    "alloc": Allocation,
+    "directive": Directive,
+    "config": ConfigEnvelope,
+    "snapshot": Snapshot,
+}
