@@ -301,6 +301,8 @@ class Processor(Generic[S]):
                     await self._publisher.publish(emit.subject, emit.payload, headers)
                 stored = await self._publisher.flush()
             except PublishError as exc:
+                if self._nc.is_closed:
+                    raise
                 if self._log is not None:
                     self._log.warning("emit failed, retrying", error=str(exc), retry_in_s=delay)
                 await asyncio.sleep(delay)

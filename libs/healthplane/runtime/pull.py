@@ -26,6 +26,7 @@ from typing import Any, Literal
 import msgspec
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
+from nats.errors import ConnectionClosedError
 
 from healthplane.runtime import metrics
 
@@ -170,6 +171,9 @@ class PullLoop:
         delay = self._hb_s
         while not self._stopping:
             await asyncio.sleep(self._hb_s)
+            if self._nc.is_closed:
+                self._ready.set()  # run() raises: a closed client never comes back
+                return
             reconnects = self._nc.stats.get("reconnects", 0)
             if reconnects != self._reconnects_seen:
                 # Pull requests do not survive a reconnect.
@@ -216,6 +220,8 @@ class PullLoop:
                 await self._ready.wait()
                 if self._stopping:
                     break
+                if self._nc.is_closed:
+                    raise ConnectionClosedError
                 batch = [self._buffer.popleft() for _ in range(min(self._batch, len(self._buffer)))]
                 if not self._buffer:
                     self._ready.clear()
@@ -228,8 +234,14 @@ class PullLoop:
                 await self._top_up()
         finally:
             watchdog.cancel()
-            await sub.unsubscribe()
-            # Hand back what was delivered but not handled, for the next consumer at once.
+            # Drain rather than unsubscribe: messages the server sent before it saw our
+            # UNSUB still reach the buffer, and are handed back below instead of waiting
+            # out ack_wait on the server.
+            if self._nc.is_connected:
+                try:
+                    await sub.drain()
+                except Exception:
+                    await sub.unsubscribe()
             for left in self._buffer:
                 if self._nc.is_connected:
                     await self._nc.publish(left.msg.reply, b"-NAK")

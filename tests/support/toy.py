@@ -1,0 +1,86 @@
+"""A toy event-sourced service for testing the runtime: counts inputs per key and emits one
+output per input. Run as a process: ``python -m tests.support.toy NATS_URL [SNAPSHOT_EVERY]``."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+from collections.abc import Sequence
+
+import msgspec
+from nats.js import JetStreamContext
+
+from healthplane.runtime import logs
+from healthplane.runtime.connect import connect
+from healthplane.runtime.processor import Emit, Inbound, Input, Processor, Reject
+
+
+class ToyState(msgspec.Struct):
+    counts: dict[str, int] = {}
+
+
+class ToyInput(msgspec.Struct):
+    key: str
+
+
+_decode_input = msgspec.json.Decoder(ToyInput).decode
+
+
+class ToyCore:
+    def __init__(self, out_prefix: str = "toy.out") -> None:
+        self.out_prefix = out_prefix
+
+    def initial_state(self) -> ToyState:
+        return ToyState()
+
+    def step(self, state: ToyState, inbound: Inbound) -> tuple[ToyState, Sequence[Emit]]:
+        try:
+            item = _decode_input(inbound.data)
+        except msgspec.DecodeError as exc:
+            raise Reject(str(exc)) from exc
+        count = state.counts.get(item.key, 0) + 1
+        new = ToyState(counts={**state.counts, item.key: count})
+        payload = msgspec.json.encode({"key": item.key, "count": count, "cause": inbound.seq})
+        return new, [Emit(f"{self.out_prefix}.{item.key}", payload)]
+
+
+def fold(inputs: Sequence[bytes]) -> ToyState:
+    """The state a full replay must reach: the pure fold of every input."""
+    core, state = ToyCore(), ToyState()
+    for seq, data in enumerate(inputs, 1):
+        try:
+            state, _ = core.step(state, Inbound("TOY_IN", seq, "", data, {}, None, True))  # type: ignore[arg-type]
+        except Reject:
+            pass
+    return state
+
+
+async def ensure_toy_streams(js: JetStreamContext, suffix: str = "", duplicate_window: float = 120.0) -> None:
+    await js.add_stream(name=f"TOY_IN{suffix}", subjects=[f"toy{suffix}.in.>"])
+    await js.add_stream(name=f"TOY_OUT{suffix}", subjects=[f"toy{suffix}.out.>"], duplicate_window=duplicate_window)
+
+
+def processor(nc, js, suffix: str = "", snapshot_every: int = 200, batch: int = 50, log=None) -> Processor[ToyState]:  # type: ignore[no-untyped-def]
+    return Processor(
+        nc=nc, js=js, service=f"toy{suffix}", core=ToyCore(f"toy{suffix}.out"), state_type=ToyState,
+        inputs=[Input(f"TOY_IN{suffix}")], outputs=[f"TOY_OUT{suffix}"], batch=batch,
+        snapshot_every_inputs=snapshot_every, snapshot_every_s=3600, log=log,
+    )
+
+
+async def _main(url: str, snapshot_every: int) -> None:
+    log = logs.configure("toy", json=True)
+    nc = await connect(url, name="toy", log=log)
+    js = nc.jetstream()
+    proc = processor(nc, js, snapshot_every=snapshot_every, log=log)
+    await proc.start()
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, proc.stop)
+    log.info("toy running")
+    await proc.run()
+    await nc.drain()
+
+
+if __name__ == "__main__":
+    asyncio.run(_main(sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 200))
