@@ -10,7 +10,7 @@ from __future__ import annotations
 import fnmatch
 import re
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 import yaml
 from pydantic import (

@@ -80,6 +80,7 @@ def run(args: argparse.Namespace) -> int:
 
         stack = {
             "natsUrl": nats_url,
+            "natsServerPid": server.process.pid if server and server.process else None,
             "services": [
                 {"name": c.name, "pid": c.process.pid, "metricsUrl": c.metrics_url} for c in children
             ],

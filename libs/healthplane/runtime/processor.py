@@ -44,7 +44,7 @@ CAUSATION_HEADER = "Hp-Causation"
 SNAPSHOT_STREAM = "HP_SNAPSHOTS"
 
 
-class Reject(Exception):  # noqa: N818 - it is an outcome, not an error of ours
+class Reject(Exception):
     """Raised by a core for an input it cannot fold (malformed, wrong shape). The input is
     terminated, logged and counted; later inputs go on (REL-3)."""
 

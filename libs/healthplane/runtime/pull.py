@@ -239,7 +239,7 @@ class PullLoop:
             # out ack_wait on the server.
             if self._nc.is_connected:
                 try:
-                    await sub.drain()
+                    await sub.drain()  # type: ignore[no-untyped-call]
                 except Exception:
                     await sub.unsubscribe()
             for left in self._buffer:

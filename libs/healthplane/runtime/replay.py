@@ -52,7 +52,7 @@ async def replay(
         consumer = await sub.consumer_info()
         # num_pending counts what is not yet pushed: the server may already have sent
         # everything, so "nothing to read" also needs nothing delivered.
-        if consumer.num_pending == 0 and not consumer.delivered.consumer_seq:
+        if consumer.num_pending == 0 and not (consumer.delivered and consumer.delivered.consumer_seq):
             return
         while True:
             msg = await sub.next_msg(timeout=idle_timeout_s)

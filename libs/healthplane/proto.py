@@ -1,0 +1,138 @@
+"""Generate ``proto/``: JSON Schema for every wire record and an AsyncAPI document listing
+every subject, its stream and its payload. ``just proto`` runs ``python -m healthplane.proto``;
+a test fails when the committed files differ from what this produces.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from healthplane import streams, wire
+
+# Channel (AsyncAPI address with parameters) -> (record kind in wire.RECORDS, description).
+CHANNELS: dict[str, tuple[str, str, str]] = {
+    "hp.report.{cluster}.{node}": ("report", "collector", "Health report, periodic or out-of-band"),
+    "hp.resource.{cluster}.{node}": ("resource", "collector", "Resource report: inventory and readiness"),
+    "hp.assess.{cluster}.{node}": ("assess", "health-ingest", "The node's complete active condition set after one report"),
+    "hp.event.{cluster}.{node}.{type}": ("event", "the service that owns the type", "Node event, the durable record"),
+    "hp.cmd.{cluster}.{node}.{verb}": ("cmd", "CLI, policy", "Operator or automation command"),
+    "hp.outcome.{cluster}.{node}": ("outcome", "eviction", "What became of a command: applied, refused, retry"),
+    "hp.alloc.{cluster}.{node}.{alloc}": ("alloc", "scheduler", "Allocation lifecycle"),
+    "hp.directive.{cluster}.{node}": ("directive", "eviction", "Instruction to the scheduler or provisioner"),
+    "hp.config": ("config", "config apply", "The whole validated cluster config, versioned"),
+    "hp.snapshot.{service}.{partition}": ("snapshot", "every stateful service", "Latest folded state per service and partition"),
+}
+
+PARAMETERS = {
+    "cluster": "Cluster name, encoded as one subject token (healthplane.subjects.encode_token)",
+    "node": "Node id, encoded as one subject token (healthplane.subjects.encode_token)",
+    "type": "Node event type, e.g. CONDITION_RAISED",
+    "verb": "Command verb: cordon, uncordon, drain, evict, deprovision, hold-release, service",
+    "alloc": "Allocation id, encoded as one subject token",
+    "service": "Service name",
+    "partition": "Partition number",
+}
+
+
+def _stream_of(address: str) -> str:
+    for definition in streams.STREAMS:
+        for pattern in definition.subjects:
+            prefix = pattern.removesuffix(">")
+            if address == pattern or (pattern.endswith(">") and address.startswith(prefix)):
+                return definition.name
+    raise LookupError(f"no stream holds {address}")
+
+
+def schemas() -> dict[str, Any]:
+    """One JSON Schema document per record, sharing ``$defs``."""
+    kinds = list(wire.RECORDS.values())
+    refs, components = msgspec.json.schema_components(kinds, ref_template="#/$defs/{name}")
+    out = {}
+    for kind, ref in zip(kinds, refs, strict=True):
+        out[kind.__name__] = {
+            "$schema": "https://json-schema.org/draft/2020-12/schema",
+            "$id": f"https://healthplane.dev/proto/{kind.__name__}.json",
+            **ref,
+            "$defs": components,
+        }
+    return out
+
+
+def asyncapi() -> dict[str, Any]:
+    kinds = list(wire.RECORDS.values())
+    _, components = msgspec.json.schema_components(kinds, ref_template="#/components/schemas/{name}")
+    channels: dict[str, Any] = {}
+    operations: dict[str, Any] = {}
+    messages: dict[str, Any] = {}
+    for address, (kind, writer, description) in CHANNELS.items():
+        record = wire.RECORDS[kind]
+        channel_id = address.replace(".", "_").replace("{", "").replace("}", "")
+        messages[record.__name__] = {
+            "name": record.__name__,
+            "contentType": "application/json",
+            "payload": {"$ref": f"#/components/schemas/{record.__name__}"},
+        }
+        params = [p.strip("{}") for p in address.split(".") if p.startswith("{")]
+        channels[channel_id] = {
+            "address": address,
+            "description": f"{description}. Stream {_stream_of(address.replace('{', '').replace('}', ''))}; written by {writer}.",
+            "messages": {record.__name__: {"$ref": f"#/components/messages/{record.__name__}"}},
+            **({"parameters": {p: {"description": PARAMETERS[p]} for p in params}} if params else {}),
+        }
+        operations[f"publish_{channel_id}"] = {
+            "action": "send",
+            "channel": {"$ref": f"#/channels/{channel_id}"},
+            "summary": f"{writer} appends to {address}",
+        }
+    return {
+        "asyncapi": "3.0.0",
+        "info": {
+            "title": "Healthplane",
+            "version": "1",
+            "description": "Every subject on the Healthplane bus. All payloads are JSON, UTF-8; "
+            "keys camelCase; times RFC 3339 UTC with Z.",
+        },
+        "defaultContentType": "application/json",
+        "channels": channels,
+        "operations": operations,
+        "components": {
+            "messages": messages,
+            "schemas": components,
+        },
+        "x-streams": [
+            {"name": s.name, "subjects": list(s.subjects), "retention": s.retention.value,
+             "maxAgeSeconds": s.max_age, "maxMsgsPerSubject": s.max_msgs_per_subject}
+            for s in streams.STREAMS
+        ],
+    }
+
+
+def render() -> dict[str, str]:
+    """Relative path -> file text: everything ``proto/`` must hold."""
+    files = {
+        f"schemas/{name}.json": json.dumps(schema, indent=2, sort_keys=True) + "\n"
+        for name, schema in schemas().items()
+    }
+    files["asyncapi.json"] = json.dumps(asyncapi(), indent=2, sort_keys=True) + "\n"
+    return files
+
+
+def write(folder: Path) -> list[Path]:
+    written = []
+    for relative, text in render().items():
+        path = folder / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+        written.append(path)
+    return written
+
+
+if __name__ == "__main__":
+    target = Path(sys.argv[1] if len(sys.argv) > 1 else "proto")
+    for path in write(target):
+        print(path)

@@ -1,0 +1,101 @@
+"""`healthplane up`: starts, answers, stops cleanly, and refuses with one line."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from healthplane import configstore, streams
+from healthplane.runtime.connect import connect
+
+pytestmark = [pytest.mark.slow, pytest.mark.nats]
+
+
+def _up(tmp_path: Path, *extra: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "healthplane.cli", "up", "--nats-port", "0", "--data-dir",
+         str(tmp_path / "hp"), *extra],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie is gone for our purpose only once reaped; up reaps its own children.
+    stat = Path(f"/proc/{pid}/stat")
+    return stat.exists() and stat.read_text().split()[2] != "Z"
+
+
+def _wait_for_stack(path: Path, process: subprocess.Popen[str], timeout: float = 60) -> dict[str, object]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists():
+            return json.loads(path.read_text())  # type: ignore[no-any-return]
+        if process.poll() is not None:
+            raise AssertionError(f"up exited early: {process.stderr.read() if process.stderr else ''}")
+        time.sleep(0.1)
+    raise AssertionError("stack.json never appeared")
+
+
+def test_up_starts_answers_and_ctrl_c_leaves_nothing(tmp_path: Path) -> None:
+    process = _up(tmp_path, "--no-sim")
+    try:
+        stack = _wait_for_stack(tmp_path / "hp" / "stack.json", process)
+        nats_pid = int(stack["natsServerPid"])  # type: ignore[call-overload]
+        pids = [nats_pid] + [int(s["pid"]) for s in stack["services"]]  # type: ignore[union-attr, index]
+
+        async def check() -> None:
+            nc = await connect(str(stack["natsUrl"]), name="test", give_up_after=10)
+            js = nc.jetstream()
+            for definition in streams.STREAMS:
+                await js.stream_info(definition.name)
+            applied = await configstore.latest(js)
+            assert applied is not None and applied[0].version == 1
+            await nc.close()
+
+        asyncio.run(check())
+        for service in stack["services"]:  # type: ignore[union-attr]
+            assert httpx.get(service["metricsUrl"], timeout=5).status_code == 200  # type: ignore[index]
+    finally:
+        process.send_signal(signal.SIGINT)
+        out, err = process.communicate(timeout=60)
+    assert process.returncode == 0, err
+    assert "nats-server" in out and "SERVICE" in out
+    for pid in pids:
+        assert not _alive(pid), f"process {pid} outlived `healthplane up`"
+
+
+def test_up_refuses_a_taken_port_in_one_line(tmp_path: Path) -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        port = sock.getsockname()[1]
+        result = subprocess.run(
+            [sys.executable, "-m", "healthplane.cli", "up", "--nats-port", str(port), "--data-dir",
+             str(tmp_path / "hp"), "--no-sim"], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1
+    assert result.stderr.strip().count("\n") == 0
+    assert f"port 127.0.0.1:{port} is taken" in result.stderr
+
+
+def test_up_refuses_a_bad_config_naming_the_field(tmp_path: Path) -> None:
+    config = tmp_path / "cluster.yaml"
+    config.write_text("nodeHealth:\n  drainBelow: 101\n")
+    result = subprocess.run(
+        [sys.executable, "-m", "healthplane.cli", "up", "--nats-port", "0", "--data-dir",
+         str(tmp_path / "hp"), "--config", str(config)], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1
+    assert "nodeHealth.drainBelow" in result.stderr
+    assert not (tmp_path / "hp" / "stack.json").exists()
