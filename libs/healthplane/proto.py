@@ -49,18 +49,15 @@ def _stream_of(address: str) -> str:
 
 
 def schemas() -> dict[str, Any]:
-    """One JSON Schema document per record, sharing ``$defs``."""
-    kinds = list(wire.RECORDS.values())
-    refs, components = msgspec.json.schema_components(kinds, ref_template="#/$defs/{name}")
-    out = {}
-    for kind, ref in zip(kinds, refs, strict=True):
-        out[kind.__name__] = {
+    """One self-contained JSON Schema document per record."""
+    return {
+        kind.__name__: {
             "$schema": "https://json-schema.org/draft/2020-12/schema",
             "$id": f"https://healthplane.dev/proto/{kind.__name__}.json",
-            **ref,
-            "$defs": components,
+            **msgspec.json.schema(kind),
         }
-    return out
+        for kind in wire.RECORDS.values()
+    }
 
 
 def asyncapi() -> dict[str, Any]:

@@ -1,0 +1,85 @@
+"""docker-compose.yml and the Dockerfile, checked statically (no Docker engine here)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from healthplane import registry
+from healthplane.cli.main import build_parser
+
+ROOT = Path(__file__).resolve().parents[2]
+MONITORING = {"prometheus", "alertmanager", "grafana"}
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict[str, Any]:
+    return yaml.safe_load((ROOT / "docker-compose.yml").read_text())  # type: ignore[no-any-return]
+
+
+def _healthplane_services(compose: dict[str, Any]) -> dict[str, Any]:
+    return {name: svc for name, svc in compose["services"].items() if svc.get("image") == "healthplane:dev"}
+
+
+def test_every_command_is_a_real_healthplane_subcommand(compose: dict[str, Any]) -> None:
+    services = _healthplane_services(compose)
+    assert services, "no Healthplane container in the compose file"
+    parser = build_parser()
+    for name, svc in services.items():
+        command = [str(part) for part in svc["command"]]
+        try:
+            args = parser.parse_args(command)
+        except SystemExit:
+            pytest.fail(f"{name}: `healthplane {' '.join(command)}` is not a valid command")
+        if args.command == "service":
+            assert registry.SERVICES[args.name] is not None, f"{name}: service {args.name} is not built"
+
+
+def test_every_control_plane_service_that_exists_has_a_container(compose: dict[str, Any]) -> None:
+    commands = [svc["command"] for svc in _healthplane_services(compose).values()]
+    running = {c[1] for c in commands if c[0] == "service"}
+    assert set(registry.CONTROL_PLANE) <= running
+
+
+def test_every_healthplane_container_has_the_nats_url(compose: dict[str, Any]) -> None:
+    for name, svc in _healthplane_services(compose).items():
+        url = svc.get("environment", {}).get("HEALTHPLANE_NATS_URL", "")
+        host = re.match(r"nats://([^:/]+)", url)
+        assert host and host.group(1) in compose["services"], f"{name}: HEALTHPLANE_NATS_URL {url!r}"
+
+
+def test_host_ports_do_not_collide(compose: dict[str, Any]) -> None:
+    seen: dict[str, str] = {}
+    for name, svc in compose["services"].items():
+        for mapping in svc.get("ports", []):
+            host_port = str(mapping).rsplit(":", 1)[0].rsplit(":", 1)[-1]
+            assert host_port not in seen, f"host port {host_port} used by {seen.get(host_port)} and {name}"
+            seen[host_port] = name
+
+
+def test_monitoring_is_off_by_default(compose: dict[str, Any]) -> None:
+    for name, svc in compose["services"].items():
+        if name in MONITORING:
+            assert svc.get("profiles") == ["monitoring"], name
+        else:
+            assert "profiles" not in svc, f"{name} would not start with a plain `docker compose up`"
+
+
+def test_mounted_files_exist(compose: dict[str, Any]) -> None:
+    for name, svc in compose["services"].items():
+        for volume in svc.get("volumes", []):
+            source = str(volume).split(":", 1)[0]
+            if source.startswith("./"):
+                assert (ROOT / source).exists(), f"{name} mounts missing {source}"
+
+
+def test_dockerfile_builds_one_image_with_healthplane_entry_point() -> None:
+    text = (ROOT / "deploy" / "Dockerfile").read_text()
+    assert re.search(r'^ENTRYPOINT \["healthplane"\]$', text, re.M)
+    for folder in ("libs", "services"):
+        assert re.search(rf"^COPY {folder} ", text, re.M), f"Dockerfile does not copy {folder}/"
+    assert "python:3.11" in text
