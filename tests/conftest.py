@@ -7,11 +7,12 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
+from nats.aio.client import Client as NATS
+from nats.js import JetStreamContext
+
 from healthplane import streams
 from healthplane.natsserver import NatsServer
 from healthplane.runtime.connect import connect
-from nats.aio.client import Client as NATS
-from nats.js import JetStreamContext
 
 
 @pytest.fixture

@@ -155,9 +155,17 @@ class Webhook(_Camel):
 
 
 class Substrate(_Camel):
+    # Unset (None) changes nothing: an existing bucket keeps its cap, a new one gets 64 MiB
+    # (BRG-1). Set, it must lie in 64 MiB..2 GiB; the bridge resizes the bucket on restart.
     nodes_bucket_max_bytes: Annotated[
         int, Field(ge=NODES_BUCKET_MIN_BYTES, le=NODES_BUCKET_MAX_BYTES)
-    ] = NODES_BUCKET_MIN_BYTES
+    ] | None = None
+
+
+def clamp_nodes_bucket_cap(configured: int) -> int:
+    """A cap that reached the bridge without validation (environment, an old config) is
+    clamped into range rather than stopping the bridge (BRG-1)."""
+    return min(max(configured, NODES_BUCKET_MIN_BYTES), NODES_BUCKET_MAX_BYTES)
 
 
 class ClusterConfig(_Camel):

@@ -20,7 +20,7 @@ SERVICES: Final[dict[str, str | None]] = {
     "policy": None,
     "eviction": None,
     "webhook-dispatcher": None,
-    "substrate-bridge": None,
+    "substrate-bridge": "healthplane_substrate_bridge.main:main",
     "scheduler": None,
 }
 SERVICE_NAMES: Final = tuple(SERVICES)

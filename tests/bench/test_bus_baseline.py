@@ -7,11 +7,11 @@ from __future__ import annotations
 import asyncio
 import time
 
-from healthplane.runtime.pull import Delivery, PullLoop
-from healthplane.runtime.replay import replay
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig
 
+from healthplane.runtime.pull import Delivery, PullLoop
+from healthplane.runtime.replay import replay
 from tests.bench import harness
 
 MESSAGES = 50_000

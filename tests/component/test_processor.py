@@ -13,14 +13,14 @@ from pathlib import Path
 
 import msgspec
 import pytest
-from healthplane import streams
-from healthplane.natsserver import NatsServer
-from healthplane.runtime.connect import connect
-from healthplane.runtime.replay import replay
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from nats.js import JetStreamContext
 
+from healthplane import streams
+from healthplane.natsserver import NatsServer
+from healthplane.runtime.connect import connect
+from healthplane.runtime.replay import replay
 from tests.support import toy
 
 pytestmark = pytest.mark.nats

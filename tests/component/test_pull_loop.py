@@ -5,11 +5,12 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from nats.js import JetStreamContext
+from nats.js.api import AckPolicy, ConsumerConfig
+
 from healthplane.natsserver import NatsServer
 from healthplane.runtime.connect import connect
 from healthplane.runtime.pull import Delivery, PullLoop
-from nats.js import JetStreamContext
-from nats.js.api import AckPolicy, ConsumerConfig
 
 pytestmark = pytest.mark.nats
 

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from healthplane import streams
 from nats.js import JetStreamContext
 from nats.js.api import RetentionPolicy, StorageType, StreamConfig
+
+from healthplane import streams
 
 pytestmark = pytest.mark.nats
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+
 from healthplane import configstore, streams
 from healthplane.runtime.connect import connect
 

@@ -9,10 +9,11 @@ import sys
 from collections.abc import Sequence
 
 import msgspec
+from nats.js import JetStreamContext
+
 from healthplane.runtime import logs
 from healthplane.runtime.connect import connect
 from healthplane.runtime.processor import Emit, Inbound, Input, Processor, Reject
-from nats.js import JetStreamContext
 
 
 class ToyState(msgspec.Struct):

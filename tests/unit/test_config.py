@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from healthplane.config import (
     ClusterConfig,
     ConfigError,
@@ -23,7 +24,7 @@ def test_defaults_match_spec() -> None:
     assert (health.degraded_at_or_below, health.max_unavailable_percent, health.max_replacements_per_hour) == (95, 20, 3)
     assert (health.failure_tally_penalty, health.failure_tally_half_life_hours, health.quiet_reports_to_clear) == (5, 168, 1)
     assert health.circuit_breaker.percentage == 50 and health.circuit_breaker.duration_seconds == 300
-    assert config.substrate.nodes_bucket_max_bytes == 64 * 1024 * 1024
+    assert config.substrate.nodes_bucket_max_bytes is None  # unset changes nothing (BRG-1)
 
 
 @pytest.mark.parametrize(

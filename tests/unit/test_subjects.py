@@ -5,9 +5,10 @@ from __future__ import annotations
 import re
 
 import pytest
-from healthplane import subjects
 from hypothesis import given
 from hypothesis import strategies as st
+
+from healthplane import subjects
 
 KV_KEY = re.compile(r"^[-/_=.A-Za-z0-9]+$")
 ids = st.text(min_size=1, max_size=80)

@@ -112,7 +112,7 @@ async def _prepare(nats_url: str, config: ClusterConfig) -> None:
     nc = await connect(nats_url, name="healthplane-up", give_up_after=10)
     try:
         js = nc.jetstream()
-        await streams.ensure(js, nodes_bucket_max_bytes=config.substrate.nodes_bucket_max_bytes)
+        await streams.ensure(js)
         await configstore.apply(js, config, actor="healthplane-up")
     finally:
         await nc.close()

@@ -114,7 +114,7 @@ class Processor(Generic[S]):
         self._snapshot_every_s = snapshot_every_s
         self._log = log
         self._lock = asyncio.Lock()
-        self._publisher = Publisher(js)
+        self._publisher = Publisher(nc)
         self._loops: list[PullLoop] = []
         self.state: S = core.initial_state()
         self.positions: dict[str, int] = {}

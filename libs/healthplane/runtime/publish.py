@@ -1,4 +1,11 @@
-"""``publish_async`` with a bounded window, every acknowledgement checked."""
+"""Asynchronous JetStream publishing with a bounded window, every acknowledgement checked.
+
+We do not use nats-py's ``publish_async``: when JetStream answers a publish with an error
+(``maximum bytes exceeded``, a wrong expected sequence…) it raises inside its reply handler,
+so the error reaches the connection's error callback and the future never completes. Here
+one reply subscription resolves every future with the ack or with a :class:`PublishError`
+carrying the server's description.
+"""
 
 from __future__ import annotations
 
@@ -6,61 +13,133 @@ import asyncio
 from collections import deque
 from dataclasses import dataclass
 
-from nats.js import JetStreamContext
-from nats.js.api import PubAck
+import msgspec
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
 
 
 class PublishError(RuntimeError):
-    """JetStream did not store a record (no ack in time, or an error such as a full stream)."""
+    """JetStream did not store a record; ``code``/``err_code`` are the server's when it said why."""
+
+    def __init__(self, message: str, code: int | None = None, err_code: int | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.err_code = err_code
+
+
+@dataclass(frozen=True, slots=True)
+class Ack:
+    stream: str
+    seq: int
+    duplicate: bool
 
 
 @dataclass(frozen=True, slots=True)
 class Stored:
     subject: str
-    ack: PubAck
+    ack: Ack
+
+
+class _AckBody(msgspec.Struct):
+    stream: str = ""
+    seq: int = 0
+    duplicate: bool = False
+    error: dict[str, object] | None = None
+
+
+_decode_ack = msgspec.json.Decoder(_AckBody).decode
 
 
 class Publisher:
-    """Publishes without waiting per message; ``flush()`` returns once every ack is in.
+    """``submit()`` returns a future per record; ``publish()`` + ``flush()`` handle a batch.
 
     ``window`` bounds the records in flight: the caller is paused when it is full, so a slow
     server applies back-pressure instead of growing memory.
     """
 
-    def __init__(self, js: JetStreamContext, window: int = 1024, ack_timeout_s: float = 10.0) -> None:
-        self._js = js
-        self._window = window
+    def __init__(self, nc: NATS, window: int = 2048, ack_timeout_s: float = 10.0) -> None:
+        self._nc = nc
         self._timeout = ack_timeout_s
-        self._in_flight: deque[tuple[str, asyncio.Future[PubAck]]] = deque()
-        self._stored: list[Stored] = []
+        self._slots = asyncio.Semaphore(window)
+        self._prefix = ""
+        self._next_token = 0
+        self._futures: dict[str, asyncio.Future[Ack]] = {}
+        self._batch: deque[tuple[str, asyncio.Future[Ack]]] = deque()
+
+    async def _ensure_subscribed(self) -> None:
+        if not self._prefix:
+            self._prefix = self._nc.new_inbox() + "."
+            await self._nc.subscribe(self._prefix + "*", cb=self._on_reply)
+
+    async def _on_reply(self, msg: Msg) -> None:
+        future = self._futures.pop(msg.subject[len(self._prefix):], None)
+        if future is None or future.done():
+            return
+        headers = msg.headers or {}
+        if headers.get("Status") == "503":
+            future.set_exception(PublishError("no stream stores this subject", code=503))
+            return
+        try:
+            body = _decode_ack(msg.data)
+        except msgspec.DecodeError as exc:
+            future.set_exception(PublishError(f"unreadable ack: {exc}"))
+            return
+        if body.error is not None:
+            description = str(body.error.get("description", "error"))
+            code, err_code = body.error.get("code"), body.error.get("err_code")
+            future.set_exception(PublishError(
+                description,
+                code=code if isinstance(code, int) else None,
+                err_code=err_code if isinstance(err_code, int) else None,
+            ))
+            return
+        future.set_result(Ack(body.stream, body.seq, body.duplicate))
+
+    async def submit(self, subject: str, payload: bytes, headers: dict[str, str] | None = None) -> asyncio.Future[Ack]:
+        await self._ensure_subscribed()
+        await self._slots.acquire()
+        token = str(self._next_token)
+        self._next_token += 1
+        future: asyncio.Future[Ack] = asyncio.get_running_loop().create_future()
+        future.add_done_callback(lambda _: self._slots.release())
+        self._futures[token] = future
+        try:
+            await self._nc.publish(subject, payload, reply=self._prefix + token, headers=headers)
+        except Exception as exc:
+            self._futures.pop(token, None)
+            future.set_exception(PublishError(f"{subject}: {exc or type(exc).__name__}"))
+        return future
+
+    async def wait(self, subject: str, future: asyncio.Future[Ack]) -> Ack:
+        """The ack of one submitted record, or :class:`PublishError` (timeout included)."""
+        try:
+            return await asyncio.wait_for(asyncio.shield(future), self._timeout)
+        except TimeoutError as exc:
+            self._forget(future)
+            raise PublishError(f"no ack for {subject} within {self._timeout:g}s") from exc
+
+    def _forget(self, future: asyncio.Future[Ack]) -> None:
+        for token, pending in list(self._futures.items()):
+            if pending is future:
+                del self._futures[token]
+        if not future.done():
+            future.cancel()
 
     async def publish(self, subject: str, payload: bytes, headers: dict[str, str] | None = None) -> None:
-        if len(self._in_flight) >= self._window:
-            await self._settle(len(self._in_flight) // 2 or 1)
-        future = await self._js.publish_async(subject, payload, headers=headers)
-        self._in_flight.append((subject, future))
+        self._batch.append((subject, await self.submit(subject, payload, headers)))
 
     async def flush(self) -> list[Stored]:
-        """Wait for every outstanding ack; raise :class:`PublishError` naming the first failure."""
-        await self._settle(len(self._in_flight))
-        stored, self._stored = self._stored, []
+        """Wait for every ack of the batch; raise :class:`PublishError` naming the first failure."""
+        stored = []
+        try:
+            while self._batch:
+                subject, future = self._batch.popleft()
+                try:
+                    stored.append(Stored(subject, await self.wait(subject, future)))
+                except PublishError as exc:
+                    raise PublishError(f"{subject}: {exc}", exc.code, exc.err_code) from exc
+        finally:
+            for _, future in self._batch:
+                self._forget(future)
+            self._batch.clear()
         return stored
-
-    async def _settle(self, count: int) -> None:
-        for _ in range(count):
-            subject, future = self._in_flight.popleft()
-            try:
-                ack = await asyncio.wait_for(future, self._timeout)
-            except TimeoutError as exc:
-                self._abandon()
-                raise PublishError(f"no ack for {subject} within {self._timeout:g}s") from exc
-            except Exception as exc:
-                self._abandon()
-                raise PublishError(f"{subject}: {exc}") from exc
-            self._stored.append(Stored(subject, ack))
-
-    def _abandon(self) -> None:
-        for _, future in self._in_flight:
-            future.cancel()
-        self._in_flight.clear()
-        self._stored.clear()

@@ -1,0 +1,75 @@
+"""substrate-bridge: resource reports/s into the bucket with 100,000 nodes, against raw KV
+puts in the same run; and the sizing figure for the docs (BRG-1)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from nats.js import JetStreamContext
+from nats.js.api import KeyValueConfig, StorageType
+
+from healthplane import streams, subjects, wire
+from healthplane.runtime import logs
+from healthplane.runtime.lifecycle import ServiceContext
+from healthplane.runtime.publish import Publisher
+from healthplane_substrate_bridge.main import Bridge
+from tests.bench import harness
+from tests.support.records import resource_report
+
+NODES = 100_000
+MIB = 1024 * 1024
+
+
+async def _raw_kv_rate(nc, payloads: list[tuple[str, bytes]]) -> float:  # type: ignore[no-untyped-def]
+    js = nc.jetstream()
+    await js.create_key_value(KeyValueConfig(bucket="raw", history=1, max_bytes=1024 * MIB, storage=StorageType.FILE))
+    publisher = Publisher(nc, window=4096)
+    started = time.perf_counter()
+    for key, payload in payloads:
+        await publisher.publish(f"$KV.raw.{key}", payload)
+        if len(publisher._batch) >= 4096:
+            await publisher.flush()
+    await publisher.flush()
+    return len(payloads) / (time.perf_counter() - started)
+
+
+async def test_bridge_rate_and_sizing(nc, js: JetStreamContext) -> None:  # type: ignore[no-untyped-def]
+    template = resource_report("cn-000000")
+    one_report = len(wire.encode(template))
+    payloads = []
+    for i in range(NODES):
+        node_id = f"cn-{i:06d}"
+        report = wire.encode(resource_report(node_id))
+        payloads.append((subjects.kv_node_key("default", node_id), report))
+    raw = await _raw_kv_rate(nc, payloads)
+
+    info = await js.stream_info("KV_substrate-nodes")
+    info.config.max_bytes = 1024 * MIB
+    await js.update_stream(info.config)
+    publisher = Publisher(nc, window=4096)
+    for i, (_, payload) in enumerate(payloads):
+        await publisher.publish(subjects.resource("default", f"cn-{i:06d}"), payload)
+        if len(publisher._batch) >= 4096:
+            await publisher.flush()
+    await publisher.flush()
+
+    ctx = ServiceContext("substrate-bridge", nc, js, logs.configure("bench", json=True, level="error"), "", asyncio.Event())
+    bridge = Bridge(ctx, sample_interval_s=3600)
+    await bridge.start()
+    started = time.perf_counter()
+    task = asyncio.create_task(bridge.run())
+    while bridge.loop.delivered < NODES:
+        await asyncio.sleep(0.05)
+    rate = NODES / (time.perf_counter() - started)
+    bridge.stop()
+    ctx.stopping.set()
+    await task
+
+    used = (await js.stream_info("KV_substrate-nodes")).state.bytes
+    per_report = used / NODES
+    harness.record("bridge.reports_into_bucket", rate, "reports/s", baseline=raw, target="ratio >= 0.5")
+    harness.record("bridge.report_size_192c_8gpu_10ann", one_report, "bytes")
+    harness.record("bridge.stored_bytes_per_report", per_report, "bytes")
+    harness.record("bridge.reports_per_64MiB", 64 * MIB / per_report, "reports")
+    assert streams.NODES_BUCKET

@@ -1,0 +1,241 @@
+"""substrate-bridge on a real nats-server, run as its own process (BRG-1..BRG-3)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from nats.js import JetStreamContext
+from nats.js.api import KeyValueConfig, StorageType
+
+from healthplane import configstore, streams, subjects, wire
+from healthplane.config import parse_cluster_config
+from healthplane.natsserver import NatsServer, free_port
+from healthplane.runtime.replay import replay
+from healthplane_substrate_bridge.main import BucketGauges
+from tests.support.records import resource_report
+
+pytestmark = pytest.mark.nats
+MIB = 1024 * 1024
+
+
+class BridgeProcess:
+    def __init__(self, url: str, log: Path, **env: str) -> None:
+        self.port = free_port()
+        self.log = log
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "healthplane.cli", "service", "substrate-bridge", "--metrics-port", str(self.port)],
+            env={**os.environ, "HEALTHPLANE_NATS_URL": url, "HEALTHPLANE_LOG_FORMAT": "json",
+                 "HEALTHPLANE_BUCKET_SAMPLE_SECONDS": "0.2", **env},
+            stdout=subprocess.DEVNULL, stderr=open(log, "ab"),
+        )
+
+    def lines(self) -> list[dict[str, object]]:
+        return [json.loads(line) for line in self.log.read_text().splitlines() if line.startswith("{")]
+
+    def wait_for_line(self, event: str, timeout: float = 20) -> dict[str, object]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for line in self.lines():
+                if line.get("event") == event:
+                    return line
+            assert self.process.poll() is None, self.log.read_text()
+            time.sleep(0.05)
+        raise AssertionError(f"no {event!r} log line: {self.log.read_text()}")
+
+    def metrics(self) -> str:
+        return httpx.get(f"http://127.0.0.1:{self.port}/metrics", timeout=5).text
+
+    def stop(self) -> int:
+        self.process.send_signal(signal.SIGTERM)
+        return self.process.wait(20)
+
+
+@pytest.fixture
+def bridges(nats_server: NatsServer, tmp_path: Path) -> Iterator[list[BridgeProcess]]:
+    started: list[BridgeProcess] = []
+    yield started
+    for bridge in started:
+        if bridge.process.poll() is None:
+            bridge.process.kill()
+            bridge.process.wait()
+
+
+def _start(bridges: list[BridgeProcess], server: NatsServer, tmp_path: Path, **env: str) -> BridgeProcess:
+    bridge = BridgeProcess(server.url, tmp_path / f"bridge-{len(bridges)}.log", **env)
+    bridges.append(bridge)
+    bridge.wait_for_line("bridge started")
+    return bridge
+
+
+async def _publish(js: JetStreamContext, report: wire.ResourceReport) -> None:
+    await js.publish(subjects.resource(report.cluster, report.node_id), wire.encode(report))
+
+
+async def _until(predicate, timeout: float = 15.0) -> None:  # type: ignore[no-untyped-def]
+    async with asyncio.timeout(timeout):
+        while not await predicate():
+            await asyncio.sleep(0.05)
+
+
+async def _registrations(js: JetStreamContext) -> list[wire.NodeEvent]:
+    return [wire.decode(wire.NodeEvent, m.data) async for m in replay(js, "HP_NODE_EVENTS", "hp.event.*.*.NODE_REGISTERED")]
+
+
+async def test_registration_and_latest_wins(nats_server: NatsServer, js: JetStreamContext, tmp_path: Path,
+                                            bridges: list[BridgeProcess]) -> None:
+    # BRG-1, BRG-3: latest report per node in the bucket; NODE_REGISTERED once per node.
+    bridge = _start(bridges, nats_server, tmp_path)
+    await _publish(js, resource_report("10.0.0.42/9100", provisioned=True))
+    await _publish(js, resource_report("cn-042", definition=None))
+    await _publish(js, resource_report("cn-042", definition=None, cores=96))
+    kv = await js.key_value(streams.NODES_BUCKET)
+
+    async def landed() -> bool:
+        try:
+            entry = await kv.get(subjects.kv_node_key("default", "cn-042"))
+        except Exception:
+            return False
+        return wire.decode(wire.ResourceReport, entry.value or b"").cores == 96
+
+    await _until(landed)
+    stored = wire.decode(wire.ResourceReport, (await kv.get("default.10=2E0=2E0=2E42=2F9100")).value or b"")
+    assert stored.provisioned is True and stored.node_id == "10.0.0.42/9100"
+    events = await _registrations(js)
+    assert sorted(e.node_id for e in events) == ["10.0.0.42/9100", "cn-042"]
+    by_node = {e.node_id: e for e in events}
+    assert by_node["10.0.0.42/9100"].provisioned is True and by_node["cn-042"].provisioned is False
+    assert by_node["10.0.0.42/9100"].definition == "gpu-pool"
+
+    # A restart registers nobody again, and a later report still lands.
+    assert bridge.stop() == 0
+    _start(bridges, nats_server, tmp_path)
+    await _publish(js, resource_report("cn-042", definition=None, cores=64))
+
+    async def updated() -> bool:
+        entry = await kv.get(subjects.kv_node_key("default", "cn-042"))
+        return wire.decode(wire.ResourceReport, entry.value or b"").cores == 64
+
+    await _until(updated)
+    assert len(await _registrations(js)) == 2
+
+
+async def test_cap_from_environment_is_clamped_and_logged(nats_server: NatsServer, js: JetStreamContext,
+                                                          tmp_path: Path, bridges: list[BridgeProcess]) -> None:
+    # BRG-1: a value that arrives without validation is clamped, and the log names both.
+    bridge = _start(bridges, nats_server, tmp_path, HEALTHPLANE_NODES_BUCKET_MAX_BYTES="1024")
+    line = bridge.wait_for_line("nodes bucket cap in force")
+    assert (line["cap_bytes"], line["configured_bytes"], line["level"]) == (64 * MIB, 1024, "warning")
+    assert (await js.stream_info("KV_substrate-nodes")).config.max_bytes == 64 * MIB
+    bridge.stop()
+    bridge = _start(bridges, nats_server, tmp_path, HEALTHPLANE_NODES_BUCKET_MAX_BYTES=str(8 * 1024 * MIB))
+    assert bridge.wait_for_line("nodes bucket cap in force")["cap_bytes"] == 2048 * MIB
+
+
+async def test_applied_cap_resizes_the_bucket_in_place_on_restart(nats_server: NatsServer, js: JetStreamContext,
+                                                                  tmp_path: Path, bridges: list[BridgeProcess]) -> None:
+    await _publish(js, resource_report("cn-1"))
+    bridge = _start(bridges, nats_server, tmp_path)
+    line = bridge.wait_for_line("nodes bucket cap in force")
+    assert line["cap_bytes"] == 64 * MIB and "configured_bytes" not in line  # unset changes nothing
+    kv = await js.key_value(streams.NODES_BUCKET)
+    await _until(lambda: _has_key(kv, "default.cn-1"))
+    bridge.stop()
+    await configstore.apply(js, parse_cluster_config({"substrate": {"nodesBucketMaxBytes": 128 * MIB}}))
+    bridge = _start(bridges, nats_server, tmp_path)
+    line = bridge.wait_for_line("nodes bucket cap in force")
+    assert line["cap_bytes"] == 128 * MIB and "configured_bytes" not in line
+    assert (await js.stream_info("KV_substrate-nodes")).config.max_bytes == 128 * MIB
+    assert await _has_key(kv, "default.cn-1")  # resized in place, nothing lost
+
+
+async def _has_key(kv, key: str) -> bool:  # type: ignore[no-untyped-def]
+    try:
+        await kv.get(key)
+        return True
+    except Exception:
+        return False
+
+
+async def test_full_bucket_rejects_then_redelivers_until_space(nats_server: NatsServer, nc, tmp_path: Path,  # type: ignore[no-untyped-def]
+                                                               bridges: list[BridgeProcess]) -> None:
+    # BRG-2: a full bucket refuses a new node and a larger report, smaller updates still
+    # land; rejected reports are redelivered until space is freed; nothing is lost.
+    js = nc.jetstream()
+    size = len(wire.encode(resource_report("n-00")))
+    await js.create_key_value(KeyValueConfig(bucket=streams.NODES_BUCKET, history=1, max_bytes=int(size * 4.5),
+                                             storage=StorageType.FILE, direct=True))
+    await streams.ensure(js)
+    bridge = _start(bridges, nats_server, tmp_path)
+    kv = await js.key_value(streams.NODES_BUCKET)
+    for i in range(4):
+        await _publish(js, resource_report(f"n-{i:02d}"))
+    await _until(lambda: _has_key(kv, "default.n-03"))
+
+    await _publish(js, resource_report("n-new"))                       # a node never seen
+    await _publish(js, resource_report("n-00", padding=2000))          # larger than it replaces
+    await _publish(js, resource_report("n-01", annotations=5))         # smaller: still lands
+
+    async def smaller_landed() -> bool:
+        entry = await kv.get("default.n-01")
+        return len(wire.decode(wire.ResourceReport, entry.value or b"").annotations) == 5
+
+    await _until(smaller_landed)
+    await asyncio.sleep(5)  # a few redeliveries (2 s apart)
+    failures = _counter(bridge.metrics(), "healthplane_substrate_nodes_bucket_put_failures_total")
+    assert failures >= 4
+    assert not await _has_key(kv, "default.n-new")
+    errors = [line for line in bridge.lines() if line.get("level") == "error"]
+    assert len(errors) == 1, errors  # at most one error line per 30 s
+    assert errors[0]["node_id"] in ("n-new", "n-00") and "reason" in errors[0]
+
+    info = await js.stream_info("KV_substrate-nodes")
+    info.config.max_bytes = size * 20
+    await js.update_stream(info.config)
+
+    async def all_landed() -> bool:
+        if not await _has_key(kv, "default.n-new"):
+            return False
+        entry = await kv.get("default.n-00")
+        return "padding" in wire.decode(wire.ResourceReport, entry.value or b"").annotations
+
+    await _until(all_landed, timeout=20)
+    assert "n-new" in [e.node_id for e in await _registrations(js)]
+
+
+async def test_gauges_report_bucket_usage(nats_server: NatsServer, js: JetStreamContext, tmp_path: Path,
+                                          bridges: list[BridgeProcess]) -> None:
+    # BRG-3: used and max bytes, sampled on the configured interval.
+    bridge = _start(bridges, nats_server, tmp_path)
+    await _publish(js, resource_report("cn-7"))
+    kv = await js.key_value(streams.NODES_BUCKET)
+    await _until(lambda: _has_key(kv, "default.cn-7"))
+    await asyncio.sleep(0.5)
+    text = bridge.metrics()
+    assert _counter(text, "healthplane_substrate_nodes_bucket_bytes_max") == 64 * MIB
+    assert _counter(text, "healthplane_substrate_nodes_bucket_bytes_used") > 0
+
+
+def test_gauges_absent_before_the_first_sample() -> None:
+    # BRG-3: absence means unknown, never zero.
+    gauges = BucketGauges()
+    assert list(gauges.collect()) == []
+    gauges.sample = (10, 20)
+    assert [m.name for m in gauges.collect()] == [
+        "healthplane_substrate_nodes_bucket_bytes_used", "healthplane_substrate_nodes_bucket_bytes_max"]
+
+
+def _counter(text: str, name: str) -> float:
+    for line in text.splitlines():
+        if line.startswith(name + " ") or line.startswith(name + "{"):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"{name} not exposed:\n{text}")
