@@ -28,7 +28,9 @@ def read_ioerr(root: Path) -> wire.IoerrSignal:
     """``ioerr_cnt`` of every SCSI disk under ``root``, or why there is none."""
     block_dir = root / BLOCK_DIR
     if not present(block_dir):
-        return wire.IoerrSignal(status="unavailable", reason=f"no block devices: {block_dir} does not exist")
+        return wire.IoerrSignal(
+            status="unavailable", reason=f"no block devices: {block_dir} does not exist"
+        )
     try:
         disks = sorted(list_dir(block_dir), key=lambda path: path.name)
         if not disks:
@@ -43,7 +45,9 @@ def read_ioerr(root: Path) -> wire.IoerrSignal:
         return wire.IoerrSignal(status="failed", reason=str(exc))
     if not devices:
         names = [disk.name for disk in disks]
-        shown = ", ".join(names[:_NAMES_IN_REASON]) + (", …" if len(names) > _NAMES_IN_REASON else "")
+        shown = ", ".join(names[:_NAMES_IN_REASON]) + (
+            ", …" if len(names) > _NAMES_IN_REASON else ""
+        )
         return wire.IoerrSignal(
             status="unavailable",
             reason=f"no SCSI disks: none of {shown} has device/ioerr_cnt (NVMe, virtio and "
