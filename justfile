@@ -20,7 +20,7 @@ lint:
 
 # Benchmarks: prints a table and writes bench-results.json
 bench *ARGS:
-    python -m pytest -q -p no:cacheprovider tests/bench -o addopts="" -s {{ARGS}}
+    python -m pytest -q -p no:cacheprovider tests/bench -o addopts="" -o timeout=3600 -s {{ARGS}}
 
 # Regenerate proto/ (JSON Schema + AsyncAPI) from the wire Structs
 proto:

@@ -14,7 +14,7 @@ from typing import Final
 # Name (SPEC.md) -> "module:function"; the function takes the parsed arguments and returns
 # an exit code. A name without an entry point is part of the contract but not built yet.
 SERVICES: Final[dict[str, str | None]] = {
-    "collector": None,
+    "collector": "healthplane_collector.main:main",
     "health-ingest": None,
     "scorer": None,
     "policy": None,

@@ -43,6 +43,11 @@ def build_parser() -> argparse.ArgumentParser:
     service.add_argument("--metrics-port", type=int, default=0, help="Prometheus port (0 = any free, logged)")
     _connection_flags(service)
 
+    collector = commands.add_parser("collector", help="the node agent (reads this machine, reports it)")
+    from healthplane_collector.main import add_arguments as collector_arguments
+
+    collector_arguments(collector)
+
     config = commands.add_parser("config", help="validate, apply and show the cluster config")
     config_commands = config.add_subparsers(dest="config_command", required=True, metavar="ACTION")
     validate = config_commands.add_parser("validate", help="check a config file")
@@ -66,6 +71,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return up.run(args)
         if args.command == "service":
             return registry.run(args.name, args)
+        if args.command == "collector":
+            from healthplane_collector.main import run as run_collector
+
+            return run_collector(args)
         if args.command == "config":
             from healthplane.cli import config_cmd
 

@@ -1,0 +1,355 @@
+"""The node agent: collect every signal, build the reports, publish them.
+
+Every signal is read concurrently and bounded by its timeout; a signal that raises or hangs
+is reported ``failed`` with the reason and never stops the others (COL-4, COL-12). The
+kernel ring buffer is read continuously; a machine check, hardware error record, EDAC UE or
+Xid triggers an out-of-band report at once (COL-2), bursts coalesced within 100 ms. That
+report refreshes the fast signals and reuses the last SMART and GPU readings: smartctl can
+take seconds per disk and would delay the one report that must be quick; the next scheduled
+report reads them again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Final, Literal, Protocol
+
+import msgspec
+
+from healthplane import __version__, subjects, wire
+from healthplane_collector import edac, ioerr, mounts, smart
+from healthplane_collector.gpu_nvml import NvmlUnavailable, read_gpu_nvml
+from healthplane_collector.gpu_smi import read_gpu_smi
+from healthplane_collector.inventory import Inventory, InventoryError, read_inventory
+from healthplane_collector.kmsg import KmsgTally, MalformedRecord, is_out_of_band, parse_record
+from healthplane_collector.kmsg_reader import (
+    Cursor,
+    KmsgSource,
+    after,
+    last_seq,
+    load_cursor,
+    resume_point,
+    save_cursor,
+)
+
+GpuSource = Literal["auto", "nvml", "nvidia-smi"]
+SignalName = Literal["edac", "smart", "ioerr", "kmsg", "mounts", "gpu"]
+SIGNAL_TYPES: Final[dict[str, type[Any]]] = {
+    "edac": wire.EdacSignal, "smart": wire.SmartSignal, "ioerr": wire.IoerrSignal,
+    "kmsg": wire.KmsgSignal, "mounts": wire.MountsSignal, "gpu": wire.GpuSignal,
+}
+OUT_OF_BAND_COALESCE_S: Final = 0.1
+KMSG_BACKOFF_MAX_S: Final = 60.0
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    node_id: str
+    cluster: str = "default"
+    root: Path = Path("/")
+    state_dir: Path = Path("/var/lib/healthplane/collector")
+    gpu_source: GpuSource = "auto"
+    interval_s: int = 30
+    health_disabled: bool = False
+    maintenance: bool = False
+    definition: str | None = None
+    provisioned: bool = False
+    annotations: Mapping[str, str] = field(default_factory=dict)
+    expected_read_only: tuple[str, ...] = ()
+    smartctl_timeout_s: float = 10.0
+    signal_timeout_s: float = 15.0
+
+
+def failed(name: str, reason: str) -> Any:
+    return SIGNAL_TYPES[name](status="failed", reason=reason)
+
+
+async def bounded(name: str, read: Callable[[], Awaitable[Any]], timeout_s: float) -> Any:
+    """One signal, whatever happens inside it: its reading, or ``failed`` with the reason."""
+    try:
+        return await asyncio.wait_for(read(), timeout_s)
+    except TimeoutError:
+        return failed(name, f"timed out after {timeout_s:g}s")
+    except Exception as exc:
+        return failed(name, f"{type(exc).__name__}: {exc}")
+
+
+def build_report(settings: Settings, hostname: str, signals: Mapping[str, Any], trigger: wire.ReportTrigger,
+                 sent_at: datetime, boot_id: str | None) -> wire.HealthReport:
+    return wire.HealthReport(
+        node_id=settings.node_id, cluster=settings.cluster, hostname=hostname, sent_at=sent_at,
+        interval_seconds=settings.interval_s, trigger=trigger,
+        signals=wire.Signals(**{name: signals[name] for name in SIGNAL_TYPES}),
+        boot_id=boot_id, agent_version=__version__,
+    )
+
+
+def build_resource_report(settings: Settings, inventory: Inventory, ready: bool, sent_at: datetime) -> wire.ResourceReport:
+    return wire.ResourceReport(
+        node_id=settings.node_id, cluster=settings.cluster, hostname=inventory.hostname, sent_at=sent_at,
+        ready=ready and not settings.maintenance, cores=inventory.cores, memory_bytes=inventory.memory_bytes,
+        devices=list(inventory.gpus), annotations=dict(settings.annotations), definition=settings.definition,
+        provisioned=settings.provisioned, health_reporting=not settings.health_disabled,
+    )
+
+
+class Sources(Protocol):
+    """Where the signals come from: the real machine under ``--root``, or a simulated node."""
+
+    async def read(self, name: str) -> Any: ...
+    def inventory(self) -> Inventory: ...
+
+
+class HostSources:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+
+    async def read(self, name: str) -> Any:
+        root = self.settings.root
+        if name == "edac":
+            return await asyncio.to_thread(edac.read_edac, root)
+        if name == "ioerr":
+            return await asyncio.to_thread(ioerr.read_ioerr, root)
+        if name == "mounts":
+            return await asyncio.to_thread(mounts.read_mounts, root, self.settings.expected_read_only)
+        if name == "smart":
+            return await smart.read_smart(None, self.settings.smartctl_timeout_s)
+        if name == "gpu":
+            return await self._gpu()
+        raise KeyError(name)
+
+    async def _gpu(self) -> wire.GpuSignal:
+        source = self.settings.gpu_source
+        if source in ("auto", "nvml"):
+            try:
+                return await asyncio.to_thread(read_gpu_nvml)
+            except NvmlUnavailable as exc:
+                if source == "nvml":
+                    return wire.GpuSignal(status="unavailable", reason=exc.reason, source="nvml")
+        return await read_gpu_smi(None, self.settings.signal_timeout_s)
+
+    def inventory(self) -> Inventory:
+        return read_inventory(self.settings.root)
+
+
+class KmsgWatcher:
+    """The continuous ring-buffer reader behind the kmsg signal."""
+
+    def __init__(self, path: Path, state_dir: Path, boot_id: str | None, log: Any = None,
+                 on_out_of_band: Callable[[], None] | None = None) -> None:
+        self.path, self.state_dir, self.boot_id, self.log = path, state_dir, boot_id, log
+        self.tally = KmsgTally()
+        self.backlog_skipped: bool | None = None
+        self.failure: str | None = None
+        self.unavailable: str | None = None
+        self._source = KmsgSource(path)
+        self._on_out_of_band = on_out_of_band
+        self._resume_after: int | None = None
+        self._last_seq: int | None = None
+
+    def read_once(self) -> None:
+        """``--once``: the whole current buffer, no cursor."""
+        if not self.path.exists():
+            self.unavailable = f"{self.path} does not exist"
+            return
+        try:
+            self._source.open()
+            self.backlog_skipped = False
+            records, _ = self._source.read_available()
+            self._fold(records)
+        except OSError as exc:
+            self.failure = f"cannot read {self.path}: {exc.strerror or exc}"
+        finally:
+            self._source.close()
+
+    def start(self) -> None:
+        if not self.path.exists():
+            self.unavailable = f"{self.path} does not exist"
+            return
+        self._source.open()
+        where, seq = resume_point(load_cursor(self.state_dir), self.boot_id)
+        if where == "end":
+            self.backlog_skipped = self._source.seek_end()
+        else:
+            self.backlog_skipped = False
+            self._resume_after = seq
+
+    def poll(self, now: datetime) -> bool:
+        """Read what is there; True when the source reached its end (FIFO writer gone)."""
+        records, at_end = self._source.read_available()
+        records = after(records, self._resume_after)
+        self._fold(records, now)
+        newest = last_seq(records)
+        if newest is not None and self.boot_id is not None:
+            self._last_seq = newest
+            save_cursor(self.state_dir, Cursor(self.boot_id, newest))
+        return at_end
+
+    def _fold(self, records: list[bytes], now: datetime | None = None) -> None:
+        at = now or datetime.now(UTC)
+        out_of_band = False
+        for raw in records:
+            try:
+                record = parse_record(raw)
+            except MalformedRecord:
+                self.tally.add_malformed()
+                continue
+            finding = self.tally.add(record, at)
+            out_of_band = out_of_band or is_out_of_band(finding)
+        if out_of_band and self._on_out_of_band is not None:
+            self._on_out_of_band()
+
+    async def run(self, stopping: asyncio.Event) -> None:
+        """Poll the source until ``stopping``; a lost read → failed, backoff up to 60 s (COL-6)."""
+        if self.unavailable:
+            return
+        delay = 1.0
+        loop = asyncio.get_running_loop()
+        while not stopping.is_set():
+            readable = asyncio.Event()
+            try:
+                if self._source.fd is None:
+                    self._source.open()
+                    self._resume_after = self._last_seq
+                if self._source.is_device or self._source.is_fifo:
+                    loop.add_reader(self._source.fd, readable.set)  # type: ignore[arg-type]
+                try:
+                    self.poll(datetime.now(UTC))
+                    self.failure = None
+                    delay = 1.0
+                    await _wait_any(stopping, readable, timeout=None if self._source.is_device or self._source.is_fifo else 0.25)
+                finally:
+                    if self._source.fd is not None and (self._source.is_device or self._source.is_fifo):
+                        loop.remove_reader(self._source.fd)
+            except OSError as exc:
+                self.failure = f"lost the read of {self.path}: {exc.strerror or exc}"
+                if self.log is not None:
+                    self.log.warning("kmsg read lost, retrying", path=str(self.path), error=self.failure,
+                                     retry_in_s=delay)
+                self._source.close()
+                await _wait_any(stopping, asyncio.Event(), timeout=delay)
+                delay = min(delay * 2, KMSG_BACKOFF_MAX_S)
+        self._source.close()
+
+    def signal(self, gpus_by_pci: Mapping[str, int]) -> wire.KmsgSignal:
+        if self.unavailable:
+            return wire.KmsgSignal(status="unavailable", reason=self.unavailable)
+        reading = self.tally.signal(gpus_by_pci, self.backlog_skipped)
+        if self.failure:
+            return msgspec.structs.replace(reading, status="failed", reason=self.failure)
+        return reading
+
+
+async def _wait_any(stopping: asyncio.Event, other: asyncio.Event, timeout: float | None) -> None:
+    waits = [asyncio.create_task(stopping.wait()), asyncio.create_task(other.wait())]
+    try:
+        await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in waits:
+            task.cancel()
+
+
+def gpus_by_pci(gpu: wire.GpuSignal, inventory: Inventory | None) -> dict[str, int]:
+    """Which device index a PCI address is: from the GPU signal, else from the PCI scan."""
+    if gpu.devices:
+        return {d.pci_bus_id: d.index for d in gpu.devices}
+    if inventory is not None:
+        return {d.pci_bus_id: d.index for d in inventory.gpus if d.vendor == "nvidia"}
+    return {}
+
+
+class Collector:
+    """Reports for one node from its sources; the same code runs on a node and in the simulator."""
+
+    FAST: Final = ("edac", "ioerr", "mounts")
+    SLOW: Final = ("smart", "gpu")
+
+    def __init__(self, settings: Settings, sources: Sources, kmsg: KmsgWatcher | None, log: Any = None) -> None:
+        self.settings = settings
+        self.sources = sources
+        self.kmsg = kmsg
+        self.log = log
+        self.last: dict[str, Any] = {}
+        self.inventory: Inventory | None = None
+        self.inventory_error: str | None = None
+
+    def refresh_inventory(self) -> Inventory | None:
+        try:
+            self.inventory = self.sources.inventory()
+            self.inventory_error = None
+        except InventoryError as exc:
+            self.inventory_error = str(exc)
+        return self.inventory
+
+    async def collect(self, trigger: wire.ReportTrigger, now: datetime | None = None) -> wire.HealthReport:
+        names = self.FAST if trigger == "kmsg" and all(n in self.last for n in self.SLOW) else self.FAST + self.SLOW
+        timeout = self.settings.signal_timeout_s
+        readings = await asyncio.gather(
+            *(bounded(n, lambda n=n: self.sources.read(n), timeout + (5 if n == "smart" else 0)) for n in names)  # type: ignore[misc]
+        )
+        self.last.update(zip(names, readings, strict=True))
+        inventory = self.inventory
+        kmsg = (self.kmsg.signal(gpus_by_pci(self.last["gpu"], inventory)) if self.kmsg is not None
+                else wire.KmsgSignal(status="unavailable", reason="no kernel ring buffer in this source"))
+        signals = {**self.last, "kmsg": kmsg}
+        hostname = inventory.hostname if inventory else socket.gethostname()
+        return build_report(self.settings, hostname, signals, trigger, now or datetime.now(UTC),
+                            inventory.boot_id if inventory else None)
+
+
+async def run_agent(collector: Collector, publish: Callable[[str, bytes], Awaitable[None]],
+                    stopping: asyncio.Event, out_of_band: asyncio.Event, log: Any) -> None:
+    """Resource report at start (not ready) and on change; health reports on the interval and
+    out of band. Publishing failures are logged; the next report supersedes."""
+    settings = collector.settings
+
+    async def send(subject: str, record: wire.Record) -> None:
+        started = time.perf_counter()
+        try:
+            await publish(subject, wire.encode(record))
+        except Exception as exc:
+            log.warning("publish failed", subject=subject, error=str(exc) or type(exc).__name__)
+            return
+        log.debug("published", subject=subject, ms=round((time.perf_counter() - started) * 1000, 1))
+
+    resource_subject = subjects.resource(settings.cluster, settings.node_id)
+    report_subject = subjects.report(settings.cluster, settings.node_id)
+    inventory = collector.refresh_inventory()
+    if inventory is None:
+        log.error("inventory unreadable; resource report withheld", reason=collector.inventory_error)
+    else:
+        await send(resource_subject, build_resource_report(settings, inventory, False, datetime.now(UTC)))
+    first = True
+    last_resources: wire.ResourceReport | None = None
+    next_due = time.monotonic()
+    while not stopping.is_set():
+        trigger: wire.ReportTrigger = "start" if first else "scheduled"
+        if not first and out_of_band.is_set():
+            await asyncio.sleep(OUT_OF_BAND_COALESCE_S)
+            out_of_band.clear()
+            trigger = "kmsg"
+        else:
+            next_due = time.monotonic() + settings.interval_s
+        if not settings.health_disabled:
+            report = await collector.collect(trigger)
+            await send(report_subject, report)
+        elif trigger == "kmsg":
+            pass  # health reporting disabled: resources only
+        inventory = collector.refresh_inventory()
+        if inventory is not None:
+            resources = build_resource_report(settings, inventory, True, datetime.now(UTC))
+            if last_resources is None or _resources_changed(last_resources, resources):
+                await send(resource_subject, resources)
+                last_resources = resources
+        first = False
+        await _wait_any(stopping, out_of_band, timeout=max(0.0, next_due - time.monotonic()))
+
+
+def _resources_changed(before: wire.ResourceReport, after: wire.ResourceReport) -> bool:
+    return msgspec.structs.replace(before, sent_at=after.sent_at) != after
