@@ -138,6 +138,12 @@ class HostSources:
         return read_inventory(self.settings.root)
 
 
+class KmsgView(Protocol):
+    """What a report needs of the ring buffer: the kmsg signal for the current GPU map."""
+
+    def signal(self, gpus_by_pci: Mapping[str, int]) -> wire.KmsgSignal: ...
+
+
 class KmsgWatcher:
     """The continuous ring-buffer reader behind the kmsg signal."""
 
@@ -223,7 +229,7 @@ class KmsgWatcher:
                     self.poll(datetime.now(UTC))
                     self.failure = None
                     delay = 1.0
-                    await _wait_any(stopping, readable, timeout=None if self._source.is_device or self._source.is_fifo else 0.25)
+                    await _wait_any(stopping, readable, within_s=None if self._source.is_device or self._source.is_fifo else 0.25)
                 finally:
                     if self._source.fd is not None and (self._source.is_device or self._source.is_fifo):
                         loop.remove_reader(self._source.fd)
@@ -233,7 +239,7 @@ class KmsgWatcher:
                     self.log.warning("kmsg read lost, retrying", path=str(self.path), error=self.failure,
                                      retry_in_s=delay)
                 self._source.close()
-                await _wait_any(stopping, asyncio.Event(), timeout=delay)
+                await _wait_any(stopping, asyncio.Event(), within_s=delay)
                 delay = min(delay * 2, KMSG_BACKOFF_MAX_S)
         self._source.close()
 
@@ -246,10 +252,10 @@ class KmsgWatcher:
         return reading
 
 
-async def _wait_any(stopping: asyncio.Event, other: asyncio.Event, timeout: float | None) -> None:
+async def _wait_any(stopping: asyncio.Event, other: asyncio.Event, within_s: float | None) -> None:
     waits = [asyncio.create_task(stopping.wait()), asyncio.create_task(other.wait())]
     try:
-        await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait(waits, timeout=within_s, return_when=asyncio.FIRST_COMPLETED)
     finally:
         for task in waits:
             task.cancel()
@@ -267,10 +273,14 @@ def gpus_by_pci(gpu: wire.GpuSignal, inventory: Inventory | None) -> dict[str, i
 class Collector:
     """Reports for one node from its sources; the same code runs on a node and in the simulator."""
 
-    FAST: Final = ("edac", "ioerr", "mounts")
-    SLOW: Final = ("smart", "gpu")
+    # An out-of-band report re-reads everything but SMART (seconds per disk, unrelated to
+    # kernel faults), and gives the GPU a short bound: a GPU that fell off the bus must show
+    # as failed in the very report that carries its Xid 79 (COL-8).
+    FAST: Final = ("edac", "ioerr", "mounts", "gpu")
+    SLOW: Final = ("smart",)
+    OUT_OF_BAND_GPU_TIMEOUT_S: Final = 2.0
 
-    def __init__(self, settings: Settings, sources: Sources, kmsg: KmsgWatcher | None, log: Any = None) -> None:
+    def __init__(self, settings: Settings, sources: Sources, kmsg: KmsgView | None, log: Any = None) -> None:
         self.settings = settings
         self.sources = sources
         self.kmsg = kmsg
@@ -287,11 +297,17 @@ class Collector:
             self.inventory_error = str(exc)
         return self.inventory
 
+    def _timeout(self, name: str, trigger: wire.ReportTrigger) -> float:
+        if name == "smart":  # smartctl has its own per-disk timeout; leave it room
+            return self.settings.signal_timeout_s + self.settings.smartctl_timeout_s
+        if name == "gpu" and trigger == "kmsg":
+            return min(self.settings.signal_timeout_s, self.OUT_OF_BAND_GPU_TIMEOUT_S)
+        return self.settings.signal_timeout_s
+
     async def collect(self, trigger: wire.ReportTrigger, now: datetime | None = None) -> wire.HealthReport:
         names = self.FAST if trigger == "kmsg" and all(n in self.last for n in self.SLOW) else self.FAST + self.SLOW
-        timeout = self.settings.signal_timeout_s
         readings = await asyncio.gather(
-            *(bounded(n, lambda n=n: self.sources.read(n), timeout + (5 if n == "smart" else 0)) for n in names)  # type: ignore[misc]
+            *(bounded(n, lambda n=n: self.sources.read(n), self._timeout(n, trigger)) for n in names)  # type: ignore[misc]
         )
         self.last.update(zip(names, readings, strict=True))
         inventory = self.inventory
@@ -348,7 +364,7 @@ async def run_agent(collector: Collector, publish: Callable[[str, bytes], Awaita
                 await send(resource_subject, resources)
                 last_resources = resources
         first = False
-        await _wait_any(stopping, out_of_band, timeout=max(0.0, next_due - time.monotonic()))
+        await _wait_any(stopping, out_of_band, within_s=max(0.0, next_due - time.monotonic()))
 
 
 def _resources_changed(before: wire.ResourceReport, after: wire.ResourceReport) -> bool:

@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+import nats.errors
 import pytest
 from nats.js import JetStreamContext
 
@@ -98,7 +99,7 @@ async def test_health_disabled_still_publishes_resources(nats_server: NatsServer
         resource = wire.decode(wire.ResourceReport, (await resources.next_msg(timeout=30)).data)
         assert resource.ready is False and resource.health_reporting is False
         await asyncio.sleep(2.5)
-        with pytest.raises(Exception):
+        with pytest.raises(nats.errors.TimeoutError):
             await reports.next_msg(timeout=0.5)
     finally:
         process.send_signal(signal.SIGTERM)

@@ -100,3 +100,50 @@ def test_up_refuses_a_bad_config_naming_the_field(tmp_path: Path) -> None:
     assert result.returncode == 1
     assert "nodeHealth.drainBelow" in result.stderr
     assert not (tmp_path / "hp" / "stack.json").exists()
+
+
+def test_up_with_a_simulated_fleet_reports_registers_and_takes_faults(tmp_path: Path) -> None:
+    # COL-14 end to end: the fleet reports, the bridge registers every node, and an injected
+    # Xid comes back as an out-of-band report.
+    process = _up(tmp_path, "--nodes", "3")
+    try:
+        stack = _wait_for_stack(tmp_path / "hp" / "stack.json", process)
+        assert "sim" in [s["name"] for s in stack["services"]]  # type: ignore[union-attr, index]
+        url = str(stack["natsUrl"])
+
+        async def check() -> None:
+            from healthplane import subjects, wire
+            from healthplane.runtime.replay import replay
+
+            nc = await connect(url, name="test", give_up_after=10)
+            js = nc.jetstream()
+            reports = await nc.subscribe(subjects.report("default", "sim-001"))
+            async with asyncio.timeout(30):
+                while True:
+                    registered = [m async for m in replay(js, "HP_NODE_EVENTS", "hp.event.*.*.NODE_REGISTERED")]
+                    if len(registered) == 3:
+                        break
+                    await asyncio.sleep(0.2)
+            injected = await asyncio.to_thread(
+                subprocess.run,
+                [sys.executable, "-m", "healthplane.cli", "sim", "inject", "sim-001", "--fault", "xid:79", "--gpu", "0",
+                 "--nats-url", url], capture_output=True, text=True, timeout=30)
+            assert injected.returncode == 0, injected.stderr
+            async with asyncio.timeout(15):
+                while True:
+                    report = wire.decode(wire.HealthReport, (await reports.next_msg(timeout=15)).data)
+                    if report.trigger == "kmsg":
+                        break
+            assert report.signals.kmsg.xid[0].xid == 79 and report.signals.gpu.status == "failed"
+            refused = await asyncio.to_thread(
+                subprocess.run,
+                [sys.executable, "-m", "healthplane.cli", "sim", "inject", "sim-404", "--fault", "xid:79",
+                 "--nats-url", url], capture_output=True, text=True, timeout=30)
+            assert refused.returncode == 1 and "no simulated node 'sim-404'" in refused.stderr
+            await nc.close()
+
+        asyncio.run(check())
+    finally:
+        process.send_signal(signal.SIGINT)
+        process.communicate(timeout=60)
+    assert process.returncode == 0

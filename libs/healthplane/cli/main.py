@@ -48,6 +48,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     collector_arguments(collector)
 
+    sim = commands.add_parser("sim", help="the fleet simulator and fault injection")
+    from healthplane_collector.sim import add_arguments as sim_arguments
+
+    sim_arguments(sim)
+
     config = commands.add_parser("config", help="validate, apply and show the cluster config")
     config_commands = config.add_subparsers(dest="config_command", required=True, metavar="ACTION")
     validate = config_commands.add_parser("validate", help="check a config file")
@@ -75,6 +80,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from healthplane_collector.main import run as run_collector
 
             return run_collector(args)
+        if args.command == "sim":
+            from healthplane_collector.sim import run_cli as run_sim
+
+            return run_sim(args)
         if args.command == "config":
             from healthplane.cli import config_cmd
 

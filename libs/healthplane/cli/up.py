@@ -76,6 +76,8 @@ def run(args: argparse.Namespace) -> int:
         log_dir.mkdir(exist_ok=True)
         for name in registry.CONTROL_PLANE:
             children.append(_start_service(name, nats_url, log_dir))
+        if not args.no_sim:
+            children.append(_start_child("sim", ["sim", "run", "--nodes", str(args.nodes)], nats_url, log_dir))
         _check_alive(children, log_dir)
 
         stack = {
@@ -119,11 +121,15 @@ async def _prepare(nats_url: str, config: ClusterConfig) -> None:
 
 
 def _start_service(name: str, nats_url: str, log_dir: Path) -> Child:
+    return _start_child(name, ["service", name], nats_url, log_dir)
+
+
+def _start_child(name: str, command: list[str], nats_url: str, log_dir: Path) -> Child:
     port = free_port()
     env = {**os.environ, "HEALTHPLANE_NATS_URL": nats_url, "HEALTHPLANE_LOG_FORMAT": "json"}
     with open(log_dir / f"{name}.log", "ab") as log_file:
         process = subprocess.Popen(
-            [sys.executable, "-m", "healthplane.cli", "service", name, "--metrics-port", str(port)],
+            [sys.executable, "-m", "healthplane.cli", *command, "--metrics-port", str(port)],
             stdout=log_file,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
@@ -162,6 +168,6 @@ def _print_table(nats_url: str, server: NatsServer | None, children: list[Child]
     for name, pid, endpoint in rows:
         print(f"{name:<{width}}  {pid:>7}  {endpoint}")
     if simulated:
-        print(f"simulated fleet: {simulated} nodes requested; the simulator is not part of this build yet")
+        print(f"simulated fleet: {simulated} nodes (inject faults with `healthplane sim inject sim-000 --fault xid:79 --gpu 0`)")
     print(f"stack: {data_dir / 'stack.json'}   logs: {data_dir / 'logs'}   Ctrl-C stops everything")
     sys.stdout.flush()
