@@ -26,7 +26,7 @@ from healthplane import configstore, streams, subjects, wire
 from healthplane.config import ConfigError
 from healthplane.runtime import metrics
 from healthplane.runtime.lifecycle import ServiceContext, run_service, until_stopped
-from healthplane.runtime.publish import Ack, Publisher, PublishError
+from healthplane.runtime.publish import Publisher, PublishError
 from healthplane.runtime.pull import Delivery, PullLoop
 from healthplane_substrate_bridge.core import RejectionLog, decide_cap, registration_event
 
@@ -121,7 +121,7 @@ class Bridge:
             ack_wait=60.0, max_ack_pending=8192, max_waiting=64))
 
     async def handle(self, batch: list[Delivery]) -> None:
-        puts: list[tuple[Delivery, wire.ResourceReport, str, asyncio.Future[Ack]]] = []
+        reports: list[tuple[Delivery, wire.ResourceReport, str]] = []
         for delivery in batch:
             try:
                 report = wire.decode(wire.ResourceReport, delivery.msg.data)
@@ -131,32 +131,56 @@ class Bridge:
                 self._log.warning("resource report rejected", seq=delivery.stream_seq,
                                   subject=delivery.msg.subject, reason=str(exc))
                 continue
-            key = subjects.kv_node_key(report.cluster, report.node_id)
-            if key not in self._known:
-                await self._register(report, delivery)
+            reports.append((delivery, report, subjects.kv_node_key(report.cluster, report.node_id)))
+        # Registration first, so that a node in the bucket always has its NODE_REGISTERED.
+        newcomers = {key: (d, r) for d, r, key in reports if key not in self._known}
+        if newcomers:
+            try:
+                await self._register(list(newcomers.values()))
+            except PublishError as exc:
+                self._log.warning("registration not stored; reports left for redelivery", error=str(exc))
+                for delivery, _, key in reports:
+                    if key in newcomers:
+                        delivery.nak(RETRY_DELAY_S)
+                reports = [entry for entry in reports if entry[2] not in newcomers]
+        puts = []
+        for delivery, report, key in reports:
             subject = f"$KV.{streams.NODES_BUCKET}.{key}"
-            puts.append((delivery, report, subject, await self._publisher.submit(subject, delivery.msg.data)))
-        for delivery, report, subject, future in puts:
+            puts.append((delivery, report, key, subject, await self._publisher.submit(subject, delivery.msg.data)))
+        for delivery, report, key, subject, future in puts:
             try:
                 await self._publisher.wait(subject, future)
             except PublishError as exc:
                 self._on_rejected(delivery, report, exc)
                 continue
-            self._known.add(subjects.kv_node_key(report.cluster, report.node_id))
+            self._known.add(key)
             metrics.MESSAGES_PROCESSED.labels(SERVICE, "HP_RESOURCES").inc()
 
-    async def _register(self, report: wire.ResourceReport, delivery: Delivery) -> None:
-        subject = subjects.event(report.cluster, report.node_id, "NODE_REGISTERED")
+    async def _register(self, newcomers: list[tuple[Delivery, wire.ResourceReport]]) -> None:
+        """NODE_REGISTERED for nodes the bucket has not seen, unless the event stream already
+        has one (a put failed after registering, or the bucket lost the key). Checks and
+        appends are pipelined: a fleet coming up registers at bus speed."""
+        checks = await asyncio.gather(*(
+            self._already_registered(report) for _, report in newcomers))
+        pending = []
+        for (delivery, report), registered in zip(newcomers, checks, strict=True):
+            if registered:
+                continue
+            occurred_at = datetime.fromtimestamp(delivery.timestamp_ns / 1e9, UTC)
+            event = registration_event(report, occurred_at)
+            subject = subjects.event(report.cluster, report.node_id, "NODE_REGISTERED")
+            pending.append((subject, await self._publisher.submit(subject, wire.encode(event), headers={
+                "Nats-Msg-Id": event.id, "Hp-Producer": SERVICE,
+                "Hp-Causation": f"HP_RESOURCES:{delivery.stream_seq}"})))
+        for subject, future in pending:
+            await self._publisher.wait(subject, future)
+
+    async def _already_registered(self, report: wire.ResourceReport) -> bool:
         try:
-            await self._js.get_last_msg("HP_NODE_EVENTS", subject)
-            return  # registered before (the put failed, or the bucket lost the key)
+            await self._js.get_last_msg("HP_NODE_EVENTS", subjects.event(report.cluster, report.node_id, "NODE_REGISTERED"))
         except NotFoundError:
-            pass
-        occurred_at = datetime.fromtimestamp(delivery.timestamp_ns / 1e9, UTC)
-        event = registration_event(report, occurred_at)
-        await self._js.publish(subject, wire.encode(event), headers={
-            "Nats-Msg-Id": event.id, "Hp-Producer": SERVICE,
-            "Hp-Causation": f"HP_RESOURCES:{delivery.stream_seq}"})
+            return False
+        return True
 
     def _on_rejected(self, delivery: Delivery, report: wire.ResourceReport, exc: Exception) -> None:
         delivery.nak(RETRY_DELAY_S)

@@ -61,12 +61,28 @@ def test_host_ports_do_not_collide(compose: dict[str, Any]) -> None:
             seen[host_port] = name
 
 
-def test_monitoring_is_off_by_default(compose: dict[str, Any]) -> None:
+def test_monitoring_and_the_host_agent_are_off_by_default(compose: dict[str, Any]) -> None:
     for name, svc in compose["services"].items():
         if name in MONITORING:
             assert svc.get("profiles") == ["monitoring"], name
+        elif name == "collector":
+            assert svc.get("profiles") == ["node"]
         else:
             assert "profiles" not in svc, f"{name} would not start with a plain `docker compose up`"
+
+
+def test_host_agent_reads_the_host_read_only(compose: dict[str, Any]) -> None:
+    # COL-13: the container reads the host's /sys, /proc and /dev/kmsg through --root.
+    collector = compose["services"]["collector"]
+    volumes = set(collector["volumes"])
+    assert {"/sys:/host/sys:ro", "/proc:/host/proc:ro", "/dev/kmsg:/host/dev/kmsg:ro"} <= volumes
+    assert collector["command"][:3] == ["collector", "--root", "/host"]
+
+
+def test_systemd_unit_runs_the_collector() -> None:
+    unit = (ROOT / "deploy" / "systemd" / "healthplane-collector.service").read_text()
+    assert re.search(r"^ExecStart=\S*healthplane collector ", unit, re.M)
+    assert re.search(r"^Restart=on-failure$", unit, re.M) and re.search(r"^User=root$", unit, re.M)
 
 
 def test_mounted_files_exist(compose: dict[str, Any]) -> None:
