@@ -9,14 +9,16 @@ default:
 up *ARGS:
     healthplane up {{ARGS}}
 
-# Run the whole test suite (real nats-server; promtool installed when missing)
-test *ARGS:
+# Lint, type-check, then the whole test suite (each test starts its own nats-server)
+test *ARGS: lint
     python -m pytest -q {{ARGS}}
 
 # Lint and type-check
 lint:
     ruff check libs services tests
-    mypy libs/healthplane
+    # Service folders are installed as healthplane_<name>; mypy finds them through links.
+    mkdir -p .cache/mypy-path && for d in services/*/; do n=$(basename "$d"); ln -sfn "$PWD/$d" ".cache/mypy-path/healthplane_$n"; done
+    MYPYPATH=libs:.cache/mypy-path mypy -p healthplane $(for d in services/*/; do printf -- '-p healthplane_%s ' "$(basename "$d")"; done)
 
 # Benchmarks: prints a table and writes bench-results.json
 bench *ARGS:

@@ -309,6 +309,7 @@ def run_cli(args: Any) -> int:
     import signal
     import sys
 
+    from healthplane.cli.common import EXIT_RETRY, CommandFailed, fail, nats_client
     from healthplane.runtime import logs, metrics
     from healthplane.runtime.connect import connect
 
@@ -330,22 +331,17 @@ def run_cli(args: Any) -> int:
         return 0
 
     async def inject() -> int:
+        request = InjectRequest(node_id=args.node, fault=args.fault, gpu=args.gpu)
         try:
-            nc = await connect(args.nats_url, name="healthplane-cli", creds=args.creds, give_up_after=5)
-        except ConnectionError as exc:
-            print(f"healthplane: {exc}", file=sys.stderr)
-            return 3
-        try:
-            request = InjectRequest(node_id=args.node, fault=args.fault, gpu=args.gpu)
-            try:
-                msg = await nc.request(inject_subject(args.cluster), msgspec.json.encode(request), timeout=5)
-            except Exception:
-                print(f"healthplane: no simulator answers for cluster {args.cluster} (is `healthplane sim run` up?)",
-                      file=sys.stderr)
-                return 3
-            reply = msgspec.json.decode(msg.data, type=InjectReply)
-        finally:
-            await nc.close()
+            async with nats_client(args) as nc:
+                try:
+                    msg = await nc.request(inject_subject(args.cluster), msgspec.json.encode(request), timeout=5)
+                except Exception as exc:
+                    raise CommandFailed(f"no simulator answers for cluster {args.cluster} "
+                                        "(is `healthplane sim run` up?)", EXIT_RETRY) from exc
+        except CommandFailed as exc:
+            return fail(exc)
+        reply = msgspec.json.decode(msg.data, type=InjectReply)
         print(reply.message, file=sys.stdout if reply.ok else sys.stderr)
         return 0 if reply.ok else 1
 

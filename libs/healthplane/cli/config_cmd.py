@@ -5,14 +5,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import sys
 from typing import Any
 
 import yaml
 
 from healthplane import configstore
+from healthplane.cli.common import EXIT_RETRY, CommandFailed, fail, nats_client
 from healthplane.config import ConfigError, load_cluster_config
-from healthplane.runtime.connect import connect
 
 SECRET_MASK = "********"
 
@@ -29,8 +28,7 @@ def _validate(path: str) -> int:
     try:
         config = load_cluster_config(path)
     except ConfigError as exc:
-        print(f"healthplane: {exc}", file=sys.stderr)
-        return 1
+        return fail(CommandFailed(str(exc)))
     print(f"{path}: valid (cluster {config.cluster}, mode {config.node_health.mode})")
     return 0
 
@@ -39,20 +37,14 @@ async def _apply(args: argparse.Namespace) -> int:
     try:
         config = load_cluster_config(args.file)
     except ConfigError as exc:
-        print(f"healthplane: {exc}", file=sys.stderr)
-        return 1
+        return fail(CommandFailed(str(exc)))
     try:
-        nc = await connect(args.nats_url, name="healthplane-cli", creds=args.creds, give_up_after=5)
-    except ConnectionError as exc:
-        print(f"healthplane: {exc}", file=sys.stderr)
-        return 3
-    try:
-        version = await configstore.apply(nc.jetstream(), config)
+        async with nats_client(args) as nc:
+            version = await configstore.apply(nc.jetstream(), config)
     except configstore.ConfigConflict as exc:
-        print(f"healthplane: {exc}", file=sys.stderr)
-        return 3
-    finally:
-        await nc.close()
+        return fail(CommandFailed(str(exc), EXIT_RETRY))
+    except CommandFailed as exc:
+        return fail(exc)
     print(f"config version {version} applied (cluster {config.cluster})")
     return 0
 
@@ -68,17 +60,12 @@ def masked(config: dict[str, Any]) -> dict[str, Any]:
 
 async def _show(args: argparse.Namespace) -> int:
     try:
-        nc = await connect(args.nats_url, name="healthplane-cli", creds=args.creds, give_up_after=5)
-    except ConnectionError as exc:
-        print(f"healthplane: {exc}", file=sys.stderr)
-        return 3
-    try:
-        found = await configstore.latest(nc.jetstream())
-    finally:
-        await nc.close()
+        async with nats_client(args) as nc:
+            found = await configstore.latest(nc.jetstream())
+    except CommandFailed as exc:
+        return fail(exc)
     if found is None:
-        print("healthplane: no config applied yet; services use the built-in defaults", file=sys.stderr)
-        return 1
+        return fail(CommandFailed("no config applied yet; services use the built-in defaults"))
     envelope, _ = found
     shown = {
         "version": envelope.version,

@@ -8,9 +8,8 @@ import sys
 from collections.abc import Sequence
 
 from healthplane import __version__, registry
+from healthplane.cli.common import EXIT_USAGE
 from healthplane.runtime.connect import DEFAULT_URL
-
-EXIT_OK, EXIT_REFUSED, EXIT_USAGE, EXIT_RETRY = 0, 1, 2, 3
 
 
 def _connection_flags(parser: argparse.ArgumentParser) -> None:

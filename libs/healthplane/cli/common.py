@@ -1,0 +1,41 @@
+"""What every CLI command shares: connecting, and saying why it could not."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from nats.aio.client import Client as NATS
+
+from healthplane.runtime.connect import connect
+
+EXIT_OK, EXIT_REFUSED, EXIT_USAGE, EXIT_RETRY = 0, 1, 2, 3
+CONNECT_TIMEOUT_S = 5.0
+
+
+class CommandFailed(Exception):
+    """A command that cannot go on; ``str()`` is the one line to print, ``code`` the exit code."""
+
+    def __init__(self, message: str, code: int = EXIT_REFUSED) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def fail(exc: CommandFailed) -> int:
+    print(f"healthplane: {exc}", file=sys.stderr)
+    return exc.code
+
+
+@asynccontextmanager
+async def nats_client(args: argparse.Namespace) -> AsyncIterator[NATS]:
+    """A connection for one command; unreachable is retryable (exit 3), never a traceback."""
+    try:
+        nc = await connect(args.nats_url, name="healthplane-cli", creds=args.creds, give_up_after=CONNECT_TIMEOUT_S)
+    except ConnectionError as exc:
+        raise CommandFailed(str(exc), EXIT_RETRY) from exc
+    try:
+        yield nc
+    finally:
+        await nc.close()
