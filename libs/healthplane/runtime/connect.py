@@ -7,7 +7,6 @@ import os
 import random
 from typing import Any
 
-import nats
 from nats.aio.client import Client as NATS
 
 DEFAULT_URL = "nats://127.0.0.1:4222"
@@ -53,8 +52,12 @@ async def connect(
     deadline = None if give_up_after is None else loop.time() + give_up_after
     delay = 0.1
     while True:
+        # nats-py retries a first connection forever when reconnects are unbounded, so each
+        # attempt is bounded here and the client discarded when it does not get through.
+        client = NATS()
+        attempt_s = 5.0 if deadline is None else max(0.1, min(5.0, deadline - loop.time()))
         try:
-            return await nats.connect(
+            await asyncio.wait_for(client.connect(
                 servers=[url],
                 name=name,
                 user_credentials=creds,
@@ -66,12 +69,23 @@ async def connect(
                 disconnected_cb=on_disconnected,
                 reconnected_cb=on_reconnected,
                 pending_size=64 * 1024 * 1024,
-            )
+            ), attempt_s)
+            return client
         except Exception as exc:
-            if deadline is not None and loop.time() + delay > deadline:
-                raise ConnectionError(f"cannot connect to NATS at {url}: {exc or type(exc).__name__}") from exc
+            await _discard(client)
+            reason = str(exc) or type(exc).__name__
+            if isinstance(exc, TimeoutError):
+                reason = "no answer"
+            if deadline is not None and loop.time() + delay >= deadline:
+                raise ConnectionError(f"cannot connect to NATS at {url}: {reason}") from exc
             if log is not None:
-                log.warning("nats not reachable, retrying", url=url, retry_in_s=round(delay, 2),
-                            error=str(exc) or type(exc).__name__)
+                log.warning("nats not reachable, retrying", url=url, retry_in_s=round(delay, 2), error=reason)
             await asyncio.sleep(delay * (0.8 + 0.4 * random.random()))
             delay = min(delay * 2, 5.0)
+
+
+async def _discard(client: NATS) -> None:
+    try:
+        await asyncio.wait_for(client.close(), 1.0)
+    except Exception:
+        pass
