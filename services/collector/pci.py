@@ -7,6 +7,7 @@ Xid lines ``0000:3b:00`` or ``PCI:0000:3b:00`` (no function), sysfs ``0000:3b:00
 from __future__ import annotations
 
 import re
+from functools import lru_cache
 
 _PCI_RE = re.compile(
     r"^(?:PCI:)?(?:(?P<domain>[0-9a-fA-F]{1,8}):)?(?P<bus>[0-9a-fA-F]{1,2}):(?P<dev>[0-9a-fA-F]{1,2})"
@@ -14,6 +15,7 @@ _PCI_RE = re.compile(
 )
 
 
+@lru_cache(maxsize=4096)  # a node has a handful of addresses; every report asks again
 def normalize(bus_id: str) -> str:
     """``00000000:3B:00.0`` / ``PCI:0000:3b:00`` / ``3b:00.0`` → ``0000:3b:00.0``.
 

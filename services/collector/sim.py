@@ -80,6 +80,8 @@ class SimKmsg:
 class SimNode:
     """Synthetic sources for one node: the :class:`Sources` the collector reads."""
 
+    in_memory = True
+
     def __init__(self, node_id: str, gpus: int = 8, seed: int = 0) -> None:
         self.node_id = node_id
         rng = random.Random(f"{node_id}:{seed}")
@@ -91,8 +93,15 @@ class SimNode:
         self.kmsg = SimKmsg()
         self.silent = False
         self.out_of_band = asyncio.Event()
+        self._readings: dict[str, Any] = {}
+        self._inventory: Inventory | None = None
 
     def inventory(self) -> Inventory:
+        if self._inventory is None:
+            self._inventory = self._build_inventory()
+        return self._inventory
+
+    def _build_inventory(self) -> Inventory:
         return Inventory(
             hostname=self.node_id, cores=192, memory_bytes=2_164_663_517_184, boot_id=self.boot_id,
             gpus=tuple(wire.ResourceDevice(kind="gpu", vendor="nvidia", index=g.index, pci_bus_id=g.pci_bus_id,
@@ -101,9 +110,17 @@ class SimNode:
         )
 
     async def read(self, name: str) -> Any:
-        hw = self.hardware
-        if name in hw.failing:
+        if name in self.hardware.failing:
             raise RuntimeError(f"simulated {name} collector failure")
+        # Synthetic hardware changes only when a fault is injected: build each reading once
+        # per change, so one process can carry a large fleet.
+        reading = self._readings.get(name)
+        if reading is None:
+            reading = self._readings[name] = self._reading(name)
+        return reading
+
+    def _reading(self, name: str) -> Any:
+        hw = self.hardware
         if name == "edac":
             return wire.EdacSignal(status="ok", controllers=[
                 wire.EdacController(name="mc0", ce=hw.edac_ce, ue=hw.edac_ue,
@@ -201,6 +218,7 @@ class SimNode:
             self.kmsg = SimKmsg()
         else:
             raise FaultError(f"unknown fault {fault!r}; one of {', '.join(FAULTS)}")
+        self._readings.clear()
         if out_of_band:
             self.out_of_band.set()
         return f"{fault} injected on {self.node_id}" + (f" GPU {gpu}" if gpu is not None else "")

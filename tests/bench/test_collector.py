@@ -125,12 +125,11 @@ async def test_simulator_throughput(nats_server: NatsServer, js: JetStreamContex
     nodes, interval = 10_000, 5
     fleet = Fleet(nodes, "bench", interval_s=interval, gpus=8)
     stopping = asyncio.Event()
-    import structlog
-
+    from healthplane.runtime import logs
     from healthplane.runtime.connect import connect
 
     nc = await connect(nats_server.url, name="sim-bench", give_up_after=5)
-    task = asyncio.create_task(fleet.run(nc, stopping, structlog.get_logger()))
+    task = asyncio.create_task(fleet.run(nc, stopping, logs.configure("sim", json=True, level="warning")))
     await asyncio.sleep(interval + 2)  # first round spread over min(interval, 5 s)
     before = (await js.stream_info("HP_REPORTS")).state.messages
     started = time.perf_counter()

@@ -113,7 +113,8 @@ class Publisher:
     async def wait(self, subject: str, future: asyncio.Future[Ack]) -> Ack:
         """The ack of one submitted record, or :class:`PublishError` (timeout included)."""
         try:
-            return await asyncio.wait_for(asyncio.shield(future), self._timeout)
+            async with asyncio.timeout(self._timeout):
+                return await asyncio.shield(future)
         except TimeoutError as exc:
             self._forget(future)
             raise PublishError(f"no ack for {subject} within {self._timeout:g}s") from exc
