@@ -15,7 +15,7 @@ from typing import Final
 # an exit code. A name without an entry point is part of the contract but not built yet.
 SERVICES: Final[dict[str, str | None]] = {
     "collector": "healthplane_collector.main:main",
-    "health-ingest": None,
+    "health-ingest": "healthplane_health_ingest.main:main",
     "scorer": None,
     "policy": None,
     "eviction": None,

@@ -331,6 +331,8 @@ class Assessment(Record, frozen=True, kw_only=True):
     conditions: list[Condition]
     definition: str | None = None
     real_fault: bool = False
+    last_report_at: datetime | None = None
+    interval_seconds: int | None = None
 
 
 # ---------------------------------------------------------------------------- node events

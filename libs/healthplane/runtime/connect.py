@@ -63,7 +63,7 @@ async def connect(
                 user_credentials=creds,
                 allow_reconnect=True,
                 max_reconnect_attempts=-1,
-                reconnect_time_wait=0.5,
+                reconnect_time_wait=1,
                 connect_timeout=2,
                 error_cb=on_error,
                 disconnected_cb=on_disconnected,

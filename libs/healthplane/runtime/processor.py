@@ -23,7 +23,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar, cast
 
 import msgspec
 from nats.aio.client import Client as NATS
@@ -73,12 +73,23 @@ class Emit:
     subject: str
     payload: bytes
     headers: dict[str, str] = field(default_factory=dict)
+    # Set by ticks, which have no input to derive an id from: it must be deterministic (the
+    # same decision always gets the same id) so a repeat after a restart is de-duplicated.
+    msg_id: str | None = None
 
 
 class Core(Protocol[S]):
     def initial_state(self) -> S: ...
 
     def step(self, state: S, inbound: Inbound) -> tuple[S, Sequence[Emit]]: ...
+
+
+class TickingCore(Core[S], Protocol[S]):
+    """A core with time-driven decisions (heartbeat deadlines). ``tick`` runs only while every
+    input is caught up, so decisions never race the replay of what already happened; the
+    core must fold its own emitted records (an input) to the same state the tick reached."""
+
+    def tick(self, state: S, now: datetime) -> tuple[S, Sequence[Emit]]: ...
 
 
 def message_id(producer: str, stream: str, seq: int, index: int) -> str:
@@ -123,6 +134,8 @@ class Processor(Generic[S]):
         self._last_snapshot_at = time.monotonic()
         self._state_decoder = msgspec.json.Decoder(state_type)
         self._stopping = asyncio.Event()
+        self._caught_up: dict[str, bool] = {}
+        self.tick_every_s = 1.0
 
     # ------------------------------------------------------------------ start
 
@@ -132,6 +145,8 @@ class Processor(Generic[S]):
         for spec in self._inputs:
             name = self._consumer_name(spec)
             await self._create_consumer(spec)
+            info = await self._js.consumer_info(spec.stream, name)
+            self._caught_up[spec.stream] = info.num_pending == 0
             loop = PullLoop(
                 self._nc, spec.stream, name, self._handle, service=self.service,
                 batch=self._batch, log=self._log,
@@ -141,11 +156,15 @@ class Processor(Generic[S]):
 
     async def run(self) -> None:
         """Process until :meth:`stop`; then snapshot and return."""
-        tasks = [asyncio.create_task(loop.run()) for loop in self._loops]
+        tasks: list[asyncio.Task[Any]] = [asyncio.create_task(loop.run()) for loop in self._loops]
+        if hasattr(self._core, "tick"):
+            tasks.append(asyncio.create_task(self._tick_forever()))
         stop = asyncio.create_task(self._stopping.wait())
         done, _ = await asyncio.wait([*tasks, stop], return_when=asyncio.FIRST_COMPLETED)
         for loop in self._loops:
             loop.stop()
+        for task in tasks[len(self._loops):]:
+            task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         for task in done:
             if task is not stop and task.exception() is not None:
@@ -155,6 +174,17 @@ class Processor(Generic[S]):
 
     def stop(self) -> None:
         self._stopping.set()
+
+    async def _tick_forever(self) -> None:
+        tick = cast(TickingCore[S], self._core).tick
+        while True:
+            await asyncio.sleep(self.tick_every_s)
+            if not all(self._caught_up.values()):
+                continue
+            async with self._lock:
+                state, emits = tick(self.state, datetime.now(UTC))
+                await self._emit_all([(e, e.msg_id or "") for e in emits])
+                self.state = state
 
     def _consumer_name(self, spec: Input) -> str:
         return f"{self.producer}-{spec.stream}".replace(".", "_")
@@ -239,6 +269,7 @@ class Processor(Generic[S]):
             emits: list[tuple[Emit, str]] = []
             state = self.state
             for delivery in batch:
+                self._caught_up[delivery.stream] = delivery.pending == 0
                 msg = delivery.msg
                 inbound = Inbound(
                     stream=delivery.stream,
@@ -268,7 +299,7 @@ class Processor(Generic[S]):
                     metrics.DUPLICATES_SKIPPED.labels(self.service).inc()
                     continue
                 for index, emit in enumerate(outputs):
-                    emits.append((emit, message_id(self.producer, *cause, index)))
+                    emits.append((emit, emit.msg_id or message_id(self.producer, *cause, index)))
                     emit.headers[CAUSATION_HEADER] = f"{cause[0]}:{cause[1]}"
                     emit.headers[PRODUCER_HEADER] = self.producer
             await self._emit_all(emits)
@@ -297,6 +328,7 @@ class Processor(Generic[S]):
             try:
                 for emit, msg_id in emits:
                     headers = dict(emit.headers)
+                    headers.setdefault(PRODUCER_HEADER, self.producer)
                     headers["Nats-Msg-Id"] = msg_id
                     await self._publisher.publish(emit.subject, emit.payload, headers)
                 stored = await self._publisher.flush()

@@ -1,0 +1,1 @@
+"""health-ingest: reports in; conditions, heartbeat and health state out (ING-*)."""

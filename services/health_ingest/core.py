@@ -1,0 +1,408 @@
+"""health-ingest's rules: reports in, conditions, heartbeat and health state out (ING-1..ING-7).
+
+Pure: no I/O, no clock, no logging. ``now`` is the stream time of the record being folded
+(or of the sweep), config arrives as an argument.
+
+One condition per type: its severity and reason are those of the worst finding of that type;
+its message names every finding behind that reason. Three kinds of finding:
+
+- **state** — raised while the report shows it (read-only mount, throttling, failing SMART
+  attribute, GPU correctable ECC while its volatile count since driver load is non-zero,
+  a failed collector);
+- **climbing** — raised while a counter rises from one report to the next, cleared after
+  ``quietReportsToClear`` reports in which it did not (EDAC CE, corrected MCE, GHES
+  corrected/recoverable, non-hardware Xids, I/O errors). A counter that goes backwards
+  (agent restart, driver reload) starts a new baseline: never a negative delta, never a
+  false rise;
+- **sticky** — raised once and held until ``healthplane node service`` records service
+  (NODE_SERVICED) or the device is replaced (another GPU UUID or disk serial): fatal MCE and
+  GHES, uncorrectable memory, hardware Xids, uncorrectable GPU ECC, row-remap failure, SMART
+  failing.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Iterable, Mapping
+from datetime import datetime, timedelta
+from typing import Final
+
+import msgspec
+
+from healthplane import wire
+
+HARDWARE_XIDS: Final = frozenset({48, 63, 64, 74, 79, 92, 94, 95})
+HEARTBEAT_FLOOR_S: Final = 15.0
+INTERVAL_CAP_S: Final = 24 * 3600
+NOT_REAL_FAULTS: Final = frozenset({"heartbeat_missed", "telemetry_stale", "collector_failed"})
+READ_ONLY_BY_NATURE: Final = frozenset({"squashfs", "iso9660", "erofs", "cramfs", "udf"})
+SEVERITY_ORDER: Final = {"info": 1, "warning": 2, "critical": 3}
+
+
+class IngestConfig(msgspec.Struct, frozen=True):
+    heartbeat_miss_threshold: int = 3
+    quiet_reports_to_clear: int = 1
+    ignore_read_only_mounts: tuple[str, ...] = ()
+
+
+class Finding(msgspec.Struct, frozen=True):
+    type: str
+    reason: str
+    severity: str
+    detail: str
+
+
+class Climb(msgspec.Struct):
+    last: int
+    active: bool = False
+    quiet: int = 0
+
+
+class Sticky(msgspec.Struct, frozen=True):
+    finding: Finding
+    device: str = ""       # the GPU's PCI address or the disk's name, "" for the node
+    identity: str = ""     # GPU UUID or disk serial when known: another one means replaced
+
+
+class NodeState(msgspec.Struct):
+    cluster: str
+    node_id: str
+    last_report_at: datetime | None = None
+    last_report_seq: int = 0
+    interval_s: int = 30
+    missed: bool = False
+    climbs: dict[str, Climb] = {}
+    sticky: dict[str, Sticky] = {}
+    conditions: dict[str, wire.Condition] = {}
+    definition: str | None = None
+    report_sent_at: datetime | None = None
+
+
+class IngestState(msgspec.Struct):
+    nodes: dict[str, NodeState] = {}
+    config: IngestConfig = IngestConfig()
+    config_version: int = 0
+
+
+def node_key(cluster: str, node_id: str) -> str:
+    return f"{cluster}\x00{node_id}"
+
+
+# ---------------------------------------------------------------------------- findings
+
+
+def _climb(node: NodeState, key: str, value: int, quiet_to_clear: int, *, baseline_zero: bool) -> bool:
+    """Fold one counter reading; True while the counter counts as climbing."""
+    climb = node.climbs.get(key)
+    if climb is None:
+        # kmsg counts start at zero when the agent starts; sysfs counters count since boot
+        # or driver load, so their first reading is only a baseline.
+        node.climbs[key] = climb = Climb(last=0 if baseline_zero else value)
+    if value > climb.last:
+        climb.active, climb.quiet = True, 0
+    elif climb.active:
+        climb.quiet += 1
+        if climb.quiet >= quiet_to_clear:
+            climb.active = False
+    climb.last = value  # also after a reset: the new, lower value is the baseline
+    return climb.active
+
+
+def _rose(node: NodeState, key: str, value: int, *, baseline_zero: bool) -> bool:
+    """True when ``value`` is above the last reading (a sticky trigger); keeps the baseline."""
+    previous = node.climbs.get(key)
+    last = previous.last if previous is not None else (0 if baseline_zero else value)
+    node.climbs[key] = Climb(last=value)
+    return value > last
+
+
+def _sticky(node: NodeState, key: str, finding: Finding, device: str = "", identity: str = "") -> None:
+    if key not in node.sticky:
+        node.sticky[key] = Sticky(finding, device, identity)
+
+
+def findings(node: NodeState, report: wire.HealthReport, config: IngestConfig) -> list[Finding]:
+    """Every finding of one report, folding counters and sticky faults into ``node``."""
+    quiet = config.quiet_reports_to_clear
+    out: list[Finding] = []
+    signals = report.signals
+    if signals.gpu.status == "ok":
+        _forget_replaced(node, {g.pci_bus_id: g.uuid or "" for g in signals.gpu.devices})
+    if signals.smart.status == "ok":
+        _forget_replaced(node, {d.name: d.serial or "" for d in signals.smart.devices})
+
+    failed = [name for name in ("edac", "smart", "ioerr", "kmsg", "mounts", "gpu")
+              if getattr(signals, name).status == "failed"]
+    if failed:
+        reasons = "; ".join(f"{n}: {getattr(signals, n).reason or 'failed'}" for n in failed)
+        out.append(Finding("collector_failed", "CollectorFailed", "warning", f"collector failed ({reasons})"))
+
+    # Memory: EDAC sysfs (per controller) and EDAC lines in the ring buffer.
+    if signals.edac.status == "ok":
+        for mc in signals.edac.controllers:
+            if _climb(node, f"edac.ce.{mc.name}", mc.ce, quiet, baseline_zero=False):
+                out.append(Finding("memory_errors", "CorrectableMemoryErrors", "warning",
+                                   f"{mc.name}: {mc.ce} correctable memory errors, rising"))
+            if _rose(node, f"edac.ue.{mc.name}", mc.ue, baseline_zero=False):
+                _sticky(node, f"edac.ue.{mc.name}", Finding("memory_errors", "UncorrectableMemoryErrors", "critical",
+                                                            f"{mc.name}: {mc.ue} uncorrectable memory errors"))
+    kmsg = signals.kmsg
+    if kmsg.status != "unavailable":
+        if _climb(node, "kmsg.edac.ce", kmsg.edac.ce, quiet, baseline_zero=True):
+            out.append(Finding("memory_errors", "CorrectableMemoryErrors", "warning",
+                               f"{kmsg.edac.ce} corrected memory errors logged by the kernel, rising"))
+        if _rose(node, "kmsg.edac.ue", kmsg.edac.ue, baseline_zero=True):
+            _sticky(node, "kmsg.edac.ue", Finding("memory_errors", "UncorrectableMemoryErrors", "critical",
+                                                  "uncorrectable memory error logged by the kernel"))
+        # Machine checks and hardware error records.
+        if _rose(node, "kmsg.mce.fatal", kmsg.machine_checks.fatal, baseline_zero=True):
+            _sticky(node, "kmsg.mce.fatal", Finding("machine_check_errors", "MachineCheckFatal", "critical",
+                                                    "fatal machine check logged"))
+        if _climb(node, "kmsg.mce.corrected", kmsg.machine_checks.corrected, quiet, baseline_zero=True):
+            out.append(Finding("machine_check_errors", "MachineCheckCorrected", "warning",
+                               f"{kmsg.machine_checks.corrected} corrected machine checks since the agent started, rising"))
+        if _rose(node, "kmsg.ghes.fatal", kmsg.hardware_errors.fatal, baseline_zero=True):
+            _sticky(node, "kmsg.ghes.fatal", Finding("machine_check_errors", "HardwareErrorRecord", "critical",
+                                                     "fatal hardware error record (APEI/GHES)"))
+        recoverable = kmsg.hardware_errors.corrected + kmsg.hardware_errors.recoverable
+        if _climb(node, "kmsg.ghes.other", recoverable, quiet, baseline_zero=True):
+            out.append(Finding("machine_check_errors", "HardwareErrorRecord", "warning",
+                               f"{recoverable} corrected or recoverable hardware error records, rising"))
+        out.extend(_xid_findings(node, report, quiet))
+
+    # Disks.
+    if signals.smart.status in ("ok", "failed"):
+        for disk in signals.smart.devices:
+            failing = disk.passed is False or bool(disk.critical_warning)
+            if failing:
+                _sticky(node, f"smart.{disk.name}", Finding("disk_degraded", "SmartFailing", "critical",
+                                                            f"SMART health check failing on {disk.name}"),
+                        disk.name, disk.serial or "")
+            if disk.failing_now or disk.failed_in_past:
+                names = ", ".join(a.name for a in [*disk.failing_now, *disk.failed_in_past])
+                out.append(Finding("disk_degraded", "SmartAttributeFailing", "warning",
+                                   f"SMART attributes failing on {disk.name}: {names}"))
+    if signals.ioerr.status == "ok":
+        for counter in signals.ioerr.devices:
+            if _climb(node, f"ioerr.{counter.name}", counter.count, quiet, baseline_zero=False):
+                out.append(Finding("disk_degraded", "IoErrors", "warning",
+                                   f"{counter.name}: {counter.count} I/O errors, rising"))
+    if signals.mounts.status == "ok":
+        for mount in signals.mounts.read_only:
+            if _read_only_counts(mount, config.ignore_read_only_mounts):
+                out.append(Finding("disk_readonly", "ReadOnlyMount", "critical",
+                                   f"{mount.mount_point} ({mount.device}, {mount.fs_type}) is read-only"))
+
+    # GPUs (NVML / nvidia-smi).
+    if signals.gpu.status == "ok":
+        for gpu in signals.gpu.devices:
+            bus = gpu.pci_bus_id
+            if gpu.ecc.status == "ok" and gpu.ecc.volatile is not None:
+                if gpu.ecc.volatile.uncorrected > 0:
+                    _sticky(node, f"gpu.ecc.ue.{bus}", Finding("gpu_ecc_errors", "GpuEccUncorrectable", "critical",
+                                                              f"GPU {bus}: {gpu.ecc.volatile.uncorrected} uncorrectable ECC errors"),
+                            bus, gpu.uuid or "")
+                if gpu.ecc.volatile.corrected > 0:
+                    out.append(Finding("gpu_ecc_errors", "GpuEccCorrectable", "warning",
+                                       f"GPU {bus}: {gpu.ecc.volatile.corrected} correctable ECC errors since driver load"))
+            if gpu.row_remap is not None and gpu.row_remap.failed:
+                _sticky(node, f"gpu.remap.{bus}", Finding("gpu_ecc_errors", "GpuRowRemapFailure", "critical",
+                                                          f"GPU {bus}: row remapping failed"), bus, gpu.uuid or "")
+            if gpu.throttle.thermal:
+                out.append(Finding("gpu_throttling", "GpuThermalThrottle", "warning", f"GPU {bus}: thermal slowdown"))
+            if gpu.throttle.power_brake:
+                out.append(Finding("gpu_throttling", "GpuPowerBrake", "warning", f"GPU {bus}: power brake slowdown"))
+    # Hardware Xids are sticky too, but reported per device above with their latest Xid.
+    return out + [s.finding for k, s in node.sticky.items() if not k.startswith("xid.")]
+
+
+def _xid_findings(node: NodeState, report: wire.HealthReport, quiet: int) -> list[Finding]:
+    """ING-2: grade per device by its worst Xid; message names each device's latest Xid.
+    Xids whose address matches no device are graded all the same."""
+    uuids = {g.pci_bus_id: g.uuid or "" for g in report.signals.gpu.devices}
+    per_device: dict[str, list[wire.XidEntry]] = {}
+    for entry in report.signals.kmsg.xid:
+        per_device.setdefault(entry.pci_bus_id, []).append(entry)
+    held_buses = {s.device for k, s in node.sticky.items() if k.startswith("xid.")}
+    out: list[Finding] = []
+    for bus in sorted(set(per_device) | held_buses):
+        entries = per_device.get(bus, [])
+        climbing = False
+        for entry in entries:
+            key = f"xid.{bus}.{entry.xid}"
+            if entry.xid in HARDWARE_XIDS:
+                if _rose(node, key, entry.count, baseline_zero=True):
+                    _sticky(node, key, Finding("gpu_xid_errors", "GpuXidHardware", "critical", f"Xid {entry.xid}"),
+                            bus, uuids.get(bus, ""))
+            elif _climb(node, key, entry.count, quiet, baseline_zero=True):
+                climbing = True
+        held = [int(k.rsplit(".", 1)[1]) for k in node.sticky if k.startswith(f"xid.{bus}.")]
+        if not climbing and not held:
+            continue
+        worst = max(held, default=None)
+        latest = max(entries, key=lambda e: (e.last_at.timestamp() if e.last_at else 0.0)).xid if entries else worst
+        matched = any(e.gpu_index is not None for e in entries) or bus in uuids
+        where = f"GPU {bus}" if matched else f"GPU {bus} (no matching device)"
+        suffix = f" (worst {worst})" if worst is not None and worst != latest else ""
+        if worst is None:
+            out.append(Finding("gpu_xid_errors", "GpuXidApplication", "warning", f"{where}: Xid {latest}"))
+        else:
+            out.append(Finding("gpu_xid_errors", "GpuXidHardware", "critical", f"{where}: Xid {latest}{suffix}"))
+    return out
+
+
+def _forget_replaced(node: NodeState, identities: Mapping[str, str]) -> None:
+    """ING-3: a device with another UUID or serial than the one that faulted was replaced."""
+    for key, sticky in list(node.sticky.items()):
+        current = identities.get(sticky.device)
+        if sticky.device and sticky.identity and current and current != sticky.identity:
+            del node.sticky[key]
+
+
+def _read_only_counts(mount: wire.ReadOnlyMount, ignore: Iterable[str]) -> bool:
+    """ING-7: block-device filesystems only; read-only by nature or by configuration never."""
+    if mount.fs_type in READ_ONLY_BY_NATURE or not mount.device.startswith("/dev/"):
+        return False
+    return not any(fnmatch.fnmatchcase(mount.mount_point, pattern) for pattern in ignore)
+
+
+# ---------------------------------------------------------------------------- conditions
+
+
+def conditions_from(found: Iterable[Finding], previous: Mapping[str, wire.Condition],
+                    now: datetime) -> dict[str, wire.Condition]:
+    """One condition per type: the worst finding sets severity and reason; its message names
+    every finding with that reason. firstSeen survives while the condition stays raised."""
+    by_type: dict[str, list[Finding]] = {}
+    for finding in found:
+        by_type.setdefault(finding.type, []).append(finding)
+    out: dict[str, wire.Condition] = {}
+    for condition_type, items in by_type.items():
+        worst = max(items, key=lambda f: SEVERITY_ORDER[f.severity])
+        details = sorted({f.detail for f in items if f.reason == worst.reason and f.detail})
+        before = previous.get(condition_type)
+        out[condition_type] = wire.Condition(
+            type=condition_type,  # type: ignore[arg-type]
+            reason=worst.reason,
+            severity=worst.severity,  # type: ignore[arg-type]
+            message="; ".join(details) or worst.reason,
+            first_seen=before.first_seen if before else now,
+            observations=(before.observations + 1) if before else 1,
+        )
+    return out
+
+
+def condition_events(before: Mapping[str, wire.Condition], after: Mapping[str, wire.Condition],
+                     ) -> list[tuple[str, wire.ConditionChange]]:
+    """ING-6: CONDITION_RAISED on raise or escalation (with previousSeverity), CONDITION_CLEARED
+    on clear; nothing when a condition merely stays."""
+    changes: list[tuple[str, wire.ConditionChange]] = []
+    for condition_type, now_c in after.items():
+        was = before.get(condition_type)
+        if was is None:
+            changes.append(("CONDITION_RAISED", _change(now_c)))
+        elif SEVERITY_ORDER[now_c.severity] > SEVERITY_ORDER[was.severity]:
+            changes.append(("CONDITION_RAISED", _change(now_c, was.severity)))
+    for condition_type, was in before.items():
+        if condition_type not in after:
+            changes.append(("CONDITION_CLEARED", _change(was)))
+    return changes
+
+
+def _change(condition: wire.Condition, previous: str | None = None) -> wire.ConditionChange:
+    return wire.ConditionChange(type=condition.type, reason=condition.reason, severity=condition.severity,
+                                message=condition.message, previous_severity=previous)  # type: ignore[arg-type]
+
+
+def health(node: NodeState) -> wire.Health:
+    """ING-5: Unknown when the node cannot be fully seen, unless real fault evidence shows."""
+    if node.last_report_at is None or node.missed:
+        return "UNKNOWN"
+    if any(t not in NOT_REAL_FAULTS for t in node.conditions):
+        return "DEGRADED"
+    if "collector_failed" in node.conditions:
+        return "UNKNOWN"
+    return "HEALTHY"
+
+
+# ---------------------------------------------------------------------------- heartbeat
+
+
+def miss_deadline(node: NodeState, threshold: int) -> datetime | None:
+    """ING-4: last report + max(15 s, threshold * min(interval, 24 h)); None if never reported."""
+    if node.last_report_at is None:
+        return None
+    window = max(HEARTBEAT_FLOOR_S, threshold * min(max(node.interval_s, 1), INTERVAL_CAP_S))
+    return node.last_report_at + timedelta(seconds=window)
+
+
+def heartbeat_condition(node: NodeState, now: datetime) -> wire.Condition:
+    last = node.last_report_at.isoformat().replace("+00:00", "Z") if node.last_report_at else "never"
+    return wire.Condition(type="heartbeat_missed", reason="HeartbeatMissed", severity="warning",
+                          message=f"no report since {last}", first_seen=now, observations=1)
+
+
+# ---------------------------------------------------------------------------- the fold
+
+
+class Change(msgspec.Struct, frozen=True):
+    """One node event to append, before it gets its id and time."""
+
+    type: str
+    message: str
+    condition: wire.ConditionChange | None = None
+
+
+def assess(state: IngestState, report: wire.HealthReport, now: datetime, seq: int,
+           ) -> tuple[NodeState, list[Change]]:
+    """Fold one report: conditions, heartbeat resumption, and the events to append."""
+    key = node_key(report.cluster, report.node_id)
+    node = state.nodes.get(key)
+    if node is None:
+        node = state.nodes[key] = NodeState(cluster=report.cluster, node_id=report.node_id)
+    changes: list[Change] = []
+    before = dict(node.conditions)
+    if node.missed:
+        node.missed = False
+        changes.append(Change("HEARTBEAT_RESUMED", f"Node {report.node_id} reporting again"))
+    found = findings(node, report, state.config)
+    after = conditions_from(found, {k: v for k, v in before.items() if k != "heartbeat_missed"}, now)
+    node.conditions = after
+    node.last_report_at, node.last_report_seq = now, seq
+    node.interval_s = report.interval_seconds
+    node.report_sent_at = report.sent_at
+    changes += [Change(kind, _condition_message(kind, change), change) for kind, change in condition_events(before, after)]
+    return node, changes
+
+
+def serviced(state: IngestState, cluster: str, node_id: str, now: datetime) -> tuple[NodeState | None, list[Change]]:
+    """ING-3: service recorded: every sticky fault of the node clears now."""
+    node = state.nodes.get(node_key(cluster, node_id))
+    if node is None or not node.sticky:
+        return node, []
+    sticky_types = {s.finding.type for s in node.sticky.values()}
+    node.sticky = {}
+    before = dict(node.conditions)
+    # What is not sticky stays as the last report showed it; the next report re-evaluates.
+    node.conditions = {t: c for t, c in node.conditions.items() if t not in sticky_types}
+    return node, [Change(kind, _condition_message(kind, change), change)
+                  for kind, change in condition_events(before, node.conditions)]
+
+
+def missed(node: NodeState, now: datetime) -> list[Change]:
+    """ING-4: the node went silent past its deadline."""
+    node.missed = True
+    before = dict(node.conditions)
+    node.conditions = {**node.conditions, "heartbeat_missed": heartbeat_condition(node, now)}
+    last = node.last_report_at.isoformat().replace("+00:00", "Z") if node.last_report_at else "never"
+    return [Change("HEARTBEAT_MISSED", f"Node {node.node_id} missed its heartbeat; last report {last}")] + [
+        Change(kind, _condition_message(kind, change), change) for kind, change in condition_events(before, node.conditions)]
+
+
+def _condition_message(kind: str, change: wire.ConditionChange) -> str:
+    label = change.type.replace("_", " ").title()
+    if kind == "CONDITION_CLEARED":
+        return f"{label} cleared"
+    if change.previous_severity:
+        return f"{label} [{change.severity.title()}] (was {change.previous_severity.title()}): {change.message}"
+    return f"{label} [{change.severity.title()}] {change.message}"

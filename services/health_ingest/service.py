@@ -1,0 +1,149 @@
+"""health-ingest as a Processor core: which input means what, and the records it emits.
+
+Inputs: ``HP_REPORTS`` (every report), ``HP_NODE_EVENTS`` filtered to NODE_SERVICED (clears
+sticky faults) and this service's own HEARTBEAT_MISSED (so that a replay rebuilds the
+"missed" flag the tick set), and ``HP_CONFIG``. Outputs: node events and one assessment per
+report (and per state change that is not a report: service, missed heartbeat).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Sequence
+from datetime import datetime
+
+from healthplane import subjects, wire
+from healthplane.config import ConfigError, parse_cluster_config
+from healthplane.runtime.processor import Emit, Inbound, Input, Reject
+from healthplane_health_ingest.core import (
+    Change,
+    IngestConfig,
+    IngestState,
+    NodeState,
+    assess,
+    health,
+    miss_deadline,
+    missed,
+    node_key,
+    serviced,
+)
+
+SERVICE = "health-ingest"
+INPUTS = (
+    Input("HP_REPORTS"),
+    Input("HP_NODE_EVENTS", ("hp.event.*.*.NODE_SERVICED", "hp.event.*.*.HEARTBEAT_MISSED")),
+    Input("HP_CONFIG"),
+)
+OUTPUTS = ("HP_NODE_EVENTS", "HP_ASSESSMENTS")
+
+
+class IngestCore:
+    def __init__(self) -> None:
+        # Heartbeat deadlines in a heap: one sweep pops only what is due (ING-4). Derived
+        # from the state; rebuilt whenever the state object is not the one it indexes.
+        self._deadlines: list[tuple[datetime, str, int]] = []
+        self._indexed: int | None = None
+
+    def initial_state(self) -> IngestState:
+        return IngestState()
+
+    # ------------------------------------------------------------------ inputs
+
+    def step(self, state: IngestState, inbound: Inbound) -> tuple[IngestState, Sequence[Emit]]:
+        if inbound.stream == "HP_REPORTS":
+            try:
+                report = wire.decode(wire.HealthReport, inbound.data)
+            except wire.WireError as exc:
+                raise Reject(str(exc)) from exc
+            node, changes = assess(state, report, inbound.at, inbound.seq)
+            self._schedule(state, node)
+            return state, self._records(node, changes, inbound, assessment=True)
+        if inbound.stream == "HP_NODE_EVENTS":
+            try:
+                event = wire.decode(wire.NodeEvent, inbound.data)
+            except wire.WireError as exc:
+                raise Reject(str(exc)) from exc
+            if event.type == "NODE_SERVICED":
+                found, changes = serviced(state, event.cluster, event.node_id, inbound.at)
+                if found is None or not changes:
+                    return state, []
+                return state, self._records(found, changes, inbound, assessment=True)
+            if event.type == "HEARTBEAT_MISSED":
+                silent = state.nodes.get(node_key(event.cluster, event.node_id))
+                if silent is not None and not silent.missed:
+                    missed(silent, event.occurred_at)  # replay: the tick decided this before
+            return state, []
+        if inbound.stream == "HP_CONFIG":
+            try:
+                envelope = wire.decode(wire.ConfigEnvelope, inbound.data)
+                config = parse_cluster_config(envelope.config, f"config version {envelope.version}")
+            except (wire.WireError, ConfigError) as exc:
+                raise Reject(str(exc)) from exc
+            health_config = config.node_health
+            state.config = IngestConfig(health_config.heartbeat_miss_threshold, health_config.quiet_reports_to_clear,
+                                        tuple(health_config.ignore_read_only_mounts))
+            state.config_version = envelope.version
+            self._indexed = None  # the threshold moves every deadline
+            return state, []
+        raise Reject(f"unexpected input stream {inbound.stream}")
+
+    # ------------------------------------------------------------------ time
+
+    def tick(self, state: IngestState, now: datetime) -> tuple[IngestState, Sequence[Emit]]:
+        if self._indexed != id(state):
+            self._reindex(state)
+        emits: list[Emit] = []
+        while self._deadlines and self._deadlines[0][0] <= now:
+            _, key, report_seq = heapq.heappop(self._deadlines)
+            node = state.nodes.get(key)
+            if node is None or node.missed or node.last_report_seq != report_seq:
+                continue  # a later report moved the deadline: this entry is stale
+            changes = missed(node, now)
+            # One miss per silence: the id is the node and the report it went silent after.
+            stem = f"{SERVICE}:missed:{node.cluster}:{node.node_id}:{report_seq}"
+            emits += self._emits(node, changes, now, stem, assessment=True)
+        return state, emits
+
+    def _schedule(self, state: IngestState, node: NodeState) -> None:
+        if self._indexed != id(state):
+            self._reindex(state)
+            return
+        deadline = miss_deadline(node, state.config.heartbeat_miss_threshold)
+        if deadline is not None:
+            heapq.heappush(self._deadlines, (deadline, node_key(node.cluster, node.node_id), node.last_report_seq))
+
+    def _reindex(self, state: IngestState) -> None:
+        threshold = state.config.heartbeat_miss_threshold
+        entries = []
+        for key, node in state.nodes.items():
+            deadline = miss_deadline(node, threshold)
+            if deadline is not None and not node.missed:
+                entries.append((deadline, key, node.last_report_seq))
+        heapq.heapify(entries)
+        self._deadlines, self._indexed = entries, id(state)
+
+    # ------------------------------------------------------------------ outputs
+
+    def _records(self, node: NodeState, changes: list[Change], inbound: Inbound, *, assessment: bool) -> list[Emit]:
+        stem = f"{SERVICE}:{inbound.stream}:{inbound.seq}"
+        return self._emits(node, changes, inbound.at, stem, assessment=assessment, deterministic=False)
+
+    def _emits(self, node: NodeState, changes: list[Change], now: datetime, stem: str, *,
+               assessment: bool, deterministic: bool = True) -> list[Emit]:
+        emits = []
+        for index, change in enumerate(changes):
+            event = wire.NodeEvent(id=f"{stem}:{index}", node_id=node.node_id, cluster=node.cluster,
+                                   type=change.type,  # type: ignore[arg-type]
+                                   occurred_at=now, message=change.message, actor=SERVICE, condition=change.condition)
+            emits.append(Emit(subjects.event(node.cluster, node.node_id, change.type), wire.encode(event),
+                              msg_id=event.id if deterministic else None))
+        if assessment:
+            record = wire.Assessment(node_id=node.node_id, cluster=node.cluster, assessed_at=now,
+                                     report_sent_at=node.report_sent_at, health=health(node),
+                                     conditions=sorted(node.conditions.values(), key=lambda c: c.type),
+                                     definition=node.definition,
+                                     real_fault=health(node) == "DEGRADED",
+                                     last_report_at=node.last_report_at, interval_seconds=node.interval_s)
+            emits.append(Emit(subjects.assessment(node.cluster, node.node_id), wire.encode(record),
+                              msg_id=f"{stem}:assessment" if deterministic else None))
+        return emits
