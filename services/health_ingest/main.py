@@ -11,7 +11,7 @@ from healthplane_health_ingest.service import INPUTS, OUTPUTS, SERVICE, IngestCo
 
 
 def processor(ctx: ServiceContext) -> Processor[IngestState]:
-    return Processor(nc=ctx.nc, js=ctx.js, service=SERVICE, core=IngestCore(), state_type=IngestState,
+    return Processor(nc=ctx.nc, js=ctx.js, service=SERVICE, core=IngestCore(ctx.log), state_type=IngestState,
                      inputs=INPUTS, outputs=OUTPUTS, batch=512, log=ctx.log)
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Sequence
 from datetime import datetime
+from typing import Any
 
 from healthplane import subjects, wire
 from healthplane.config import ConfigError, parse_cluster_config
@@ -38,7 +39,8 @@ OUTPUTS = ("HP_NODE_EVENTS", "HP_ASSESSMENTS")
 
 
 class IngestCore:
-    def __init__(self) -> None:
+    def __init__(self, log: Any = None) -> None:
+        self.log = log
         # Heartbeat deadlines in a heap: one sweep pops only what is due (ING-4). Derived
         # from the state; rebuilt whenever the state object is not the one it indexes.
         self._deadlines: list[tuple[datetime, str, int]] = []
@@ -99,6 +101,9 @@ class IngestCore:
             if node is None or node.missed or node.last_report_seq != report_seq:
                 continue  # a later report moved the deadline: this entry is stale
             changes = missed(node, now)
+            if self.log is not None:
+                self.log.warning("node missed its heartbeat", node_id=node.node_id, cluster=node.cluster,
+                                 last_report_at=node.last_report_at.isoformat() if node.last_report_at else None)
             # One miss per silence: the id is the node and the report it went silent after.
             stem = f"{SERVICE}:missed:{node.cluster}:{node.node_id}:{report_seq}"
             emits += self._emits(node, changes, now, stem, assessment=True)

@@ -1,0 +1,281 @@
+"""health-ingest's pure core: given these reports, then these conditions and events (ING-1..ING-7)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import msgspec
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from healthplane import wire
+from healthplane_collector.agent import Collector, Settings
+from healthplane_collector.sim import SimNode
+from healthplane_health_ingest.core import (
+    IngestConfig,
+    IngestState,
+    assess,
+    health,
+    miss_deadline,
+    missed,
+    serviced,
+)
+from healthplane_health_ingest.service import IngestCore
+
+T0 = datetime(2026, 11, 30, 9, 0, tzinfo=UTC)
+
+
+async def sim_report(node: SimNode) -> wire.HealthReport:
+    collector = Collector(Settings(node_id=node.node_id, cluster="c"), node, node.kmsg)
+    collector.refresh_inventory()
+    return await collector.collect("scheduled", T0)
+
+
+class Scenario:
+    """A node's reports through the core, one fault at a time, as the simulator makes them."""
+
+    def __init__(self, config: IngestConfig | None = None) -> None:
+        self.node = SimNode("n1")
+        self.state = IngestState(config=config or IngestConfig())
+        self.now = T0
+        self.seq = 0
+
+    async def report(self, *faults: str, gpu: int | None = None) -> list[str]:
+        for fault in faults:
+            self.node.inject(fault, gpu, self.now)
+        self.seq += 1
+        self.now += timedelta(seconds=30)
+        _, changes = assess(self.state, await sim_report(self.node), self.now, self.seq)
+        return [f"{c.type} {c.condition.type if c.condition else ''}".strip() for c in changes]
+
+    @property
+    def conditions(self) -> dict[str, wire.Condition]:
+        return self.state.nodes["c\x00n1"].conditions
+
+    def reason(self, condition_type: str) -> tuple[str, str]:
+        c = self.conditions[condition_type]
+        return c.reason, c.severity
+
+
+async def test_healthy_node_has_no_conditions_and_is_healthy() -> None:
+    s = Scenario()
+    assert await s.report() == []
+    assert s.conditions == {} and health(s.state.nodes["c\x00n1"]) == "HEALTHY"
+
+
+@pytest.mark.parametrize(
+    ("fault", "gpu", "condition", "reason", "severity"),
+    [
+        ("smart-failing", None, "disk_degraded", "SmartFailing", "critical"),
+        ("readonly-mount", None, "disk_readonly", "ReadOnlyMount", "critical"),
+        ("edac-ce", None, "memory_errors", "CorrectableMemoryErrors", "warning"),
+        ("edac-ue", None, "memory_errors", "UncorrectableMemoryErrors", "critical"),
+        ("mce-corrected", None, "machine_check_errors", "MachineCheckCorrected", "warning"),
+        ("mce-fatal", None, "machine_check_errors", "MachineCheckFatal", "critical"),
+        ("hw-error-fatal", None, "machine_check_errors", "HardwareErrorRecord", "critical"),
+        ("hw-error-corrected", None, "machine_check_errors", "HardwareErrorRecord", "warning"),
+        ("ecc-correctable", 1, "gpu_ecc_errors", "GpuEccCorrectable", "warning"),
+        ("ecc-uncorrectable", 1, "gpu_ecc_errors", "GpuEccUncorrectable", "critical"),
+        ("row-remap-failure", 1, "gpu_ecc_errors", "GpuRowRemapFailure", "critical"),
+        ("xid:79", 0, "gpu_xid_errors", "GpuXidHardware", "critical"),
+        ("xid:13", 0, "gpu_xid_errors", "GpuXidApplication", "warning"),
+        ("throttle-thermal", 2, "gpu_throttling", "GpuThermalThrottle", "warning"),
+        ("power-brake", 2, "gpu_throttling", "GpuPowerBrake", "warning"),
+        ("io-errors", None, "disk_degraded", "IoErrors", "warning"),
+        ("collector-failed:smart", None, "collector_failed", "CollectorFailed", "warning"),
+    ],
+)
+async def test_every_reason_from_its_fault(fault: str, gpu: int | None, condition: str, reason: str,
+                                           severity: str) -> None:
+    # ING-1: each fault the collector can see raises its condition with its reason code.
+    s = Scenario()
+    await s.report()  # baseline report: sysfs counters start their baseline here
+    events = await s.report(fault, gpu=gpu)
+    assert f"CONDITION_RAISED {condition}" in events
+    assert s.reason(condition) == (reason, severity)
+
+
+async def test_xid_79_also_fails_the_gpu_collector() -> None:
+    # COL-8 / ING-2: off the bus = the Xid condition and CollectorFailed for the GPU signal.
+    s = Scenario()
+    await s.report("xid:79", gpu=0)
+    assert s.reason("gpu_xid_errors") == ("GpuXidHardware", "critical")
+    assert "gpu" in s.conditions["collector_failed"].message
+    assert health(s.state.nodes["c\x00n1"]) == "DEGRADED"  # real fault beats the failed sensor
+
+
+async def test_xid_grade_is_the_worst_and_message_names_the_latest() -> None:
+    # ING-2: "GPU 0000:18:00.0: Xid 13 (worst 48)" — a crash after a DBE keeps it critical.
+    s = Scenario()
+    await s.report("xid:48", gpu=0)
+    s.now += timedelta(seconds=1)
+    await s.report("xid:13", gpu=0)
+    assert s.reason("gpu_xid_errors") == ("GpuXidHardware", "critical")
+    assert s.conditions["gpu_xid_errors"].message == "GPU 0000:18:00.0: Xid 13 (worst 48)"
+    assert (await s.report()) == []  # sticky: nothing new, still raised
+    assert "gpu_xid_errors" in s.conditions
+
+
+async def test_application_xid_clears_when_it_stops_climbing() -> None:
+    s = Scenario()
+    assert await s.report("xid:13", gpu=3) == ["CONDITION_RAISED gpu_xid_errors"]
+    assert await s.report() == ["CONDITION_CLEARED gpu_xid_errors"]
+
+
+async def test_quiet_reports_to_clear_holds_a_climbing_condition() -> None:
+    s = Scenario(IngestConfig(quiet_reports_to_clear=3))
+    await s.report()
+    await s.report("edac-ce")
+    assert await s.report() == [] and await s.report() == []
+    assert await s.report() == ["CONDITION_CLEARED memory_errors"]
+
+
+async def test_escalation_is_raised_with_previous_severity() -> None:
+    s = Scenario()
+    await s.report()
+    await s.report("edac-ce")
+    node = s.state.nodes["c\x00n1"]
+    s.node.inject("edac-ue", None, s.now)
+    s.seq += 1
+    _, changes = assess(s.state, await sim_report(s.node), s.now + timedelta(seconds=30), s.seq)
+    (change,) = [c for c in changes if c.type == "CONDITION_RAISED"]
+    assert change.condition is not None and change.condition.previous_severity == "warning"
+    assert change.condition.severity == "critical" and node.conditions["memory_errors"].observations == 2
+
+
+async def test_unmatched_xid_is_still_graded() -> None:
+    # ING-2: an Xid whose address matches no device still raises.
+    s = Scenario()
+    report = await sim_report(s.node)
+    xid = wire.XidEntry(pci_bus_id="0000:99:00.0", gpu_index=None, xid=94, count=1, last_at=T0, last_message="m")
+    report = msgspec.structs.replace(report, signals=msgspec.structs.replace(
+        report.signals, kmsg=msgspec.structs.replace(report.signals.kmsg, xid=[xid])))
+    assess(s.state, report, T0, 1)
+    assert s.reason("gpu_xid_errors") == ("GpuXidHardware", "critical")
+    assert "0000:99:00.0 (no matching device): Xid 94" in s.conditions["gpu_xid_errors"].message
+
+
+async def test_sticky_clears_only_on_service() -> None:
+    # ING-3: uncorrectable memory stays until NODE_SERVICED.
+    s = Scenario()
+    await s.report()
+    await s.report("edac-ue")
+    for _ in range(3):
+        assert await s.report() == []
+    _, changes = serviced(s.state, "c", "n1", s.now)
+    assert [c.type for c in changes] == ["CONDITION_CLEARED"] and "memory_errors" not in s.conditions
+    assert await s.report() == []  # the counter did not rise again: stays clear
+
+
+async def test_gpu_replacement_clears_its_sticky_faults() -> None:
+    s = Scenario()
+    await s.report("ecc-uncorrectable", gpu=1)
+    s.node.hardware.gpus[1].uuid = "GPU-new-card"
+    s.node.hardware.gpus[1].ecc_volatile = [0, 0]
+    s.node._readings.clear()
+    assert await s.report() == ["CONDITION_CLEARED gpu_ecc_errors"]
+
+
+async def test_counter_reset_is_a_new_baseline_not_a_rise() -> None:
+    # An agent restart: kmsg counts drop to zero, then one new record must raise once.
+    s = Scenario()
+    await s.report("mce-corrected")
+    await s.report()
+    s.node.kmsg.tally = type(s.node.kmsg.tally)()  # counts back to zero
+    assert await s.report() == []
+    assert await s.report("mce-corrected") == ["CONDITION_RAISED machine_check_errors"]
+
+
+@pytest.mark.parametrize(("interval", "threshold", "window"), [
+    (30, 3, 90), (2, 3, 15), (1, 1, 15), (100_000, 3, 3 * 86400), (60, 5, 300)])
+def test_heartbeat_window_floor_and_cap(interval: int, threshold: int, window: int) -> None:
+    # ING-4: max(15 s, threshold x min(interval, 24 h)) after the last report.
+    state = IngestState()
+    from healthplane_health_ingest.core import NodeState
+
+    node = NodeState(cluster="c", node_id="n", last_report_at=T0, interval_s=interval)
+    assert miss_deadline(node, threshold) == T0 + timedelta(seconds=window)
+    assert miss_deadline(NodeState(cluster="c", node_id="never"), threshold) is None
+    assert state.nodes == {}
+
+
+async def test_tick_marks_a_silent_node_missed_once_and_a_report_resumes_it() -> None:
+    core = IngestCore()
+    state = core.initial_state()
+    s = Scenario()
+    report = await sim_report(s.node)
+    from healthplane.runtime.processor import Inbound
+
+    state, _ = core.step(state, Inbound("HP_REPORTS", 1, "hp.report.c.n1", wire.encode(report), {}, T0, True))
+    _, emits = core.tick(state, T0 + timedelta(seconds=89))
+    assert emits == []
+    _, emits = core.tick(state, T0 + timedelta(seconds=91))
+    kinds = [msgspec.json.decode(e.payload).get("type") for e in emits]
+    assert kinds == ["HEARTBEAT_MISSED", "CONDITION_RAISED", None]  # None: the assessment
+    assert all(e.msg_id for e in emits)
+    assert core.tick(state, T0 + timedelta(seconds=200))[1] == []  # once per silence
+    node = state.nodes["c\x00n1"]
+    assert health(node) == "UNKNOWN"
+    _, emits = core.step(state, Inbound("HP_REPORTS", 2, "hp.report.c.n1", wire.encode(report), {},
+                                        T0 + timedelta(seconds=300), True))
+    kinds = [msgspec.json.decode(e.payload).get("type") for e in emits]
+    assert kinds[:2] == ["HEARTBEAT_RESUMED", "CONDITION_CLEARED"] and health(node) == "HEALTHY"
+
+
+def test_never_reported_node_is_never_missed() -> None:
+    core = IngestCore()
+    state = core.initial_state()
+    assert core.tick(state, T0 + timedelta(days=10))[1] == []
+
+
+def test_heartbeat_sweep_is_proportional_to_what_is_due() -> None:
+    from healthplane_health_ingest.core import NodeState
+
+    state = IngestState()
+    for i in range(1000):
+        state.nodes[f"c\x00n{i}"] = NodeState(cluster="c", node_id=f"n{i}", last_report_at=T0 + timedelta(seconds=i),
+                                              last_report_seq=i)
+    core = IngestCore()
+    _, emits = core.tick(state, T0 + timedelta(seconds=100))
+    assert len([e for e in emits if b"HEARTBEAT_MISSED" in e.payload]) == 11  # deadlines T0+90 .. T0+100
+    _, emits = core.tick(state, T0 + timedelta(seconds=100))
+    assert emits == []
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.sampled_from(["edac-ce", "edac-ue", "mce-corrected", "xid:13", "xid:79", "io-errors",
+                                 "readonly-mount", "clear", "service", "quiet"]), max_size=12))
+def test_conditions_never_clear_without_a_report_or_service(steps: list[str]) -> None:
+    # Hypothesis: a sticky condition survives any sequence of reports until service.
+    import asyncio
+
+    async def run() -> None:
+        s = Scenario()
+        await s.report()
+        for step in steps:
+            before = dict(s.conditions)
+            if step == "service":
+                serviced(s.state, "c", "n1", s.now)
+                continue
+            if step == "quiet":
+                await s.report()
+            elif step == "clear":
+                s.node.inject("clear", None, s.now)
+                continue
+            else:
+                await s.report(step, gpu=0)
+            for kind, condition in before.items():
+                if condition.severity == "critical" and kind in ("memory_errors", "gpu_xid_errors"):
+                    assert kind in s.conditions, (steps, kind)
+
+    asyncio.run(run())
+
+
+def test_missed_then_event_replay_is_idempotent() -> None:
+    from healthplane_health_ingest.core import NodeState
+
+    node = NodeState(cluster="c", node_id="n", last_report_at=T0)
+    first = missed(node, T0)
+    assert [c.type for c in first] == ["HEARTBEAT_MISSED", "CONDITION_RAISED"]
+    assert node.missed and "heartbeat_missed" in node.conditions
