@@ -469,14 +469,20 @@ class ConfigEnvelope(Record, frozen=True, kw_only=True):
 
 
 class Snapshot(Record, frozen=True, kw_only=True):
-    """``hp.snapshot.{service}.{partition}``: a service's folded state and where it stood."""
+    """``hp.snapshot.{service}.{partition}``: where a service stood, and where its folded state
+    lies: ``chunks`` pieces of zlib-compressed JSON on ``hp.snapshot.{service}.{partition}.{slot}.{i}``.
+    Two slots alternate, so a crash while writing one leaves the other intact."""
 
     service: str
     partition: int
     taken_at: datetime
-    positions: dict[str, int]  # input stream -> last sequence folded into ``state``
+    positions: dict[str, int]  # input stream -> last sequence folded into the state
     outputs: dict[str, int] = {}  # output stream -> its last sequence when this was taken
-    state: msgspec.Raw
+    slot: int
+    chunks: int
+    size: int
+    digest: str  # sha256 of the compressed state
+    encoding: Literal["zlib+json"] = "zlib+json"
 
 
 # ---------------------------------------------------------------------------- codec

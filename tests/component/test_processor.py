@@ -109,8 +109,7 @@ def test_replay_equals_live_state(nats_server: NatsServer, count: int, stops: li
     async def scenario() -> None:
         admin = await connect(nats_server.url, name="admin", give_up_after=5)
         js = admin.jetstream()
-        await js.add_stream(name="HP_SNAPSHOTS", subjects=["hp.snapshot.>"], max_msgs_per_subject=1) \
-            if not await _has_stream(js, "HP_SNAPSHOTS") else None
+        await streams.ensure(js)
         await toy.ensure_toy_streams(js, suffix, duplicate_window=0.1)
         await _publish(js, inputs, suffix)
         for stop_after, clean in sorted(stops):
@@ -144,11 +143,3 @@ def test_replay_equals_live_state(nats_server: NatsServer, count: int, stops: li
         await admin.close()
 
     asyncio.run(scenario())
-
-
-async def _has_stream(js: JetStreamContext, name: str) -> bool:
-    try:
-        await js.stream_info(name)
-        return True
-    except Exception:
-        return False

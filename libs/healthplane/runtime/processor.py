@@ -31,8 +31,7 @@ from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.errors import NotFoundError
 
-from healthplane import subjects, wire
-from healthplane.runtime import metrics
+from healthplane.runtime import metrics, snapshots
 from healthplane.runtime.publish import Publisher, PublishError
 from healthplane.runtime.pull import Delivery, PullLoop
 from healthplane.runtime.replay import replay
@@ -41,7 +40,6 @@ S = TypeVar("S")
 
 PRODUCER_HEADER = "Hp-Producer"
 CAUSATION_HEADER = "Hp-Causation"
-SNAPSHOT_STREAM = "HP_SNAPSHOTS"
 
 
 class Reject(Exception):
@@ -215,16 +213,23 @@ class Processor(Generic[S]):
 
     async def _restore(self) -> None:
         self._snapshot_outputs: dict[str, int] = {}
+        self._slot: int | None = None
         try:
-            raw = await self._js.get_last_msg(SNAPSHOT_STREAM, subjects.snapshot(self.service, self.partition))
-        except NotFoundError:
+            found = await snapshots.load(self._js, self.service, self.partition)
+        except snapshots.SnapshotDamaged as exc:
+            if self._log is not None:
+                self._log.warning("snapshot unusable, replaying from the start", reason=str(exc))
             return
-        snap = wire.decode(wire.Snapshot, raw.data or b"")
-        self.state = self._state_decoder.decode(snap.state)
-        self.positions = dict(snap.positions)
-        self._snapshot_outputs = dict(snap.outputs)
+        if found is None:
+            return
+        manifest, state_json = found
+        self.state = self._state_decoder.decode(state_json)
+        self.positions = dict(manifest.positions)
+        self._snapshot_outputs = dict(manifest.outputs)
+        self._slot = manifest.slot
         if self._log is not None:
-            self._log.info("snapshot restored", positions=self.positions, taken_at=snap.taken_at.isoformat())
+            self._log.info("snapshot restored", positions=self.positions, taken_at=manifest.taken_at.isoformat(),
+                           bytes=manifest.size)
 
     async def snapshot(self) -> None:
         async with self._lock:
@@ -232,15 +237,11 @@ class Processor(Generic[S]):
             for stream in self._outputs:
                 info = await self._js.stream_info(stream)
                 outputs[stream] = info.state.last_seq
-            snap = wire.Snapshot(
-                service=self.service,
-                partition=self.partition,
-                taken_at=datetime.now(UTC),
-                positions=dict(self.positions),
-                outputs=outputs,
-                state=msgspec.Raw(msgspec.json.encode(self.state)),
-            )
-            await self._js.publish(subjects.snapshot(self.service, self.partition), wire.encode(snap))
+            manifest = await snapshots.save(
+                self._js, service=self.service, partition=self.partition, taken_at=datetime.now(UTC),
+                positions=dict(self.positions), outputs=outputs, state_json=msgspec.json.encode(self.state),
+                previous_slot=self._slot)
+            self._slot = manifest.slot
             self._since_snapshot = 0
             self._last_snapshot_at = time.monotonic()
 

@@ -1,0 +1,68 @@
+"""Snapshots of any size in ``HP_SNAPSHOTS``: the state is compressed and cut into chunks under
+the server's payload limit; a small manifest, written last, says where they are.
+
+The manifest subject keeps one message (the stream keeps the last per subject); chunks go to
+one of two slots in turn, so a crash while writing never damages the snapshot in force.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import zlib
+from datetime import datetime
+from typing import Final
+
+from nats.js import JetStreamContext
+from nats.js.errors import NotFoundError
+
+from healthplane import subjects, wire
+
+STREAM: Final = "HP_SNAPSHOTS"
+CHUNK_BYTES: Final = 512 * 1024  # under every server's default 1 MiB payload
+DIGEST_HEADER: Final = "Hp-Snapshot-Digest"
+
+
+class SnapshotDamaged(RuntimeError):
+    """A manifest whose chunks are missing or do not match: replay from the start instead."""
+
+
+def chunk_subject(service: str, partition: int, slot: int, index: int) -> str:
+    return f"{subjects.snapshot(service, partition)}.{slot}.{index}"
+
+
+async def save(js: JetStreamContext, *, service: str, partition: int, taken_at: datetime,
+               positions: dict[str, int], outputs: dict[str, int], state_json: bytes,
+               previous_slot: int | None) -> wire.Snapshot:
+    compressed = zlib.compress(state_json, 1)
+    digest = hashlib.sha256(compressed).hexdigest()
+    slot = 0 if previous_slot in (None, 1) else 1
+    chunks = [compressed[i:i + CHUNK_BYTES] for i in range(0, len(compressed), CHUNK_BYTES)] or [b""]
+    for index, chunk in enumerate(chunks):
+        await js.publish(chunk_subject(service, partition, slot, index), chunk, stream=STREAM,
+                         headers={DIGEST_HEADER: digest})
+    manifest = wire.Snapshot(service=service, partition=partition, taken_at=taken_at, positions=positions,
+                             outputs=outputs, slot=slot, chunks=len(chunks), size=len(compressed), digest=digest)
+    await js.publish(subjects.snapshot(service, partition), wire.encode(manifest), stream=STREAM)
+    return manifest
+
+
+async def load(js: JetStreamContext, service: str, partition: int) -> tuple[wire.Snapshot, bytes] | None:
+    """The snapshot in force and its state JSON, ``None`` when there is none."""
+    try:
+        raw = await js.get_last_msg(STREAM, subjects.snapshot(service, partition))
+    except NotFoundError:
+        return None
+    manifest = wire.decode(wire.Snapshot, raw.data or b"")
+    parts = []
+    for index in range(manifest.chunks):
+        try:
+            chunk = await js.get_last_msg(STREAM, chunk_subject(service, partition, manifest.slot, index))
+        except NotFoundError as exc:
+            raise SnapshotDamaged(f"snapshot chunk {index} of {manifest.chunks} is missing") from exc
+        if (chunk.headers or {}).get(DIGEST_HEADER) != manifest.digest:
+            raise SnapshotDamaged(f"snapshot chunk {index} belongs to another snapshot")
+        parts.append(chunk.data or b"")
+    compressed = b"".join(parts)
+    if hashlib.sha256(compressed).hexdigest() != manifest.digest:
+        raise SnapshotDamaged("snapshot digest does not match its chunks")
+    return manifest, zlib.decompress(compressed)
