@@ -135,6 +135,19 @@ def test_up_with_a_simulated_fleet_reports_registers_and_takes_faults(tmp_path: 
                     if report.trigger == "kmsg":
                         break
             assert report.signals.kmsg.xid[0].xid == 79 and report.signals.gpu.status == "failed"
+
+            # health-ingest turns it into conditions within that one report (ING-1, ING-2).
+            async with asyncio.timeout(15):
+                while True:
+                    raised = {e.condition.type: e.condition for e in [
+                        wire.decode(wire.NodeEvent, m.data)
+                        async for m in replay(js, "HP_NODE_EVENTS", subjects.node_events("default", "sim-001"))]
+                        if e.type == "CONDITION_RAISED" and e.condition}
+                    if "gpu_xid_errors" in raised:
+                        break
+                    await asyncio.sleep(0.2)
+            assert (raised["gpu_xid_errors"].reason, raised["gpu_xid_errors"].severity) == ("GpuXidHardware", "critical")
+            assert "collector_failed" in raised
             refused = await asyncio.to_thread(
                 subprocess.run,
                 [sys.executable, "-m", "healthplane.cli", "sim", "inject", "sim-404", "--fault", "xid:79",

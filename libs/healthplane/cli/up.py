@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -139,11 +140,24 @@ def _start_child(name: str, command: list[str], nats_url: str, log_dir: Path) ->
     return Child(name, process, f"http://127.0.0.1:{port}/metrics")
 
 
-def _check_alive(children: list[Child], log_dir: Path) -> None:
-    time.sleep(0.5 if children else 0)
-    for child in children:
-        if child.process.poll() is not None:
-            raise CannotStart(f"service {child.name} exited at start; see {log_dir / child.name}.log")
+def _check_alive(children: list[Child], log_dir: Path, timeout_s: float = 60.0) -> None:
+    """Wait until every child answers on its metrics endpoint: the table and stack.json
+    describe a running stack, not one still starting."""
+    deadline = time.monotonic() + timeout_s
+    waiting = list(children)
+    while waiting:
+        for child in list(waiting):
+            if child.process.poll() is not None:
+                raise CannotStart(f"{child.name} exited at start; see {log_dir / child.name}.log")
+            try:
+                with urllib.request.urlopen(child.metrics_url or "", timeout=1) as answer:
+                    if answer.status == 200:
+                        waiting.remove(child)
+            except OSError:
+                pass
+        if waiting and time.monotonic() > deadline:
+            raise CannotStart(f"{waiting[0].name} did not answer within {timeout_s:g}s; see {log_dir / waiting[0].name}.log")
+        time.sleep(0.1)
 
 
 def _stop_all(children: list[Child]) -> None:
