@@ -111,9 +111,12 @@ def _climb(node: NodeState, key: str, value: int, quiet_to_clear: int, *, baseli
 def _rose(node: NodeState, key: str, value: int, *, baseline_zero: bool) -> bool:
     """True when ``value`` is above the last reading (a sticky trigger); keeps the baseline."""
     previous = node.climbs.get(key)
-    last = previous.last if previous is not None else (0 if baseline_zero else value)
-    node.climbs[key] = Climb(last=value)
-    return value > last
+    if previous is None:
+        node.climbs[key] = Climb(last=value)
+        return baseline_zero and value > 0
+    rose = value > previous.last
+    previous.last = value
+    return rose
 
 
 def _sticky(node: NodeState, key: str, finding: Finding, device: str = "", identity: str = "") -> None:

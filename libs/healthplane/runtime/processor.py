@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -305,9 +306,9 @@ class Processor(Generic[S]):
                     emit.headers[PRODUCER_HEADER] = self.producer
             await self._emit_all(emits)
             self.state = state
-            for delivery in batch:
-                if delivery.disposition == "ack":
-                    metrics.MESSAGES_PROCESSED.labels(self.service, delivery.stream).inc()
+            acked = Counter(d.stream for d in batch if d.disposition == "ack")
+            for stream, count in acked.items():  # one label lookup per stream and batch
+                metrics.MESSAGES_PROCESSED.labels(self.service, stream).inc(count)
             self._since_snapshot += len(batch)
         if (
             self._since_snapshot >= self._snapshot_every_inputs
@@ -341,7 +342,7 @@ class Processor(Generic[S]):
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
                 continue
-            for record in stored:
-                if not record.ack.duplicate:
-                    metrics.EMITTED.labels(self.service, record.ack.stream).inc()
+            emitted = Counter(r.ack.stream for r in stored if not r.ack.duplicate)
+            for stream, count in emitted.items():
+                metrics.EMITTED.labels(self.service, stream).inc(count)
             return

@@ -131,16 +131,23 @@ class Publisher:
 
     async def flush(self) -> list[Stored]:
         """Wait for every ack of the batch; raise :class:`PublishError` naming the first failure."""
+        batch, self._batch = list(self._batch), deque()
+        if not batch:
+            return []
+        futures = [future for _, future in batch]
+        _, pending = await asyncio.wait(futures, timeout=self._timeout)  # one timer for the batch
         stored = []
-        try:
-            while self._batch:
-                subject, future = self._batch.popleft()
-                try:
-                    stored.append(Stored(subject, await self.wait(subject, future)))
-                except PublishError as exc:
-                    raise PublishError(f"{subject}: {exc}", exc.code, exc.err_code) from exc
-        finally:
-            for _, future in self._batch:
-                self._forget(future)
-            self._batch.clear()
+        for subject, future in batch:
+            if future in pending:
+                for late in pending:
+                    self._forget(late)
+                raise PublishError(f"{subject}: no ack within {self._timeout:g}s")
+            exc = future.exception()
+            if exc is not None:
+                for _, rest in batch:
+                    self._forget(rest)
+                code = exc.code if isinstance(exc, PublishError) else None
+                err_code = exc.err_code if isinstance(exc, PublishError) else None
+                raise PublishError(f"{subject}: {exc}", code, err_code) from exc
+            stored.append(Stored(subject, future.result()))
         return stored
