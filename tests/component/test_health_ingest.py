@@ -175,3 +175,33 @@ async def test_kill_9_and_restart_emits_nothing_twice(nats_server: NatsServer, j
     for node_id, kinds in per_node.items():
         assert kinds == ["CONDITION_RAISED", "CONDITION_CLEARED"] * 4, (node_id, kinds)
     assert msgspec.json.decode((tmp_path / "second.log").read_text().splitlines()[0])["service"] == "health-ingest"
+
+
+async def test_service_record_clears_sticky_conditions(nats_server: NatsServer, js: JetStreamContext,
+                                                       tmp_path: Path) -> None:
+    # ING-3 through the bus: NODE_SERVICED (eviction's record of `node service`) clears a sticky fault.
+    process = start_ingest(nats_server, tmp_path / "ingest.log")
+    try:
+        node = SimNode("svc-1")
+        await js.publish(subjects.report("lab", "svc-1"), await report_of(node))
+        node.inject("mce-fatal", None, NOW)
+        await js.publish(subjects.report("lab", "svc-1"), await report_of(node))
+
+        async def raised() -> bool:
+            return any(e.type == "CONDITION_RAISED" for e in await events(js))
+
+        await until(raised)
+        serviced = wire.NodeEvent(id="evt-serviced-1", node_id="svc-1", cluster="lab", type="NODE_SERVICED",
+                                  occurred_at=NOW, message="Node svc-1 serviced: replaced DIMM", actor="operator")
+        await js.publish(subjects.event("lab", "svc-1", "NODE_SERVICED"), wire.encode(serviced))
+
+        async def cleared() -> bool:
+            return any(e.type == "CONDITION_CLEARED" for e in await events(js))
+
+        await until(cleared)
+        assessment = wire.decode(wire.Assessment, (await js.get_last_msg(
+            "HP_ASSESSMENTS", subjects.assessment("lab", "svc-1"))).data)
+        assert assessment.conditions == [] and assessment.health == "HEALTHY"
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(20)
