@@ -102,6 +102,7 @@ class Bridge:
         self._sample_interval_s = sample_interval_s
         self._rejected = metrics.MESSAGES_REJECTED
         self._publisher = Publisher(ctx.nc, window=4096)
+        self._processed = metrics.MESSAGES_PROCESSED.labels(SERVICE, "HP_RESOURCES")
         self.loop = PullLoop(ctx.nc, "HP_RESOURCES", CONSUMER, self.handle, service=SERVICE,
                              batch=512, log=ctx.log, recreate=self.ensure_consumer)
 
@@ -143,18 +144,16 @@ class Bridge:
                     if key in newcomers:
                         delivery.nak(RETRY_DELAY_S)
                 reports = [entry for entry in reports if entry[2] not in newcomers]
-        puts = []
-        for delivery, report, key in reports:
-            subject = f"$KV.{streams.NODES_BUCKET}.{key}"
-            puts.append((delivery, report, key, subject, await self._publisher.submit(subject, delivery.msg.data)))
-        for delivery, report, key, subject, future in puts:
-            try:
-                await self._publisher.wait(subject, future)
-            except PublishError as exc:
-                self._on_rejected(delivery, report, exc)
+        futures = [await self._publisher.submit(f"$KV.{streams.NODES_BUCKET}.{key}", delivery.msg.data)
+                   for delivery, _, key in reports]
+        stored = 0
+        for (delivery, report, key), outcome in zip(reports, await self._publisher.outcomes(futures), strict=True):
+            if isinstance(outcome, PublishError):
+                self._on_rejected(delivery, report, outcome)
                 continue
             self._known.add(key)
-            metrics.MESSAGES_PROCESSED.labels(SERVICE, "HP_RESOURCES").inc()
+            stored += 1
+        self._processed.inc(stored)
 
     async def _register(self, newcomers: list[tuple[Delivery, wire.ResourceReport]]) -> None:
         """NODE_REGISTERED for nodes the bucket has not seen, unless the event stream already
