@@ -16,7 +16,7 @@ from typing import Final
 SERVICES: Final[dict[str, str | None]] = {
     "collector": "healthplane_collector.main:main",
     "health-ingest": "healthplane_health_ingest.main:main",
-    "scorer": None,
+    "scorer": "healthplane_scorer.main:main",
     "policy": None,
     "eviction": None,
     "webhook-dispatcher": None,

@@ -1,0 +1,69 @@
+"""health-ingest and the scorer together on a real nats-server: the reference's GPU ECC
+example end to end, SCORE_CHANGED only on change (SCO-1, SCO-5)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from nats.js import JetStreamContext
+
+from healthplane import subjects, wire
+from healthplane.natsserver import NatsServer
+from healthplane.runtime.replay import replay
+from healthplane_collector.sim import SimNode
+from tests.component.test_health_ingest import NOW, report_of, until
+
+pytestmark = pytest.mark.nats
+
+
+def start(server: NatsServer, name: str, log: Path) -> subprocess.Popen[bytes]:
+    return subprocess.Popen([sys.executable, "-m", "healthplane.cli", "service", name],
+                            env={**os.environ, "HEALTHPLANE_NATS_URL": server.url, "HEALTHPLANE_LOG_FORMAT": "json"},
+                            stdout=subprocess.DEVNULL, stderr=open(log, "ab"))
+
+
+async def score_events(js: JetStreamContext) -> list[wire.NodeEvent]:
+    return [wire.decode(wire.NodeEvent, m.data)
+            async for m in replay(js, "HP_NODE_EVENTS", "hp.event.*.*.SCORE_CHANGED")]
+
+
+async def test_gpu_ecc_scores_100_90_55_end_to_end(nats_server: NatsServer, js: JetStreamContext,
+                                                   tmp_path: Path) -> None:
+    processes = [start(nats_server, "health-ingest", tmp_path / "ingest.log"),
+                 start(nats_server, "scorer", tmp_path / "scorer.log")]
+    try:
+        # HP_ASSESSMENTS keeps the newest per node: a scorer that starts late sees only that,
+        # so the reports go out once both services run, one at a time as a node sends them.
+        async def running() -> bool:
+            return all("service started" in (tmp_path / f).read_text() for f in ("ingest.log", "scorer.log"))
+
+        await until(running)
+        await asyncio.sleep(1)
+        node = SimNode("gpu-14")
+        subject = subjects.report("lab", "gpu-14")
+        for fault in (None, None, "ecc-correctable", None, "ecc-uncorrectable", None):
+            if fault:
+                node.inject(fault, 0, NOW)
+            await js.publish(subject, await report_of(node))
+            await asyncio.sleep(0.5)
+
+        async def three() -> bool:
+            return len(await score_events(js)) >= 3
+
+        await until(three)
+        await asyncio.sleep(1)
+    finally:
+        for process in processes:
+            process.send_signal(signal.SIGTERM)
+            process.wait(20)
+    found = await score_events(js)
+    assert [e.message for e in found] == ["score 100", "score 100 -> 90", "score 90 -> 55"]
+    last = found[-1]
+    assert last.penalties == "cluster" and [(c.reason, c.points) for c in last.contributions or []] == [
+        ("GpuEccUncorrectable", -45)]

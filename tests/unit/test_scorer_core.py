@@ -1,0 +1,107 @@
+"""The reliability score: the reference's worked examples, and its invariants (SCO-1..SCO-5)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from healthplane import wire
+from healthplane.runtime.processor import Inbound
+from healthplane_scorer.core import DEFAULT_PENALTIES, PenaltyTable, Tally, score, tally_deduction
+from healthplane_scorer.service import ScorerCore
+
+T0 = datetime(2026, 8, 11, 9, 14, 2, tzinfo=UTC)
+CLUSTER = PenaltyTable.build()
+
+
+def cond(condition_type: str, reason: str, severity: str = "warning") -> wire.Condition:
+    return wire.Condition(type=condition_type, reason=reason, severity=severity, message="m",  # type: ignore[arg-type]
+                          first_seen=T0)
+
+
+def assessment(*conditions: wire.Condition, node: str = "gpu-14") -> bytes:
+    return wire.encode(wire.Assessment(node_id=node, cluster="c", assessed_at=T0, report_sent_at=T0,
+                                       health="DEGRADED" if conditions else "HEALTHY", conditions=list(conditions)))
+
+
+def test_gpu_ecc_100_90_55() -> None:
+    # Reference: correctable ECC -> "score 100 -> 90"; uncorrectable -> "score 90 -> 55".
+    core, state = ScorerCore(), ScorerCore().initial_state()
+    messages = []
+    for seq, data in enumerate([assessment(),
+                                assessment(cond("gpu_ecc_errors", "GpuEccCorrectable")),
+                                assessment(cond("gpu_ecc_errors", "GpuEccUncorrectable", "critical")),
+                                assessment(cond("gpu_ecc_errors", "GpuEccUncorrectable", "critical"))], 1):
+        state, emits = core.step(state, Inbound("HP_ASSESSMENTS", seq, "", data, {}, T0, True))
+        messages += [wire.decode(wire.NodeEvent, e.payload).message for e in emits]
+    assert messages == ["score 100", "score 100 -> 90", "score 90 -> 55"]  # and nothing on no change (SCO-5)
+
+
+def test_smart_failing_60_back_to_100_one_report_after_recovery() -> None:
+    core, state = ScorerCore(), ScorerCore().initial_state()
+    scores = []
+    for seq, data in enumerate([assessment(cond("disk_degraded", "SmartFailing", "critical")), assessment()], 1):
+        state, emits = core.step(state, Inbound("HP_ASSESSMENTS", seq, "", data, {}, T0, True))
+        scores += [wire.decode(wire.NodeEvent, e.payload).score for e in emits]
+    assert scores == [60, 100]
+
+
+@pytest.mark.parametrize(("weeks", "deduction"), [(0, 15), (1, 7), (2, 4), (4, 1), (5, 0)])
+def test_failure_tally_decays_from_the_latest_failure(weeks: int, deduction: int) -> None:
+    # "15 points ... roughly 7 a week later, 4 the week after, rounds to nothing after about five weeks"
+    tally = Tally(count=3, last_failure_at=T0)
+    assert tally_deduction(tally, T0 + timedelta(weeks=weeks), 5, 168) == deduction
+
+
+def test_a_new_failure_restores_the_whole_tally() -> None:
+    tally = Tally(count=3, last_failure_at=T0)
+    assert tally_deduction(tally, T0 + timedelta(weeks=3), 5, 168) == 2
+    tally = Tally(count=4, last_failure_at=T0 + timedelta(weeks=3))
+    assert tally_deduction(tally, T0 + timedelta(weeks=3), 5, 168) == 20
+
+
+def test_node_show_example_55_with_its_contributions() -> None:
+    # "Score: 55/100 (penalties: cluster)  -40 SmartFailing  -5 attributed job failures"
+    value, contributions = score([cond("disk_degraded", "SmartFailing", "critical")],
+                                 Tally(count=1, last_failure_at=T0), T0, CLUSTER, 5, 168)
+    assert value == 55
+    assert [(c.points, c.reason) for c in contributions] == [(-40, "SmartFailing"), (-5, "attributed job failures")]
+
+
+def test_definition_table_replaces_the_clusters() -> None:
+    from healthplane_scorer.service import ScorerConfig, table_for
+
+    config = ScorerConfig(penalties={"SmartFailing": 30}, definition_penalties={"gpu-pool": {"GpuXidHardware": 60}})
+    assert table_for(config, None).points["SmartFailing"] == 30
+    gpu = table_for(config, "gpu-pool")
+    assert (gpu.source, gpu.points["SmartFailing"], gpu.points["GpuXidHardware"]) == ("gpu-pool", 40, 60)
+
+
+def test_unscored_node_stays_unscored_until_assessed() -> None:
+    # SCO-4: a failure attributed before any report does not invent a score.
+    core, state = ScorerCore(), ScorerCore().initial_state()
+    failure = wire.encode(wire.NodeEvent(id="f1", node_id="n", cluster="c", type="JOB_FAILURE_ATTRIBUTED",
+                                         occurred_at=T0, message="m", actor="eviction", fault_class="DISK_DEGRADED"))
+    state, emits = core.step(state, Inbound("HP_NODE_EVENTS", 1, "", failure, {}, T0, True))
+    assert emits == [] and state.nodes["c\x00n"].score is None
+    state, emits = core.step(state, Inbound("HP_ASSESSMENTS", 2, "", assessment(node="n"), {}, T0, True))
+    assert wire.decode(wire.NodeEvent, emits[0].payload).score == 95
+
+
+reasons = st.sampled_from(sorted(DEFAULT_PENALTIES))
+
+
+@given(st.lists(st.tuples(st.sampled_from(["memory_errors", "disk_degraded", "gpu_xid_errors", "collector_failed"]),
+                          reasons, st.sampled_from(["warning", "critical"])), max_size=8),
+       st.integers(min_value=0, max_value=50), st.integers(min_value=0, max_value=2000))
+def test_score_within_0_100_and_equal_to_its_contributions(conditions, failures: int, hours: int) -> None:  # type: ignore[no-untyped-def]
+    # SCO-1, SCO-4: always 0..100, and 100 + the listed contributions unless clamped at 0.
+    active = [cond(t, r, s) for t, r, s in conditions]
+    value, contributions = score(active, Tally(count=failures, last_failure_at=T0), T0 + timedelta(hours=hours),
+                                 CLUSTER, 5, 168)
+    assert 0 <= value <= 100
+    assert value == max(0, 100 + sum(c.points for c in contributions))
+    assert all(c.points < 0 for c in contributions)
