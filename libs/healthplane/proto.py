@@ -20,6 +20,7 @@ CHANNELS: dict[str, tuple[str, str, str]] = {
     "hp.resource.{cluster}.{node}": ("resource", "collector", "Resource report: inventory and readiness"),
     "hp.assess.{cluster}.{node}": ("assess", "health-ingest", "The node's complete active condition set after one report"),
     "hp.event.{cluster}.{node}.{type}": ("event", "the service that owns the type", "Node event, the durable record"),
+    "hp.node.{cluster}.{node}": ("node", "scorer", "Latest folded view of a node"),
     "hp.cmd.{cluster}.{node}.{verb}": ("cmd", "CLI, policy", "Operator or automation command"),
     "hp.outcome.{cluster}.{node}": ("outcome", "eviction", "What became of a command: applied, refused, retry"),
     "hp.alloc.{cluster}.{node}.{alloc}": ("alloc", "scheduler", "Allocation lifecycle"),

@@ -80,6 +80,10 @@ def event(cluster: str, node_id: str, event_type: str) -> str:
     return f"{PREFIX}.event.{encode_token(cluster)}.{encode_token(node_id)}.{encode_token(event_type)}"
 
 
+def node_view(cluster: str, node_id: str) -> str:
+    return f"{PREFIX}.node.{encode_token(cluster)}.{encode_token(node_id)}"
+
+
 def command(cluster: str, node_id: str, verb: str) -> str:
     return f"{PREFIX}.cmd.{encode_token(cluster)}.{encode_token(node_id)}.{encode_token(verb)}"
 
@@ -137,7 +141,7 @@ class NodeSubject:
     rest: str | None
 
 
-_NODE_KINDS = frozenset({"report", "resource", "assess", "event", "cmd", "outcome", "alloc", "directive"})
+_NODE_KINDS = frozenset({"report", "resource", "assess", "event", "node", "cmd", "outcome", "alloc", "directive"})
 
 
 def parse(subject: str) -> NodeSubject:

@@ -390,6 +390,39 @@ class NodeEvent(Sparse, frozen=True, kw_only=True):
     config_version: int | None = None
 
 
+# ---------------------------------------------------------------------------- node view
+
+
+class ScoreExplanation(Record, frozen=True, kw_only=True):
+    penalties: str
+    contributions: list[Contribution]
+
+
+class AttributedFailures(Record, frozen=True, kw_only=True):
+    count: int = 0
+    last: datetime | None = None
+    by_fault: dict[str, int] = {}
+
+
+class NodeView(Record, frozen=True, kw_only=True):
+    """``hp.node.{cluster}.{node}``: one folded view per node, the ``node show -o json`` shape;
+    the stream keeps the latest per node, so ``node list`` reads one record per node."""
+
+    node_id: str
+    cluster: str
+    hostname: str | None
+    status: NodeStatus
+    health: Health
+    last_reported_at: datetime | None
+    score: int | None
+    score_explanation: ScoreExplanation | None
+    conditions: list[Condition]
+    attributed_failures: AttributedFailures
+    holds: list[Hold]
+    jobs: int = 0
+    definition: str | None = None
+
+
 # ---------------------------------------------------------------------------- commands
 
 
@@ -530,6 +563,7 @@ RECORDS: Final[dict[str, type[Record]]] = {
     "resource": ResourceReport,
     "assess": Assessment,
     "event": NodeEvent,
+    "node": NodeView,
     "cmd": Command,
     "outcome": CommandOutcome,
     "alloc": Allocation,

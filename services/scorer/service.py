@@ -3,7 +3,9 @@ only when the score moves (SCO-5)."""
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Sequence
+from datetime import datetime
 
 import msgspec
 
@@ -15,13 +17,16 @@ from healthplane_scorer.core import PenaltyTable, Tally, score
 SERVICE = "scorer"
 INPUTS = (
     Input("HP_ASSESSMENTS"),
-    Input("HP_NODE_EVENTS", ("hp.event.*.*.JOB_FAILURE_ATTRIBUTED",)),
+    Input("HP_NODE_EVENTS", tuple(f"hp.event.*.*.{t}" for t in (
+        "JOB_FAILURE_ATTRIBUTED", "HOLD_CREATED", "HOLD_RELEASED", "NODE_REGISTERED"))),
+    Input("HP_RESOURCES"),
     Input("HP_CONFIG"),
 )
-OUTPUTS = ("HP_NODE_EVENTS",)
+OUTPUTS = ("HP_NODE_EVENTS", "HP_NODES")
 
 
 class ScorerConfig(msgspec.Struct, frozen=True):
+    degraded_at_or_below: int = 95
     penalties: dict[str, int] = {}
     tally_penalty: int = 5
     half_life_hours: float = 168.0
@@ -37,6 +42,13 @@ class NodeScore(msgspec.Struct):
     tally: Tally = msgspec.field(default_factory=Tally)
     score: int | None = None
     assessed: bool = False
+    # The node read model (SPEC.md "Node status"): folded here, published on hp.node.
+    hostname: str | None = None
+    ready: bool = True
+    holds: dict[str, wire.Hold] = {}
+    health: str = "UNKNOWN"
+    last_report_at: datetime | None = None
+    view_digest: int = 0
 
 
 class ScorerState(msgspec.Struct):
@@ -61,20 +73,41 @@ class ScorerCore:
             except wire.WireError as exc:
                 raise Reject(str(exc)) from exc
             node = self._node(state, assessment.cluster, assessment.node_id)
-            node.conditions, node.definition, node.assessed = assessment.conditions, assessment.definition, True
-            return state, self._rescore(state, node, inbound)
+            node.conditions, node.assessed = assessment.conditions, True
+            node.definition = assessment.definition or node.definition
+            node.health, node.last_report_at = assessment.health, assessment.last_report_at or assessment.assessed_at
+            return state, self._rescore(state, node, inbound) + self._view(state, node, inbound)
         if inbound.stream == "HP_NODE_EVENTS":
             try:
                 event = wire.decode(wire.NodeEvent, inbound.data)
             except wire.WireError as exc:
                 raise Reject(str(exc)) from exc
             node = self._node(state, event.cluster, event.node_id)
+            if event.type in ("HOLD_CREATED", "HOLD_RELEASED", "NODE_REGISTERED"):
+                if event.type == "HOLD_CREATED" and event.hold is not None:
+                    node.holds = {**node.holds, event.hold.id: event.hold}
+                elif event.type == "HOLD_RELEASED" and event.hold is not None:
+                    node.holds = {k: v for k, v in node.holds.items() if k != event.hold.id}
+                else:
+                    node.hostname = event.hostname or node.hostname
+                    node.definition = event.definition or node.definition
+                return state, self._view(state, node, inbound)
             node.tally.count += 1
             node.tally.last_failure_at = event.occurred_at
             fault = event.fault_class or "UNKNOWN"
             node.tally.by_fault = {**node.tally.by_fault, fault: node.tally.by_fault.get(fault, 0) + 1}
             # An unscored node stays unscored: a score needs an assessment (SCO-4).
-            return state, self._rescore(state, node, inbound) if node.assessed else []
+            emits = self._rescore(state, node, inbound) if node.assessed else []
+            return state, emits + self._view(state, node, inbound)
+        if inbound.stream == "HP_RESOURCES":
+            try:
+                resources = wire.decode(wire.ResourceReport, inbound.data)
+            except wire.WireError as exc:
+                raise Reject(str(exc)) from exc
+            node = self._node(state, resources.cluster, resources.node_id)
+            node.hostname, node.ready = resources.hostname, resources.ready
+            node.definition = resources.definition or node.definition
+            return state, self._view(state, node, inbound)
         if inbound.stream == "HP_CONFIG":
             try:
                 envelope = wire.decode(wire.ConfigEnvelope, inbound.data)
@@ -83,6 +116,7 @@ class ScorerCore:
                 raise Reject(str(exc)) from exc
             health = config.node_health
             state.config = ScorerConfig(
+                degraded_at_or_below=health.degraded_at_or_below,
                 penalties=dict(health.penalties), tally_penalty=health.failure_tally_penalty,
                 half_life_hours=health.failure_tally_half_life_hours,
                 definition_penalties={name: dict(d.node_health.penalties)
@@ -114,3 +148,49 @@ class ScorerCore:
             penalties=table.source)))]
 
 
+
+    def _view(self, state: ScorerState, node: NodeScore, inbound: Inbound) -> list[Emit]:
+        """The node's folded view, appended only when it changed."""
+        view = node_view(state, node)
+        encoded = wire.encode(view)
+        digest = zlib.crc32(encoded)  # stable across processes, unlike hash()
+        if digest == node.view_digest:
+            return []
+        node.view_digest = digest
+        return [Emit(subjects.node_view(node.cluster, node.node_id), encoded)]
+
+
+def node_status(node: NodeScore) -> wire.NodeStatus:
+    """SPEC.md precedence: OFFLINE while the heartbeat is missed, NOT_READY while the resource
+    report says not ready, CORDONED while any hold exists, READY otherwise."""
+    if any(c.type == "heartbeat_missed" for c in node.conditions):
+        return "OFFLINE"
+    if not node.ready:
+        return "NOT_READY"
+    if node.holds:
+        return "CORDONED"
+    return "READY"
+
+
+def node_health(node: NodeScore, degraded_at_or_below: int) -> wire.Health:
+    """ING-5 with the score: Unknown stays Unknown; a score at or below the threshold degrades."""
+    if node.health == "HEALTHY" and node.score is not None and node.score <= degraded_at_or_below:
+        return "DEGRADED"
+    return node.health  # type: ignore[return-value]
+
+
+def node_view(state: ScorerState, node: NodeScore) -> wire.NodeView:
+    table = table_for(state.config, node.definition)
+    explanation = None
+    if node.score is not None and node.last_report_at is not None:
+        _, contributions = score(node.conditions, node.tally, node.last_report_at, table,
+                                 state.config.tally_penalty, state.config.half_life_hours)
+        explanation = wire.ScoreExplanation(penalties=table.source, contributions=contributions)
+    return wire.NodeView(
+        node_id=node.node_id, cluster=node.cluster, hostname=node.hostname, status=node_status(node),
+        health=node_health(node, state.config.degraded_at_or_below), last_reported_at=node.last_report_at,
+        score=node.score, score_explanation=explanation, conditions=list(node.conditions),
+        attributed_failures=wire.AttributedFailures(count=node.tally.count, last=node.tally.last_failure_at,
+                                                    by_fault=dict(node.tally.by_fault)),
+        holds=sorted(node.holds.values(), key=lambda h: h.created_at), definition=node.definition,
+    )

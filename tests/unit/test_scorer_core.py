@@ -36,7 +36,7 @@ def test_gpu_ecc_100_90_55() -> None:
                                 assessment(cond("gpu_ecc_errors", "GpuEccUncorrectable", "critical")),
                                 assessment(cond("gpu_ecc_errors", "GpuEccUncorrectable", "critical"))], 1):
         state, emits = core.step(state, Inbound("HP_ASSESSMENTS", seq, "", data, {}, T0, True))
-        messages += [wire.decode(wire.NodeEvent, e.payload).message for e in emits]
+        messages += [wire.decode(wire.NodeEvent, e.payload).message for e in emits if ".event." in e.subject]
     assert messages == ["score 100", "score 100 -> 90", "score 90 -> 55"]  # and nothing on no change (SCO-5)
 
 
@@ -45,7 +45,7 @@ def test_smart_failing_60_back_to_100_one_report_after_recovery() -> None:
     scores = []
     for seq, data in enumerate([assessment(cond("disk_degraded", "SmartFailing", "critical")), assessment()], 1):
         state, emits = core.step(state, Inbound("HP_ASSESSMENTS", seq, "", data, {}, T0, True))
-        scores += [wire.decode(wire.NodeEvent, e.payload).score for e in emits]
+        scores += [wire.decode(wire.NodeEvent, e.payload).score for e in emits if ".event." in e.subject]
     assert scores == [60, 100]
 
 
@@ -86,9 +86,12 @@ def test_unscored_node_stays_unscored_until_assessed() -> None:
     failure = wire.encode(wire.NodeEvent(id="f1", node_id="n", cluster="c", type="JOB_FAILURE_ATTRIBUTED",
                                          occurred_at=T0, message="m", actor="eviction", fault_class="DISK_DEGRADED"))
     state, emits = core.step(state, Inbound("HP_NODE_EVENTS", 1, "", failure, {}, T0, True))
-    assert emits == [] and state.nodes["c\x00n"].score is None
+    assert [e for e in emits if ".event." in e.subject] == [] and state.nodes["c\x00n"].score is None
     state, emits = core.step(state, Inbound("HP_ASSESSMENTS", 2, "", assessment(node="n"), {}, T0, True))
     assert wire.decode(wire.NodeEvent, emits[0].payload).score == 95
+    view = wire.decode(wire.NodeView, emits[1].payload)
+    # 95 is at the default degradedAtOrBelow: the node reads Degraded (ING-5).
+    assert (view.score, view.health, view.attributed_failures.by_fault) == (95, "DEGRADED", {"DISK_DEGRADED": 1})
 
 
 reasons = st.sampled_from(sorted(DEFAULT_PENALTIES))
@@ -105,3 +108,16 @@ def test_score_within_0_100_and_equal_to_its_contributions(conditions, failures:
     assert 0 <= value <= 100
     assert value == max(0, 100 + sum(c.points for c in contributions))
     assert all(c.points < 0 for c in contributions)
+
+
+@pytest.mark.parametrize(("missed", "ready", "holds", "status"), [
+    (True, False, True, "OFFLINE"), (False, False, True, "NOT_READY"), (False, True, True, "CORDONED"),
+    (False, True, False, "READY")])
+def test_status_precedence(missed: bool, ready: bool, holds: bool, status: str) -> None:
+    # SPEC.md: OFFLINE, then NOT_READY, then CORDONED, else READY.
+    from healthplane_scorer.service import NodeScore, node_status
+
+    node = NodeScore(cluster="c", node_id="n", ready=ready,
+                     conditions=[cond("heartbeat_missed", "HeartbeatMissed")] if missed else [],
+                     holds={"h1": wire.Hold(id="h1", effect="cordon", reason=None, actor="op", created_at=T0)} if holds else {})
+    assert node_status(node) == status

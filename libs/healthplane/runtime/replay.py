@@ -6,11 +6,14 @@ a service finds what it already emitted after a restart (headers only).
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
+import msgspec
+from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
-from nats.js.api import ConsumerConfig, DeliverPolicy
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.errors import NotFoundError
 
 
@@ -68,3 +71,66 @@ def _only_subject(stream: str, subjects: list[str]) -> str:
     if len(subjects) != 1:
         raise ValueError(f"stream {stream} has several subject trees; name the one to replay")
     return subjects[0]
+
+
+async def read_all(nc: NATS, js: JetStreamContext, stream: str, subject: str, *, last_per_subject: bool = False,
+                   start_seq: int | None = None, batch: int = 1000, timeout_s: float = 10.0) -> list[Msg]:
+    """Every matching message now in ``stream``, in order, in large pull batches.
+
+    For reads that must be fast over many records (``node list`` over 100,000 nodes): an
+    ephemeral consumer without acks, drained with ``no_wait`` batch requests, several in
+    flight, instead of a push subscription delivering one message at a time.
+    """
+    if last_per_subject:
+        policy, opt_start = DeliverPolicy.LAST_PER_SUBJECT, None
+    elif start_seq and start_seq > 1:
+        policy, opt_start = DeliverPolicy.BY_START_SEQUENCE, start_seq
+    else:
+        policy, opt_start = DeliverPolicy.ALL, None
+    try:
+        info = await js.add_consumer(stream, ConsumerConfig(
+            ack_policy=AckPolicy.NONE, deliver_policy=policy, opt_start_seq=opt_start, filter_subject=subject,
+            inactive_threshold=30.0, mem_storage=True))
+    except NotFoundError:
+        return []
+    total = info.num_pending or 0
+    out: list[Msg] = []
+    if total == 0:
+        await _delete_quietly(js, stream, info.name)
+        return out
+    done = asyncio.get_running_loop().create_future()
+    inbox = nc.new_inbox()
+
+    async def on_msg(msg: Msg) -> None:
+        if msg.reply:
+            out.append(msg)
+            if len(out) >= total and not done.done():
+                done.set_result(None)
+        elif (msg.headers or {}).get("Status") in ("404", "408") and len(out) >= total and not done.done():
+            done.set_result(None)
+
+    sub = await nc.subscribe(inbox, cb=on_msg, pending_msgs_limit=-1, pending_bytes_limit=-1)
+    try:
+        batch = max(batch, -(-total // 64))  # at most 64 requests waiting on the server
+        request = msgspec.json.encode({"batch": batch, "expires": int(timeout_s * 1e9)})
+        requests = -(-total // batch)  # every batch asked for at once: the server fills them in turn
+        for _ in range(requests):
+            await nc.publish(f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{info.name}", request, reply=inbox)
+        await asyncio.wait_for(done, timeout_s)
+    finally:
+        await sub.unsubscribe()
+        await _delete_quietly(js, stream, info.name)
+    out.sort(key=lambda m: _stream_seq(m.reply))
+    return out
+
+
+def _stream_seq(reply: str) -> int:
+    tokens = reply.split(".")
+    return int(tokens[5] if len(tokens) == 9 else tokens[7])
+
+
+async def _delete_quietly(js: JetStreamContext, stream: str, consumer: str) -> None:
+    try:
+        await js.delete_consumer(stream, consumer)
+    except Exception:
+        pass  # it expires on its own (inactive threshold)
