@@ -148,6 +148,24 @@ def test_up_with_a_simulated_fleet_reports_registers_and_takes_faults(tmp_path: 
                     await asyncio.sleep(0.2)
             assert (raised["gpu_xid_errors"].reason, raised["gpu_xid_errors"].severity) == ("GpuXidHardware", "critical")
             assert "collector_failed" in raised
+
+            # ... and `node show` explains the new score (SCO-4): -45 for the hardware Xid.
+            async with asyncio.timeout(20):
+                while True:
+                    shown = await asyncio.to_thread(
+                        subprocess.run, [sys.executable, "-m", "healthplane.cli", "node", "show", "sim-001", "-o",
+                                         "json", "--nats-url", url], capture_output=True, text=True, timeout=30)
+                    view = json.loads(shown.stdout) if shown.returncode == 0 else {}
+                    if view.get("score") == 55:
+                        break
+                    await asyncio.sleep(0.3)
+            assert {"reason": "GpuXidHardware", "condition": "gpu_xid_errors", "points": -45} in view[
+                "scoreExplanation"]["contributions"]
+            assert view["health"] == "DEGRADED" and view["hostname"] == "sim-001"
+            listing = await asyncio.to_thread(
+                subprocess.run, [sys.executable, "-m", "healthplane.cli", "node", "list", "--nats-url", url],
+                capture_output=True, text=True, timeout=30)
+            assert [line.split()[0] for line in listing.stdout.splitlines()[1:]] == ["sim-000", "sim-001", "sim-002"]
             refused = await asyncio.to_thread(
                 subprocess.run,
                 [sys.executable, "-m", "healthplane.cli", "sim", "inject", "sim-404", "--fault", "xid:79",

@@ -47,6 +47,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     collector_arguments(collector)
 
+    node = commands.add_parser("node", help="nodes: list, show, events")
+    from healthplane.cli import node_cmd
+
+    node_cmd.add_arguments(node)
+
     sim = commands.add_parser("sim", help="the fleet simulator and fault injection")
     from healthplane_collector.sim import add_arguments as sim_arguments
 
@@ -79,6 +84,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from healthplane_collector.main import run as run_collector
 
             return run_collector(args)
+        if args.command == "node":
+            from healthplane.cli import node_cmd as node_commands
+
+            return node_commands.run(args)
         if args.command == "sim":
             from healthplane_collector.sim import run_cli as run_sim
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from datetime import datetime
 
 import msgspec
 from nats.aio.client import Client as NATS
@@ -73,8 +74,9 @@ def _only_subject(stream: str, subjects: list[str]) -> str:
     return subjects[0]
 
 
-async def read_all(nc: NATS, js: JetStreamContext, stream: str, subject: str, *, last_per_subject: bool = False,
-                   start_seq: int | None = None, batch: int = 1000, timeout_s: float = 10.0) -> list[Msg]:
+async def read_all(nc: NATS, js: JetStreamContext, stream: str, subject: str | list[str], *,
+                   last_per_subject: bool = False, start_seq: int | None = None, start_time: datetime | None = None,
+                   limit: int | None = None, batch: int = 1000, timeout_s: float = 10.0) -> list[Msg]:
     """Every matching message now in ``stream``, in order, in large pull batches.
 
     For reads that must be fast over many records (``node list`` over 100,000 nodes): an
@@ -85,15 +87,23 @@ async def read_all(nc: NATS, js: JetStreamContext, stream: str, subject: str, *,
         policy, opt_start = DeliverPolicy.LAST_PER_SUBJECT, None
     elif start_seq and start_seq > 1:
         policy, opt_start = DeliverPolicy.BY_START_SEQUENCE, start_seq
+    elif start_time is not None:
+        policy, opt_start = DeliverPolicy.BY_START_TIME, None
     else:
         policy, opt_start = DeliverPolicy.ALL, None
+    subjects_ = [subject] if isinstance(subject, str) else list(subject)
     try:
         info = await js.add_consumer(stream, ConsumerConfig(
-            ack_policy=AckPolicy.NONE, deliver_policy=policy, opt_start_seq=opt_start, filter_subject=subject,
+            ack_policy=AckPolicy.NONE, deliver_policy=policy, opt_start_seq=opt_start,
+            opt_start_time=start_time if start_time and not opt_start else None,
+            filter_subject=subjects_[0] if len(subjects_) == 1 else None,
+            filter_subjects=subjects_ if len(subjects_) > 1 else None,
             inactive_threshold=30.0, mem_storage=True))
     except NotFoundError:
         return []
     total = info.num_pending or 0
+    if limit is not None:
+        total = min(total, limit)
     out: list[Msg] = []
     if total == 0:
         await _delete_quietly(js, stream, info.name)
@@ -103,7 +113,8 @@ async def read_all(nc: NATS, js: JetStreamContext, stream: str, subject: str, *,
 
     async def on_msg(msg: Msg) -> None:
         if msg.reply:
-            out.append(msg)
+            if len(out) < total:
+                out.append(msg)
             if len(out) >= total and not done.done():
                 done.set_result(None)
         elif (msg.headers or {}).get("Status") in ("404", "408") and len(out) >= total and not done.done():
@@ -134,3 +145,30 @@ async def _delete_quietly(js: JetStreamContext, stream: str, consumer: str) -> N
         await js.delete_consumer(stream, consumer)
     except Exception:
         pass  # it expires on its own (inactive threshold)
+
+
+async def count_from(js: JetStreamContext, stream: str, subjects_: list[str], start_seq: int) -> int:
+    """How many messages matching ``subjects_`` lie at or after ``start_seq`` (a consumer's
+    pending count: no message is read)."""
+    info = await js.add_consumer(stream, ConsumerConfig(
+        ack_policy=AckPolicy.NONE, deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=max(1, start_seq),
+        filter_subject=subjects_[0] if len(subjects_) == 1 else None,
+        filter_subjects=subjects_ if len(subjects_) > 1 else None, inactive_threshold=5.0, mem_storage=True))
+    await _delete_quietly(js, stream, info.name)
+    return info.num_pending or 0
+
+
+async def start_of_last(js: JetStreamContext, stream: str, subjects_: list[str], count: int) -> int:
+    """The sequence from which exactly the last ``count`` matching messages follow: a binary
+    search over pending counts, so the newest page of a long history costs a few requests."""
+    info = await js.stream_info(stream)
+    low, high = info.state.first_seq or 1, (info.state.last_seq or 0) + 1
+    if await count_from(js, stream, subjects_, low) <= count:
+        return low
+    while high - low > 1:  # invariant: count_from(low) > count >= count_from(high)
+        middle = (low + high) // 2
+        if await count_from(js, stream, subjects_, middle) > count:
+            low = middle
+        else:
+            high = middle
+    return high

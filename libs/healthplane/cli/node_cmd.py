@@ -1,0 +1,220 @@
+"""``healthplane node list | show | events`` (EVT-1, the reference's layouts, SPEC.md shapes).
+
+Reads only: ``list`` takes the latest view per node from ``HP_NODES`` (one record per node,
+never the history); ``show`` one view; ``events`` replays the node's own subjects in
+``HP_NODE_EVENTS`` (never a scan of every node's events), oldest first, in pages.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import json
+import re
+import sys
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from nats.aio.client import Client as NATS
+from nats.js import JetStreamContext
+
+from healthplane import subjects, wire
+from healthplane.cli.common import EXIT_USAGE, CommandFailed, fail, nats_client
+from healthplane.runtime.replay import read_all, start_of_last
+
+DEFAULT_PAGE_SIZE = 50
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    actions = parser.add_subparsers(dest="node_command", required=True, metavar="ACTION")
+    listing = actions.add_parser("list", help="every node: status, health, score, jobs")
+    listing.add_argument("--cluster")
+    show = actions.add_parser("show", help="one node: status, health, score explained, conditions")
+    show.add_argument("node")
+    show.add_argument("--cluster")
+    events = actions.add_parser("events", help="a node's event history, oldest first")
+    events.add_argument("node")
+    events.add_argument("--cluster")
+    events.add_argument("--since", help="24h, 30m, 7d or an RFC 3339 time")
+    events.add_argument("--type", action="append", default=[], choices=wire.EVENT_TYPES, metavar="TYPE",
+                        help="only this type (repeatable)")
+    events.add_argument("--latest", action="store_true", help="the newest page (no page token)")
+    events.add_argument("--page-size", type=int, default=DEFAULT_PAGE_SIZE)
+    events.add_argument("--page-token")
+    for sub in (listing, show, events):
+        sub.add_argument("-o", "--output", choices=["text", "json"], default="text")
+        sub.add_argument("--nats-url")
+        sub.add_argument("--creds")
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        return asyncio.run(_run(args))
+    except CommandFailed as exc:
+        return fail(exc)
+
+
+async def _run(args: argparse.Namespace) -> int:
+    async with nats_client(args) as nc:
+        js = nc.jetstream()
+        if args.node_command == "list":
+            return await _list(nc, js, args)
+        view = await find_node(nc, js, args.node, args.cluster)
+        if args.node_command == "show":
+            _print(args, wire.to_builtins(view), show_text(view))
+            return 0
+        return await _events(nc, js, view, args)
+
+
+def _print(args: argparse.Namespace, data: Any, text: str) -> None:
+    if args.output == "json":
+        print(json.dumps(data, indent=2))
+    else:
+        print(text)
+
+
+async def find_node(nc: NATS, js: JetStreamContext, node_id: str, cluster: str | None) -> wire.NodeView:
+    subject = (subjects.node_view(cluster, node_id) if cluster
+               else f"{subjects.PREFIX}.node.*.{subjects.encode_token(node_id)}")
+    found = await read_all(nc, js, "HP_NODES", subject, last_per_subject=True)
+    if not found:
+        where = f" in cluster {cluster}" if cluster else ""
+        raise CommandFailed(f"node {node_id} not found{where}")
+    if len(found) > 1:
+        clusters = ", ".join(sorted(wire.decode(wire.NodeView, m.data).cluster for m in found))
+        raise CommandFailed(f"node {node_id} exists in several clusters ({clusters}); name one with --cluster",
+                            EXIT_USAGE)
+    return wire.decode(wire.NodeView, found[0].data)
+
+
+# ---------------------------------------------------------------------------- list
+
+
+async def _list(nc: NATS, js: JetStreamContext, args: argparse.Namespace) -> int:
+    subject = f"{subjects.PREFIX}.node.{subjects.encode_token(args.cluster)}.>" if args.cluster else f"{subjects.PREFIX}.node.>"
+    views = sorted((wire.decode(wire.NodeView, m.data) for m in await read_all(
+        nc, js, "HP_NODES", subject, last_per_subject=True)), key=lambda v: (v.cluster, v.node_id))
+    _print(args, [wire.to_builtins(v) for v in views], list_text(views))
+    return 0
+
+
+def _status(status: str) -> str:
+    return status.replace("_", " ").capitalize()
+
+
+def list_text(views: list[wire.NodeView]) -> str:
+    rows = [("ID", "CLUSTER", "HOSTNAME", "STATUS", "HEALTH", "SCORE", "JOBS")]
+    rows += [(v.node_id, v.cluster, v.hostname or "-", _status(v.status), v.health.capitalize(),
+              "-" if v.score is None else str(v.score), str(v.jobs)) for v in views]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("   ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip() for r in rows)
+
+
+# ---------------------------------------------------------------------------- show
+
+
+def _time(value: datetime | None) -> str:
+    return value.astimezone(UTC).isoformat().replace("+00:00", "Z") if value else "-"
+
+
+def _label(condition_type: str) -> str:
+    return condition_type.replace("_", " ").title().replace("Gpu", "GPU")
+
+
+def show_text(view: wire.NodeView) -> str:
+    lines = [f"Node:      {view.node_id} ({view.hostname or 'hostname unknown'}, cluster {view.cluster})",
+             f"Status:    {_status(view.status)}"]
+    health = view.health.capitalize()
+    lines.append(f"Health:    {health} (last reported {_time(view.last_reported_at)})" if view.last_reported_at
+                 else f"Health:    {health}")
+    if view.score is None:
+        lines.append("Score:     not yet scored")
+    else:
+        source = view.score_explanation.penalties if view.score_explanation else "cluster"
+        lines.append(f"Score:     {view.score}/100 (penalties: {source})")
+        for contribution in (view.score_explanation.contributions if view.score_explanation else []):
+            lines.append(f"  {contribution.points!s:<4} {contribution.reason}")
+    if view.conditions:
+        lines.append("Conditions:")
+        for c in view.conditions:
+            lines.append(f"  {_label(c.type)} [{c.severity.capitalize()}] {c.message}")
+            noun = "observation" if c.observations == 1 else "observations"
+            lines.append(f"    first seen {_time(c.first_seen)}, {c.observations} {noun}")
+    failures = view.attributed_failures
+    if failures.count:
+        lines.append(f"Attributed job failures: {failures.count} (last {_time(failures.last)})")
+        for fault, count in sorted(failures.by_fault.items()):
+            lines.append(f"  {_label(fault.lower())}: {count}")
+    if view.holds:
+        lines.append("Holds:")
+        for hold in view.holds:
+            lines.append(f"  {hold.id}  {hold.effect}  {hold.reason or '-'}  ({hold.actor}, {_time(hold.created_at)})")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------- events
+
+
+_DURATION = re.compile(r"^(\d+)([smhd])$")
+
+
+def parse_since(text: str, now: datetime) -> datetime:
+    match = _DURATION.match(text)
+    if match:
+        unit = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}[match.group(2)]
+        return now - timedelta(**{unit: int(match.group(1))})
+    try:
+        parsed = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError as exc:
+        raise CommandFailed(f"--since {text!r} is neither a duration (24h, 30m, 7d) nor an RFC 3339 time",
+                            EXIT_USAGE) from exc
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+
+
+def _token(seq: int) -> str:
+    return base64.urlsafe_b64encode(f"seq:{seq}".encode()).decode().rstrip("=")
+
+
+def _from_token(token: str) -> int:
+    try:
+        text = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)).decode()
+        kind, _, seq = text.partition(":")
+        if kind != "seq" or not seq.isdigit():
+            raise ValueError(text)
+        return int(seq)
+    except ValueError as exc:
+        raise CommandFailed(f"--page-token {token!r} is not a token this command gave", EXIT_USAGE) from exc
+
+
+async def _events(nc: NATS, js: JetStreamContext, view: wire.NodeView, args: argparse.Namespace) -> int:
+    if args.page_size < 1:
+        raise CommandFailed("--page-size must be at least 1", EXIT_USAGE)
+    if args.latest and args.page_token:
+        raise CommandFailed("--latest and --page-token cannot be combined", EXIT_USAGE)
+    filters = ([subjects.event(view.cluster, view.node_id, t) for t in dict.fromkeys(args.type)]
+               or [subjects.node_events(view.cluster, view.node_id)])
+    since = parse_since(args.since, datetime.now(UTC)) if args.since else None
+    start_seq = _from_token(args.page_token) if args.page_token else None
+    if args.latest:
+        start_seq = await start_of_last(js, "HP_NODE_EVENTS", filters, args.page_size)
+    # The stream time narrows the read; the event's own time decides (they differ only for
+    # records appended late, e.g. a replayed import).
+    messages = await read_all(nc, js, "HP_NODE_EVENTS", filters, start_seq=start_seq,
+                              start_time=since if start_seq is None else None,
+                              limit=None if since is not None else args.page_size + 1)
+    if since is not None:
+        messages = [m for m in messages if wire.decode(wire.NodeEvent, m.data).occurred_at >= since]
+    page, rest = messages[:args.page_size], messages[args.page_size:]
+    next_token = None if args.latest or not rest else _token(rest[0].metadata.sequence.stream)
+    events = [wire.decode(wire.NodeEvent, m.data) for m in page]
+    if args.output == "json":
+        print(json.dumps({"events": [wire.to_builtins(e) for e in events], "nextPageToken": next_token}, indent=2))
+        return 0
+    rows = [("TIME", "TYPE", "DETAIL")] + [(_time(e.occurred_at), e.type, e.message) for e in events]
+    width = [max(len(r[i]) for r in rows) for i in range(2)]
+    for row in rows:
+        print(f"{row[0]:<{width[0]}} | {row[1]:<{width[1]}} | {row[2]}")
+    if next_token:
+        print(f"\nmore: --page-token {next_token}", file=sys.stderr)
+    return 0
