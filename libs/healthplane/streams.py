@@ -32,6 +32,8 @@ DUPLICATE_WINDOW: Final = 120.0
 
 NODES_BUCKET: Final = "substrate-nodes"
 NODES_BUCKET_DEFAULT_MAX_BYTES: Final = 64 * 1024 * 1024
+LEASES_BUCKET: Final = "healthplane-leases"
+LEASE_TTL_S: Final = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,6 +169,13 @@ async def ensure(
             )
         )
         created.append(f"KV_{NODES_BUCKET}")
+    try:
+        await js.key_value(LEASES_BUCKET)
+    except BucketNotFoundError:
+        await js.create_key_value(KeyValueConfig(
+            bucket=LEASES_BUCKET, history=1, ttl=LEASE_TTL_S, storage=StorageType.FILE, replicas=replicas,
+            description="leader leases of replicated services"))
+        created.append(f"KV_{LEASES_BUCKET}")
     return EnsureResult(tuple(created), tuple(updated))
 
 

@@ -18,7 +18,8 @@ SERVICE = "scorer"
 INPUTS = (
     Input("HP_ASSESSMENTS"),
     Input("HP_NODE_EVENTS", tuple(f"hp.event.*.*.{t}" for t in (
-        "JOB_FAILURE_ATTRIBUTED", "HOLD_CREATED", "HOLD_RELEASED", "NODE_REGISTERED"))),
+        "JOB_FAILURE_ATTRIBUTED", "HOLD_CREATED", "HOLD_RELEASED", "NODE_REGISTERED", "NODE_DEPROVISIONED",
+        "NODE_REPLACED"))),
     Input("HP_RESOURCES"),
     Input("HP_CONFIG"),
 )
@@ -82,6 +83,10 @@ class ScorerCore:
                 event = wire.decode(wire.NodeEvent, inbound.data)
             except wire.WireError as exc:
                 raise Reject(str(exc)) from exc
+            if event.type in ("NODE_DEPROVISIONED", "NODE_REPLACED"):
+                # Decommissioned: the node leaves the state, and with it every node series.
+                state.nodes.pop(f"{event.cluster}\x00{event.node_id}", None)
+                return state, []
             node = self._node(state, event.cluster, event.node_id)
             if event.type in ("HOLD_CREATED", "HOLD_RELEASED", "NODE_REGISTERED"):
                 if event.type == "HOLD_CREATED" and event.hold is not None:

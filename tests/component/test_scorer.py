@@ -67,3 +67,61 @@ async def test_gpu_ecc_scores_100_90_55_end_to_end(nats_server: NatsServer, js: 
     last = found[-1]
     assert last.penalties == "cluster" and [(c.reason, c.points) for c in last.contributions or []] == [
         ("GpuEccUncorrectable", -45)]
+
+
+def _scrape(port: int) -> str:
+    import httpx
+
+    try:
+        return httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+    except httpx.HTTPError:
+        return ""
+
+
+async def test_only_the_leader_exports_node_series_and_failover_moves_them(
+        nats_server: NatsServer, js: JetStreamContext, tmp_path: Path) -> None:
+    # SCO-6: series from the lease holder only; absent score for an unscored node; a replica
+    # takes over when the leader dies.
+    from healthplane.natsserver import free_port
+    from tests.support.records import resource_report
+
+    ports = [free_port(), free_port()]
+    ingest = start(nats_server, "health-ingest", tmp_path / "ingest.log")
+    scorers = [subprocess.Popen(
+        [sys.executable, "-m", "healthplane.cli", "service", "scorer", "--metrics-port", str(port)],
+        env={**os.environ, "HEALTHPLANE_NATS_URL": nats_server.url, "HEALTHPLANE_LOG_FORMAT": "json"},
+        stdout=subprocess.DEVNULL, stderr=open(tmp_path / f"scorer-{port}.log", "ab")) for port in ports]
+    try:
+        await js.publish(subjects.resource("lab", "fresh-1"), wire.encode(resource_report("fresh-1", cluster="lab")))
+        node = SimNode("gpu-1")
+        node.inject("smart-failing", None, NOW)
+        await js.publish(subjects.report("lab", "gpu-1"), await report_of(node))
+        series = 'healthplane_node_reliability_score{cluster="lab",node_id="gpu-1"} 60.0'
+
+        async def one_leader_exports() -> bool:
+            texts = [_scrape(p) for p in ports]
+            return sum(series in t for t in texts) == 1
+
+        await until(one_leader_exports, timeout=30)
+        texts = [_scrape(p) for p in ports]
+        leader = 0 if series in texts[0] else 1
+        text = texts[leader]
+        assert 'healthplane_node_condition{cluster="lab",condition="disk_degraded",node_id="gpu-1"} 3.0' in text
+        assert 'healthplane_node_condition{cluster="lab",condition="heartbeat_missed",node_id="gpu-1"} 0.0' in text
+        assert 'healthplane_node_health{cluster="lab",node_id="fresh-1",state="unknown"} 1.0' in text
+        assert 'node_id="fresh-1"' not in "\n".join(
+            line for line in text.splitlines() if line.startswith("healthplane_node_reliability_score"))
+        assert "gpu-1" not in texts[1 - leader]  # the follower exports no node series
+
+        scorers[leader].send_signal(signal.SIGKILL)
+        scorers[leader].wait()
+
+        async def follower_took_over() -> bool:
+            return series in _scrape(ports[1 - leader])
+
+        await until(follower_took_over, timeout=30)
+    finally:
+        for process in [ingest, *scorers]:
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+                process.wait(20)

@@ -14,7 +14,7 @@ pytestmark = pytest.mark.nats
 async def test_ensure_twice_is_a_no_op(nc) -> None:  # type: ignore[no-untyped-def]
     js = nc.jetstream()
     first = await streams.ensure(js)
-    assert set(first.created) == {s.name for s in streams.STREAMS} | {"KV_substrate-nodes"}
+    assert set(first.created) == {s.name for s in streams.STREAMS} | {"KV_substrate-nodes", "KV_healthplane-leases"}
     second = await streams.ensure(js)
     assert second.created == () and second.updated == ()
     info = await js.stream_info("HP_NODE_EVENTS")
