@@ -21,20 +21,6 @@ from healthplane_collector.inventory import InventoryError, read_inventory
 SERVICE = "collector"
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", help="collector config file (the reference's extension config shape)")
-    parser.add_argument("--root", default="/", help="prefix of every host path read (a fixture tree stands in for a machine)")
-    parser.add_argument("--state-dir", default="/var/lib/healthplane/collector", help="keeps the kmsg cursor")
-    parser.add_argument("--node-id", help="node id (default: config node-id, else the hostname)")
-    parser.add_argument("--cluster", help="cluster (default: config cluster, else 'default')")
-    parser.add_argument("--gpu-source", choices=["auto", "nvml", "nvidia-smi"], default="auto")
-    parser.add_argument("--once", action="store_true", help="print one health report and exit, without NATS")
-    parser.add_argument("-o", "--output", choices=["text", "json"], default="json")
-    parser.add_argument("--nats-url", help="NATS server (env HEALTHPLANE_NATS_URL)")
-    parser.add_argument("--creds", help="NATS credentials file")
-    parser.add_argument("--metrics-port", type=int, default=0)
-
-
 def settings_from(args: argparse.Namespace) -> tuple[Settings, str | None]:
     config = load_collector_config(args.config) if args.config else CollectorConfig()
     conf = config.config

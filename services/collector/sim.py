@@ -22,6 +22,7 @@ import msgspec
 
 from healthplane import wire
 from healthplane_collector.agent import Collector, Settings, run_agent
+from healthplane_collector.cli import FAULTS
 from healthplane_collector.gpu_nvml import throttle_from_reasons
 from healthplane_collector.inventory import Inventory
 from healthplane_collector.kmsg import (
@@ -34,12 +35,6 @@ from healthplane_collector.kmsg import (
 )
 
 SIGNALS: Final = ("edac", "smart", "ioerr", "kmsg", "mounts", "gpu")
-FAULTS: Final = (
-    "xid:<N>", "ecc-correctable", "ecc-uncorrectable", "row-remap-failure", "edac-ce", "edac-ue",
-    "mce-corrected", "mce-fatal", "hw-error-corrected", "hw-error-fatal", "smart-failing",
-    "io-errors", "readonly-mount", "throttle-thermal", "power-brake", "collector-failed:<signal>",
-    "silent", "resume", "clear",
-)
 
 
 class FaultError(ValueError):
@@ -303,24 +298,6 @@ class Fleet:
 
 
 # ---------------------------------------------------------------------------- CLI
-
-
-def add_arguments(parser: Any) -> None:
-    actions = parser.add_subparsers(dest="sim_command", required=True, metavar="ACTION")
-    run_parser = actions.add_parser("run", help="run a simulated fleet")
-    run_parser.add_argument("--nodes", type=int, default=8)
-    run_parser.add_argument("--cluster", default="default")
-    run_parser.add_argument("--interval", type=int, default=30, help="report interval in seconds")
-    run_parser.add_argument("--gpus", type=int, default=8, help="GPUs per node")
-    run_parser.add_argument("--metrics-port", type=int, default=0)
-    inject = actions.add_parser("inject", help="inject a fault into a simulated node")
-    inject.add_argument("node")
-    inject.add_argument("--fault", required=True, help=", ".join(FAULTS))
-    inject.add_argument("--gpu", type=int)
-    inject.add_argument("--cluster", default="default")
-    for sub in (run_parser, inject):
-        sub.add_argument("--nats-url")
-        sub.add_argument("--creds")
 
 
 def run_cli(args: Any) -> int:

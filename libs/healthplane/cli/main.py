@@ -43,9 +43,9 @@ def build_parser() -> argparse.ArgumentParser:
     _connection_flags(service)
 
     collector = commands.add_parser("collector", help="the node agent (reads this machine, reports it)")
-    from healthplane_collector.main import add_arguments as collector_arguments
+    from healthplane_collector.cli import add_collector_arguments, add_sim_arguments
 
-    collector_arguments(collector)
+    add_collector_arguments(collector)
 
     node = commands.add_parser("node", help="nodes: list, show, events")
     from healthplane.cli import node_cmd
@@ -53,9 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     node_cmd.add_arguments(node)
 
     sim = commands.add_parser("sim", help="the fleet simulator and fault injection")
-    from healthplane_collector.sim import add_arguments as sim_arguments
-
-    sim_arguments(sim)
+    add_sim_arguments(sim)
 
     config = commands.add_parser("config", help="validate, apply and show the cluster config")
     config_commands = config.add_subparsers(dest="config_command", required=True, metavar="ACTION")

@@ -1,0 +1,105 @@
+"""scorer and the CLI read side: assessments/s through the scorer against the raw pull baseline,
+`node list` over 100,000 nodes, `node events --latest` on a node with 100,000 events."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import time
+from datetime import UTC, datetime
+
+from nats.js import JetStreamContext
+from nats.js.api import AckPolicy, ConsumerConfig
+
+from healthplane import subjects, wire
+from healthplane.natsserver import NatsServer
+from healthplane.runtime.processor import Processor
+from healthplane.runtime.publish import Publisher
+from healthplane.runtime.pull import Delivery, PullLoop
+from healthplane_scorer.service import INPUTS, OUTPUTS, ScorerCore, ScorerState
+from tests.bench import harness
+
+NODES = 100_000
+T0 = datetime(2026, 11, 30, 9, 0, tzinfo=UTC)
+
+
+async def _publish_all(nc, items: list[tuple[str, bytes]]) -> None:  # type: ignore[no-untyped-def]
+    publisher = Publisher(nc, window=4096)
+    for subject, data in items:
+        await publisher.publish(subject, data)
+        if len(publisher._batch) >= 4096:
+            await publisher.flush()
+    await publisher.flush()
+
+
+async def test_scorer_throughput(nc, js: JetStreamContext) -> None:  # type: ignore[no-untyped-def]
+    condition = wire.Condition(type="disk_degraded", reason="SmartFailing", severity="critical",
+                               message="SMART health check failing on /dev/sda", first_seen=T0)
+    await _publish_all(nc, [(subjects.assessment("bench", f"cn-{i:06d}"), wire.encode(wire.Assessment(
+        node_id=f"cn-{i:06d}", cluster="bench", assessed_at=T0, report_sent_at=T0, health="DEGRADED",
+        conditions=[condition] if i % 10 == 0 else [], last_report_at=T0, interval_seconds=30))) for i in range(NODES)])
+    await js.add_consumer("HP_ASSESSMENTS", ConsumerConfig(durable_name="raw", ack_policy=AckPolicy.EXPLICIT,
+                                                           max_ack_pending=20_000))
+    seen, done = 0, asyncio.Event()
+
+    async def count(batch: list[Delivery]) -> None:
+        nonlocal seen
+        seen += len(batch)
+        if seen >= NODES:
+            done.set()
+
+    loop = PullLoop(nc, "HP_ASSESSMENTS", "raw", count, batch=512)
+    started = time.perf_counter()
+    task = asyncio.create_task(loop.run())
+    await done.wait()
+    raw = NODES / (time.perf_counter() - started)
+    loop.stop()
+    await task
+
+    proc = Processor(nc=nc, js=js, service="scorer-bench", core=ScorerCore(), state_type=ScorerState, inputs=INPUTS,
+                     outputs=OUTPUTS, batch=512, snapshot_every_inputs=10**9, snapshot_every_s=10**9)
+    await proc.start()
+    started = time.perf_counter()
+    task = asyncio.create_task(proc.run())
+    while proc.positions.get("HP_ASSESSMENTS", 0) < NODES:
+        await asyncio.sleep(0.02)
+    rate = NODES / (time.perf_counter() - started)
+    proc.stop()
+    await task
+    harness.record("scorer.assessments_per_s_100k_nodes", rate, "assessments/s", baseline=raw, target="ratio >= 0.5")
+
+    # node list over the 100,000 views the scorer just wrote: the command as a user runs it.
+    server_url = nc.connected_url.geturl()
+    started = time.perf_counter()
+    listing = await asyncio.to_thread(subprocess.run, [sys.executable, "-m", "healthplane.cli", "node", "list",
+                                                       "--cluster", "bench", "--nats-url", server_url],
+                                      capture_output=True, text=True, timeout=120)
+    elapsed = time.perf_counter() - started
+    assert listing.returncode == 0, listing.stderr
+    assert len(listing.stdout.splitlines()) == NODES + 1
+    harness.record("cli.node_list_100k_nodes", elapsed, "s", target="value <= 2")
+
+
+async def test_node_events_latest_on_a_long_history(nats_server: NatsServer, nc, js: JetStreamContext) -> None:  # type: ignore[no-untyped-def]
+    view = wire.NodeView(node_id="busy-1", cluster="bench", hostname="busy-1", status="READY", health="HEALTHY",
+                         last_reported_at=T0, score=100, score_explanation=None, conditions=[],
+                         attributed_failures=wire.AttributedFailures(), holds=[])
+    await js.publish(subjects.node_view("bench", "busy-1"), wire.encode(view))
+    events = []
+    for i in range(NODES):
+        kind = "CONDITION_RAISED" if i % 2 else "CONDITION_CLEARED"
+        events.append((subjects.event("bench", "busy-1", kind), wire.encode(wire.NodeEvent(
+            id=f"e{i}", node_id="busy-1", cluster="bench", type=kind, occurred_at=T0, message=f"event {i}",  # type: ignore[arg-type]
+            actor="bench"))))
+        if i % 10 == 0:  # other nodes' events interleaved: the read must not scan them
+            events.append((subjects.event("bench", f"other-{i}", "SCORE_CHANGED"), b"{}"))
+    await _publish_all(nc, events)
+    started = time.perf_counter()
+    result = await asyncio.to_thread(subprocess.run, [
+        sys.executable, "-m", "healthplane.cli", "node", "events", "busy-1", "--latest", "-o", "json",
+        "--nats-url", nats_server.url], capture_output=True, text=True, timeout=120)
+    elapsed = time.perf_counter() - started
+    assert result.returncode == 0, result.stderr
+    assert '"e99999"' in result.stdout
+    harness.record("cli.node_events_latest_100k_events", elapsed, "s", target="value <= 1")
