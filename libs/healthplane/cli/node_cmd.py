@@ -13,9 +13,11 @@ import base64
 import json
 import re
 import sys
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import msgspec
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 
@@ -62,16 +64,13 @@ async def _run(args: argparse.Namespace) -> int:
             return await _list(nc, js, args)
         view = await find_node(nc, js, args.node, args.cluster)
         if args.node_command == "show":
-            _print(args, wire.to_builtins(view), show_text(view))
+            _print(args, lambda: wire.to_builtins(view), lambda: show_text(view))
             return 0
         return await _events(nc, js, view, args)
 
 
-def _print(args: argparse.Namespace, data: Any, text: str) -> None:
-    if args.output == "json":
-        print(json.dumps(data, indent=2))
-    else:
-        print(text)
+def _print(args: argparse.Namespace, data: Callable[[], Any], text: Callable[[], str]) -> None:
+    print(json.dumps(data(), indent=2) if args.output == "json" else text())
 
 
 async def find_node(nc: NATS, js: JetStreamContext, node_id: str, cluster: str | None) -> wire.NodeView:
@@ -91,11 +90,30 @@ async def find_node(nc: NATS, js: JetStreamContext, node_id: str, cluster: str |
 # ---------------------------------------------------------------------------- list
 
 
+class ListRow(msgspec.Struct, rename="camel"):
+    """The columns of ``node list``: decoding only these keeps 100,000 nodes fast."""
+
+    node_id: str
+    cluster: str
+    hostname: str | None
+    status: str
+    health: str
+    score: int | None
+    jobs: int = 0
+
+
+_decode_row = msgspec.json.Decoder(ListRow).decode
+
+
 async def _list(nc: NATS, js: JetStreamContext, args: argparse.Namespace) -> int:
     subject = f"{subjects.PREFIX}.node.{subjects.encode_token(args.cluster)}.>" if args.cluster else f"{subjects.PREFIX}.node.>"
-    views = sorted((wire.decode(wire.NodeView, m.data) for m in await read_all(
-        nc, js, "HP_NODES", subject, last_per_subject=True)), key=lambda v: (v.cluster, v.node_id))
-    _print(args, [wire.to_builtins(v) for v in views], list_text(views))
+    messages = await read_all(nc, js, "HP_NODES", subject, last_per_subject=True)
+    rows = sorted(((_decode_row(m.data), m.data) for m in messages), key=lambda r: (r[0].cluster, r[0].node_id))
+    if args.output == "json":
+        # The stored views are already the JSON shape: no decode, no re-encode.
+        sys.stdout.write("[" + ",".join(data.decode() for _, data in rows) + "]\n")
+    else:
+        sys.stdout.write(list_text([row for row, _ in rows]) + "\n")
     return 0
 
 
@@ -103,12 +121,13 @@ def _status(status: str) -> str:
     return status.replace("_", " ").capitalize()
 
 
-def list_text(views: list[wire.NodeView]) -> str:
+def list_text(views: list[ListRow]) -> str:
     rows = [("ID", "CLUSTER", "HOSTNAME", "STATUS", "HEALTH", "SCORE", "JOBS")]
     rows += [(v.node_id, v.cluster, v.hostname or "-", _status(v.status), v.health.capitalize(),
               "-" if v.score is None else str(v.score), str(v.jobs)) for v in views]
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    return "\n".join("   ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip() for r in rows)
+    widths = [max(map(len, column)) for column in zip(*rows, strict=True)]
+    template = "   ".join(f"{{:<{w}}}" for w in widths)
+    return "\n".join(template.format(*r).rstrip() for r in rows)
 
 
 # ---------------------------------------------------------------------------- show
