@@ -6,6 +6,7 @@ beside this interpreter.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import shutil
 import signal
@@ -21,6 +22,16 @@ READY_TIMEOUT_S = 15.0
 
 class NatsServerError(RuntimeError):
     """The server could not start; the message is one line naming why."""
+
+
+def _die_with_parent() -> None:
+    """Linux: the server gets SIGTERM when its parent dies, even by kill -9, so neither a
+    killed test run nor a killed ``healthplane up`` leaves a server behind."""
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
 
 
 def find_binary() -> str:
@@ -92,6 +103,7 @@ class NatsServer:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
+                preexec_fn=_die_with_parent,
             )
         deadline = time.monotonic() + READY_TIMEOUT_S
         while time.monotonic() < deadline:
