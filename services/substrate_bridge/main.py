@@ -104,7 +104,7 @@ class Bridge:
         self._publisher = Publisher(ctx.nc, window=4096)
         self._processed = metrics.MESSAGES_PROCESSED.labels(SERVICE, "HP_RESOURCES")
         self.loop = PullLoop(ctx.nc, "HP_RESOURCES", CONSUMER, self.handle, service=SERVICE,
-                             batch=512, log=ctx.log, recreate=self.ensure_consumer)
+                             batch=2048, log=ctx.log, recreate=self.ensure_consumer)
 
     async def start(self) -> None:
         await self.ensure_consumer()
