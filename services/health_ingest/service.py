@@ -13,8 +13,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from healthplane import subjects, wire
-from healthplane.config import ConfigError, parse_cluster_config
+from healthplane import configstore, subjects, wire
 from healthplane.runtime.processor import Emit, Inbound, Input, Reject
 from healthplane_health_ingest.core import (
     Change,
@@ -53,18 +52,12 @@ class IngestCore:
 
     def step(self, state: IngestState, inbound: Inbound) -> tuple[IngestState, Sequence[Emit]]:
         if inbound.stream == "HP_REPORTS":
-            try:
-                report = wire.decode(wire.HealthReport, inbound.data)
-            except wire.WireError as exc:
-                raise Reject(str(exc)) from exc
+            report = wire.decode(wire.HealthReport, inbound.data)
             node, changes = assess(state, report, inbound.at, inbound.seq)
             self._schedule(state, node)
             return state, self._records(node, changes, inbound, assessment=True)
         if inbound.stream == "HP_NODE_EVENTS":
-            try:
-                event = wire.decode(wire.NodeEvent, inbound.data)
-            except wire.WireError as exc:
-                raise Reject(str(exc)) from exc
+            event = wire.decode(wire.NodeEvent, inbound.data)
             if event.type == "NODE_SERVICED":
                 found, changes = serviced(state, event.cluster, event.node_id, inbound.at)
                 if found is None or not changes:
@@ -76,11 +69,8 @@ class IngestCore:
                     missed(silent, event.occurred_at)  # replay: the tick decided this before
             return state, []
         if inbound.stream == "HP_CONFIG":
-            try:
-                envelope = wire.decode(wire.ConfigEnvelope, inbound.data)
-                config = parse_cluster_config(envelope.config, f"config version {envelope.version}")
-            except (wire.WireError, ConfigError) as exc:
-                raise Reject(str(exc)) from exc
+            envelope = wire.decode(wire.ConfigEnvelope, inbound.data)
+            config = configstore.decode_config(envelope)
             health_config = config.node_health
             state.config = IngestConfig(health_config.heartbeat_miss_threshold, health_config.quiet_reports_to_clear,
                                         tuple(health_config.ignore_read_only_mounts))

@@ -9,8 +9,7 @@ from datetime import datetime
 
 import msgspec
 
-from healthplane import subjects, wire
-from healthplane.config import ConfigError, parse_cluster_config
+from healthplane import configstore, subjects, wire
 from healthplane.runtime.processor import Emit, Inbound, Input, Reject
 from healthplane_scorer.core import PenaltyTable, Tally, score
 
@@ -69,20 +68,14 @@ class ScorerCore:
 
     def step(self, state: ScorerState, inbound: Inbound) -> tuple[ScorerState, Sequence[Emit]]:
         if inbound.stream == "HP_ASSESSMENTS":
-            try:
-                assessment = wire.decode(wire.Assessment, inbound.data)
-            except wire.WireError as exc:
-                raise Reject(str(exc)) from exc
+            assessment = wire.decode(wire.Assessment, inbound.data)
             node = self._node(state, assessment.cluster, assessment.node_id)
             node.conditions, node.assessed = assessment.conditions, True
             node.definition = assessment.definition or node.definition
             node.health, node.last_report_at = assessment.health, assessment.last_report_at or assessment.assessed_at
             return state, self._rescore(state, node, inbound) + self._view(state, node, inbound)
         if inbound.stream == "HP_NODE_EVENTS":
-            try:
-                event = wire.decode(wire.NodeEvent, inbound.data)
-            except wire.WireError as exc:
-                raise Reject(str(exc)) from exc
+            event = wire.decode(wire.NodeEvent, inbound.data)
             if event.type in ("NODE_DEPROVISIONED", "NODE_REPLACED"):
                 # Decommissioned: the node leaves the state, and with it every node series.
                 state.nodes.pop(f"{event.cluster}\x00{event.node_id}", None)
@@ -105,20 +98,14 @@ class ScorerCore:
             emits = self._rescore(state, node, inbound) if node.assessed else []
             return state, emits + self._view(state, node, inbound)
         if inbound.stream == "HP_RESOURCES":
-            try:
-                resources = wire.decode(wire.ResourceReport, inbound.data)
-            except wire.WireError as exc:
-                raise Reject(str(exc)) from exc
+            resources = wire.decode(wire.ResourceReport, inbound.data)
             node = self._node(state, resources.cluster, resources.node_id)
             node.hostname, node.ready = resources.hostname, resources.ready
             node.definition = resources.definition or node.definition
             return state, self._view(state, node, inbound)
         if inbound.stream == "HP_CONFIG":
-            try:
-                envelope = wire.decode(wire.ConfigEnvelope, inbound.data)
-                config = parse_cluster_config(envelope.config, f"config version {envelope.version}")
-            except (wire.WireError, ConfigError) as exc:
-                raise Reject(str(exc)) from exc
+            envelope = wire.decode(wire.ConfigEnvelope, inbound.data)
+            config = configstore.decode_config(envelope)
             health = config.node_health
             state.config = ScorerConfig(
                 degraded_at_or_below=health.degraded_at_or_below,

@@ -8,18 +8,16 @@ import time
 from datetime import UTC, datetime, timedelta
 
 from nats.js import JetStreamContext
-from nats.js.api import AckPolicy, ConsumerConfig
 
 from healthplane import subjects, wire
 from healthplane.runtime.processor import Processor
-from healthplane.runtime.publish import Publisher
-from healthplane.runtime.pull import Delivery, PullLoop
 from healthplane.runtime.replay import replay
 from healthplane_collector.agent import Collector, Settings
 from healthplane_collector.sim import SimNode
 from healthplane_health_ingest.core import IngestState, NodeState
 from healthplane_health_ingest.service import INPUTS, OUTPUTS, IngestCore
 from tests.bench import harness
+from tests.bench.bus import publish_all, raw_consume_rate
 
 NODES = 100_000
 T0 = datetime(2026, 11, 30, 9, 0, tzinfo=UTC)
@@ -42,32 +40,8 @@ async def _reports() -> list[tuple[str, bytes]]:
 
 async def test_ingest_throughput(nc, js: JetStreamContext) -> None:  # type: ignore[no-untyped-def]
     payloads = await _reports()
-    publisher = Publisher(nc, window=4096)
-    for subject, data in payloads:
-        await publisher.publish(subject, data)
-        if len(publisher._batch) >= 4096:
-            await publisher.flush()
-    await publisher.flush()
-
-    # Baseline: the shared pull loop consuming and acking the same records, doing nothing.
-    await js.add_consumer("HP_REPORTS", ConsumerConfig(durable_name="raw", ack_policy=AckPolicy.EXPLICIT,
-                                                       max_ack_pending=20_000))
-    seen = 0
-    done = asyncio.Event()
-
-    async def count(batch: list[Delivery]) -> None:
-        nonlocal seen
-        seen += len(batch)
-        if seen >= NODES:
-            done.set()
-
-    loop = PullLoop(nc, "HP_REPORTS", "raw", count, batch=512)
-    started = time.perf_counter()
-    task = asyncio.create_task(loop.run())
-    await done.wait()
-    raw = NODES / (time.perf_counter() - started)
-    loop.stop()
-    await task
+    await publish_all(nc, payloads)
+    raw = await raw_consume_rate(nc, js, "HP_REPORTS", NODES)
 
     proc = Processor(nc=nc, js=js, service="health-ingest-bench", core=IngestCore(), state_type=IngestState,
                      inputs=INPUTS, outputs=OUTPUTS, batch=512, snapshot_every_inputs=10**9, snapshot_every_s=10**9)

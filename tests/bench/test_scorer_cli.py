@@ -10,52 +10,25 @@ import time
 from datetime import UTC, datetime
 
 from nats.js import JetStreamContext
-from nats.js.api import AckPolicy, ConsumerConfig
 
 from healthplane import subjects, wire
 from healthplane.natsserver import NatsServer
 from healthplane.runtime.processor import Processor
-from healthplane.runtime.publish import Publisher
-from healthplane.runtime.pull import Delivery, PullLoop
 from healthplane_scorer.service import INPUTS, OUTPUTS, ScorerCore, ScorerState
 from tests.bench import harness
+from tests.bench.bus import publish_all, raw_consume_rate
 
 NODES = 100_000
 T0 = datetime(2026, 11, 30, 9, 0, tzinfo=UTC)
 
 
-async def _publish_all(nc, items: list[tuple[str, bytes]]) -> None:  # type: ignore[no-untyped-def]
-    publisher = Publisher(nc, window=4096)
-    for subject, data in items:
-        await publisher.publish(subject, data)
-        if len(publisher._batch) >= 4096:
-            await publisher.flush()
-    await publisher.flush()
-
-
 async def test_scorer_throughput(nc, js: JetStreamContext) -> None:  # type: ignore[no-untyped-def]
     condition = wire.Condition(type="disk_degraded", reason="SmartFailing", severity="critical",
                                message="SMART health check failing on /dev/sda", first_seen=T0)
-    await _publish_all(nc, [(subjects.assessment("bench", f"cn-{i:06d}"), wire.encode(wire.Assessment(
+    await publish_all(nc, [(subjects.assessment("bench", f"cn-{i:06d}"), wire.encode(wire.Assessment(
         node_id=f"cn-{i:06d}", cluster="bench", assessed_at=T0, report_sent_at=T0, health="DEGRADED",
         conditions=[condition] if i % 10 == 0 else [], last_report_at=T0, interval_seconds=30))) for i in range(NODES)])
-    await js.add_consumer("HP_ASSESSMENTS", ConsumerConfig(durable_name="raw", ack_policy=AckPolicy.EXPLICIT,
-                                                           max_ack_pending=20_000))
-    seen, done = 0, asyncio.Event()
-
-    async def count(batch: list[Delivery]) -> None:
-        nonlocal seen
-        seen += len(batch)
-        if seen >= NODES:
-            done.set()
-
-    loop = PullLoop(nc, "HP_ASSESSMENTS", "raw", count, batch=512)
-    started = time.perf_counter()
-    task = asyncio.create_task(loop.run())
-    await done.wait()
-    raw = NODES / (time.perf_counter() - started)
-    loop.stop()
-    await task
+    raw = await raw_consume_rate(nc, js, "HP_ASSESSMENTS", NODES)
 
     proc = Processor(nc=nc, js=js, service="scorer-bench", core=ScorerCore(), state_type=ScorerState, inputs=INPUTS,
                      outputs=OUTPUTS, batch=512, snapshot_every_inputs=10**9, snapshot_every_s=10**9)
@@ -94,7 +67,7 @@ async def test_node_events_latest_on_a_long_history(nats_server: NatsServer, nc,
             actor="bench"))))
         if i % 10 == 0:  # other nodes' events interleaved: the read must not scan them
             events.append((subjects.event("bench", f"other-{i}", "SCORE_CHANGED"), b"{}"))
-    await _publish_all(nc, events)
+    await publish_all(nc, events)
     started = time.perf_counter()
     result = await asyncio.to_thread(subprocess.run, [
         sys.executable, "-m", "healthplane.cli", "node", "events", "busy-1", "--latest", "-o", "json",

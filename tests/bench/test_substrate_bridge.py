@@ -12,9 +12,9 @@ from nats.js.api import KeyValueConfig, StorageType
 from healthplane import subjects, wire
 from healthplane.runtime import logs
 from healthplane.runtime.lifecycle import ServiceContext
-from healthplane.runtime.publish import Publisher
 from healthplane_substrate_bridge.main import Bridge
 from tests.bench import harness
+from tests.bench.bus import publish_all
 from tests.support.records import resource_report
 
 NODES = 100_000
@@ -22,16 +22,9 @@ MIB = 1024 * 1024
 
 
 async def _raw_kv_rate(nc, payloads: list[tuple[str, bytes]]) -> float:  # type: ignore[no-untyped-def]
-    js = nc.jetstream()
-    await js.create_key_value(KeyValueConfig(bucket="raw", history=1, max_bytes=1024 * MIB, storage=StorageType.FILE))
-    publisher = Publisher(nc, window=4096)
-    started = time.perf_counter()
-    for key, payload in payloads:
-        await publisher.publish(f"$KV.raw.{key}", payload)
-        if len(publisher._batch) >= 4096:
-            await publisher.flush()
-    await publisher.flush()
-    return len(payloads) / (time.perf_counter() - started)
+    await nc.jetstream().create_key_value(KeyValueConfig(bucket="raw", history=1, max_bytes=1024 * MIB,
+                                                         storage=StorageType.FILE))
+    return await publish_all(nc, [(f"$KV.raw.{key}", payload) for key, payload in payloads])
 
 
 async def test_bridge_rate_and_sizing(nc, js: JetStreamContext) -> None:  # type: ignore[no-untyped-def]
@@ -47,14 +40,6 @@ async def test_bridge_rate_and_sizing(nc, js: JetStreamContext) -> None:  # type
     info = await js.stream_info("KV_substrate-nodes")
     info.config.max_bytes = 1024 * MIB
     await js.update_stream(info.config)
-
-    async def publish_all() -> None:
-        publisher = Publisher(nc, window=4096)
-        for i, (_, payload) in enumerate(payloads):
-            await publisher.publish(subjects.resource("default", f"cn-{i:06d}"), payload)
-            if len(publisher._batch) >= 4096:
-                await publisher.flush()
-        await publisher.flush()
 
     async def consume(target: int) -> float:
         """Time the bridge alone: the reports are already in HP_RESOURCES."""
@@ -72,9 +57,9 @@ async def test_bridge_rate_and_sizing(nc, js: JetStreamContext) -> None:  # type
         await task
         return target / elapsed
 
-    await publish_all()
+    await publish_all(nc, [(subjects.resource("default", f"cn-{i:06d}"), payload) for i, (_, payload) in enumerate(payloads)])
     registering = await consume(NODES)   # every node new: NODE_REGISTERED + put
-    await publish_all()
+    await publish_all(nc, [(subjects.resource("default", f"cn-{i:06d}"), payload) for i, (_, payload) in enumerate(payloads)])
     updating = await consume(NODES)      # steady state: every node known, put only
     registered = (await js.stream_info("HP_NODE_EVENTS")).state.messages
     assert registered == NODES

@@ -32,6 +32,8 @@ from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.errors import NotFoundError
 
+from healthplane import wire
+from healthplane.config import ConfigError
 from healthplane.runtime import metrics, snapshots
 from healthplane.runtime.publish import Publisher, PublishError
 from healthplane.runtime.pull import Delivery, PullLoop
@@ -286,7 +288,7 @@ class Processor(Generic[S]):
                     continue  # redelivered after we folded it; the ack was lost
                 try:
                     state, outputs = self._core.step(state, inbound)
-                except Reject as exc:
+                except (Reject, wire.WireError, ConfigError) as exc:  # a record that cannot be folded
                     self._reject(delivery, str(exc), "malformed")
                     self.positions[delivery.stream] = delivery.stream_seq
                     continue
