@@ -362,11 +362,9 @@ async def run_agent(collector: Collector, publish: Callable[[str, bytes], Awaita
             trigger = "kmsg"
         else:
             next_due = time.monotonic() + settings.interval_s
-        if not settings.health_disabled:
+        if not settings.health_disabled:  # disabled: resource reports only (COL-1)
             report = await collector.collect(trigger)
             await send(report_subject, report)
-        elif trigger == "kmsg":
-            pass  # health reporting disabled: resources only
         inventory = collector.refresh_inventory()
         if inventory is not None:
             resources = build_resource_report(settings, inventory, True, datetime.now(UTC))
