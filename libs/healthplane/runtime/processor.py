@@ -28,6 +28,7 @@ from typing import Any, Generic, Protocol, TypeVar, cast
 
 import msgspec
 from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.errors import NotFoundError
@@ -37,7 +38,7 @@ from healthplane.config import ConfigError
 from healthplane.runtime import metrics, snapshots
 from healthplane.runtime.publish import Publisher, PublishError
 from healthplane.runtime.pull import Delivery, PullLoop
-from healthplane.runtime.replay import replay
+from healthplane.runtime.replay import read_all
 
 S = TypeVar("S")
 
@@ -250,18 +251,19 @@ class Processor(Generic[S]):
 
     async def _scan_emitted(self, from_positions: dict[str, int]) -> set[tuple[str, int]]:
         found: set[tuple[str, int]] = set()
+
+        def note(msg: Msg) -> None:
+            headers = msg.headers or {}
+            if headers.get(PRODUCER_HEADER) != self.producer:
+                return
+            cause_stream, _, cause_seq = headers.get(CAUSATION_HEADER, "").rpartition(":")
+            if cause_seq.isdigit():
+                found.add((cause_stream, int(cause_seq)))
+
         for stream in self._outputs:
-            start = from_positions.get(stream, 0) + 1
             info = await self._js.stream_info(stream)
-            subject_trees = info.config.subjects or []
-            for tree in subject_trees:
-                async for msg in replay(self._js, stream, tree, start_seq=start, headers_only=True):
-                    headers = msg.headers or {}
-                    if headers.get(PRODUCER_HEADER) != self.producer:
-                        continue
-                    cause_stream, _, cause_seq = headers.get(CAUSATION_HEADER, "").rpartition(":")
-                    if cause_seq.isdigit():
-                        found.add((cause_stream, int(cause_seq)))
+            await read_all(self._nc, self._js, stream, list(info.config.subjects or []),
+                           start_seq=from_positions.get(stream, 0) + 1, headers_only=True, sink=note)
         if found and self._log is not None:
             self._log.info("outputs already in the streams", inputs=len(found))
         return found

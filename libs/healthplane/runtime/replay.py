@@ -7,7 +7,7 @@ a service finds what it already emitted after a restart (headers only).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from datetime import datetime
 
 import msgspec
@@ -76,12 +76,14 @@ def _only_subject(stream: str, subjects: list[str]) -> str:
 
 async def read_all(nc: NATS, js: JetStreamContext, stream: str, subject: str | list[str], *,
                    last_per_subject: bool = False, start_seq: int | None = None, start_time: datetime | None = None,
-                   limit: int | None = None, batch: int = 1000, timeout_s: float = 10.0) -> list[Msg]:
+                   limit: int | None = None, headers_only: bool = False, sink: Callable[[Msg], None] | None = None,
+                   batch: int = 1000, idle_timeout_s: float = 10.0) -> list[Msg]:
     """Every matching message now in ``stream``, in order, in large pull batches.
 
-    For reads that must be fast over many records (``node list`` over 100,000 nodes): an
-    ephemeral consumer without acks, drained with ``no_wait`` batch requests, several in
-    flight, instead of a push subscription delivering one message at a time.
+    For reads that must be fast over many records (``node list`` over 100,000 nodes, a
+    restart's scan of its own outputs): an ephemeral consumer without acks, drained with batch
+    requests all in flight at once, instead of a push subscription delivering one message at
+    a time. With ``sink`` each message is handed over as it arrives and nothing is kept.
     """
     if last_per_subject:
         policy, opt_start = DeliverPolicy.LAST_PER_SUBJECT, None
@@ -98,7 +100,7 @@ async def read_all(nc: NATS, js: JetStreamContext, stream: str, subject: str | l
             opt_start_time=start_time if start_time and not opt_start else None,
             filter_subject=subjects_[0] if len(subjects_) == 1 else None,
             filter_subjects=subjects_ if len(subjects_) > 1 else None,
-            inactive_threshold=30.0, mem_storage=True))
+            headers_only=headers_only or None, inactive_threshold=30.0, mem_storage=True))
     except NotFoundError:
         return []
     total = info.num_pending or 0
@@ -111,23 +113,34 @@ async def read_all(nc: NATS, js: JetStreamContext, stream: str, subject: str | l
     done = asyncio.get_running_loop().create_future()
     inbox = nc.new_inbox()
 
+    received = 0
+
     async def on_msg(msg: Msg) -> None:
-        if msg.reply:
-            if len(out) < total:
+        nonlocal received
+        if not msg.reply:
+            return  # status messages: the count below decides when we are done
+        if received < total:
+            received += 1
+            if sink is None:
                 out.append(msg)
-            if len(out) >= total and not done.done():
-                done.set_result(None)
-        elif (msg.headers or {}).get("Status") in ("404", "408") and len(out) >= total and not done.done():
+            else:
+                sink(msg)
+        if received >= total and not done.done():
             done.set_result(None)
 
     sub = await nc.subscribe(inbox, cb=on_msg, pending_msgs_limit=-1, pending_bytes_limit=-1)
     try:
         batch = max(batch, -(-total // 64))  # at most 64 requests waiting on the server
-        request = msgspec.json.encode({"batch": batch, "expires": int(timeout_s * 1e9)})
+        request = msgspec.json.encode({"batch": batch, "expires": int(3600 * 1e9)})
         requests = -(-total // batch)  # every batch asked for at once: the server fills them in turn
         for _ in range(requests):
             await nc.publish(f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{info.name}", request, reply=inbox)
-        await asyncio.wait_for(done, timeout_s)
+        seen = -1
+        while not done.done():  # an idle timeout: a long read is fine while it progresses
+            if received == seen:
+                raise TimeoutError(f"reading {stream} stalled after {received} of {total} messages")
+            seen = received
+            await asyncio.wait([done], timeout=idle_timeout_s)
     finally:
         await sub.unsubscribe()
         await _delete_quietly(js, stream, info.name)
