@@ -120,6 +120,8 @@ class IngestCore:
     # ------------------------------------------------------------------ outputs
 
     def _records(self, node: NodeState, changes: list[Change], inbound: Inbound, *, assessment: bool) -> list[Emit]:
+        if not inbound.wants_output:
+            return []  # a restart refolding what is already in the streams
         stem = f"{SERVICE}:{inbound.stream}:{inbound.seq}"
         return self._emits(node, changes, inbound.at, stem, assessment=assessment, deterministic=False)
 

@@ -68,6 +68,9 @@ class Inbound:
     headers: dict[str, str]
     at: datetime
     caught_up: bool
+    # False while refolding an input whose outputs are already in the streams (a restart):
+    # a core may skip building records that would be discarded, never its state changes.
+    wants_output: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -285,6 +288,7 @@ class Processor(Generic[S]):
                     headers=msg.headers or {},
                     at=datetime.fromtimestamp(delivery.timestamp_ns / 1e9, UTC),
                     caught_up=delivery.pending == 0,
+                    wants_output=(delivery.stream, delivery.stream_seq) not in self._already_emitted,
                 )
                 if delivery.stream_seq <= self.positions.get(delivery.stream, 0):
                     continue  # redelivered after we folded it; the ack was lost
