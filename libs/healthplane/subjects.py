@@ -119,13 +119,6 @@ def kv_node_key(cluster: str, node_id: str) -> str:
 # Filters (wildcards) for consumers.
 
 
-def all_of(kind: str, cluster: str | None = None) -> str:
-    """``hp.<kind>.>`` or, for one cluster, ``hp.<kind>.<cluster>.>``."""
-    if cluster is None:
-        return f"{PREFIX}.{kind}.>"
-    return f"{PREFIX}.{kind}.{encode_token(cluster)}.>"
-
-
 def node_events(cluster: str, node_id: str) -> str:
     """Every event of one node (the per-node filter the CLI replays)."""
     return f"{PREFIX}.event.{encode_token(cluster)}.{encode_token(node_id)}.*"
