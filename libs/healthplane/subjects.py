@@ -119,6 +119,16 @@ def kv_node_key(cluster: str, node_id: str) -> str:
 # Filters (wildcards) for consumers.
 
 
+def node_views(cluster: str | None = None) -> str:
+    """Every node's view, or one cluster's (``node list``)."""
+    return f"{PREFIX}.node.{encode_token(cluster)}.>" if cluster else f"{PREFIX}.node.>"
+
+
+def node_view_in_any_cluster(node_id: str) -> str:
+    """One node's view whatever its cluster (``node show NODE`` without ``--cluster``)."""
+    return f"{PREFIX}.node.*.{encode_token(node_id)}"
+
+
 def node_events(cluster: str, node_id: str) -> str:
     """Every event of one node (the per-node filter the CLI replays)."""
     return f"{PREFIX}.event.{encode_token(cluster)}.{encode_token(node_id)}.*"

@@ -74,8 +74,7 @@ def _print(args: argparse.Namespace, data: Callable[[], Any], text: Callable[[],
 
 
 async def find_node(nc: NATS, js: JetStreamContext, node_id: str, cluster: str | None) -> wire.NodeView:
-    subject = (subjects.node_view(cluster, node_id) if cluster
-               else f"{subjects.PREFIX}.node.*.{subjects.encode_token(node_id)}")
+    subject = subjects.node_view(cluster, node_id) if cluster else subjects.node_view_in_any_cluster(node_id)
     found = await read_all(nc, js, "HP_NODES", subject, last_per_subject=True)
     if not found:
         where = f" in cluster {cluster}" if cluster else ""
@@ -106,8 +105,7 @@ _decode_row = msgspec.json.Decoder(ListRow).decode
 
 
 async def _list(nc: NATS, js: JetStreamContext, args: argparse.Namespace) -> int:
-    subject = f"{subjects.PREFIX}.node.{subjects.encode_token(args.cluster)}.>" if args.cluster else f"{subjects.PREFIX}.node.>"
-    messages = await read_all(nc, js, "HP_NODES", subject, last_per_subject=True)
+    messages = await read_all(nc, js, "HP_NODES", subjects.node_views(args.cluster), last_per_subject=True)
     rows = sorted(((_decode_row(m.data), m.data) for m in messages), key=lambda r: (r[0].cluster, r[0].node_id))
     if args.output == "json":
         # The stored views are already the JSON shape: no decode, no re-encode.
