@@ -6,11 +6,13 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Iterable
+from typing import Any
 
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig
 
+from healthplane.runtime.processor import Processor
 from healthplane.runtime.publish import Publisher
 from healthplane.runtime.pull import Delivery, PullLoop
 
@@ -51,4 +53,17 @@ async def raw_consume_rate(nc: NATS, js: JetStreamContext, stream: str, count: i
     loop.stop()
     await task
     await js.delete_consumer(stream, "raw-baseline")
+    return rate
+
+
+async def processor_rate(proc: Processor[Any], stream: str, count: int) -> float:
+    """Records per second a started Processor folds from ``stream`` until it reaches ``count``,
+    start-up excluded; it is stopped (and snapshots) afterwards."""
+    started = time.perf_counter()
+    task = asyncio.create_task(proc.run())
+    while proc.positions.get(stream, 0) < count:
+        await asyncio.sleep(0.02)
+    rate = count / (time.perf_counter() - started)
+    proc.stop()
+    await task
     return rate

@@ -16,7 +16,7 @@ from healthplane.natsserver import NatsServer
 from healthplane.runtime.processor import Processor
 from healthplane_scorer.service import INPUTS, OUTPUTS, ScorerCore, ScorerState
 from tests.bench import harness
-from tests.bench.bus import publish_all, raw_consume_rate
+from tests.bench.bus import processor_rate, publish_all, raw_consume_rate
 
 NODES = 100_000
 T0 = datetime(2026, 11, 30, 9, 0, tzinfo=UTC)
@@ -33,13 +33,7 @@ async def test_scorer_throughput(nc, js: JetStreamContext) -> None:  # type: ign
     proc = Processor(nc=nc, js=js, service="scorer-bench", core=ScorerCore(), state_type=ScorerState, inputs=INPUTS,
                      outputs=OUTPUTS, batch=512, snapshot_every_inputs=10**9, snapshot_every_s=10**9)
     await proc.start()
-    started = time.perf_counter()
-    task = asyncio.create_task(proc.run())
-    while proc.positions.get("HP_ASSESSMENTS", 0) < NODES:
-        await asyncio.sleep(0.02)
-    rate = NODES / (time.perf_counter() - started)
-    proc.stop()
-    await task
+    rate = await processor_rate(proc, "HP_ASSESSMENTS", NODES)
     harness.record("scorer.assessments_per_s_100k_nodes", rate, "assessments/s", baseline=raw, target="ratio >= 0.5")
 
     # node list over the 100,000 views the scorer just wrote: the command as a user runs it.
