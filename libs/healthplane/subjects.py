@@ -104,6 +104,11 @@ def directive(cluster: str, node_id: str) -> str:
     return f"{PREFIX}.directive.{encode_token(cluster)}.{encode_token(node_id)}"
 
 
+def provision(cluster: str, node_id: str) -> str:
+    """Where the provisioner answers a ``terminate`` directive: kept with the commands."""
+    return f"{PREFIX}.provision.{encode_token(cluster)}.{encode_token(node_id)}"
+
+
 CONFIG: Final = f"{PREFIX}.config"
 
 
@@ -144,7 +149,7 @@ class NodeSubject:
     rest: str | None
 
 
-_NODE_KINDS = frozenset({"report", "resource", "assess", "event", "node", "cmd", "outcome", "alloc", "directive"})
+_NODE_KINDS = frozenset({"report", "resource", "assess", "event", "node", "cmd", "outcome", "alloc", "directive", "provision"})
 
 
 def parse(subject: str) -> NodeSubject:

@@ -22,8 +22,9 @@ Health = Literal["HEALTHY", "DEGRADED", "UNKNOWN"]
 NodeStatus = Literal["READY", "CORDONED", "NOT_READY", "OFFLINE"]
 HoldEffect = Literal["cordon", "evict", "deprovision"]
 PolicyMode = Literal["observe", "cordon", "drain", "replace"]
+# "replace" is automation's (policy, POL-4): a passive deprovision that ends in NODE_REPLACED.
 CommandVerb = Literal[
-    "cordon", "uncordon", "drain", "evict", "deprovision", "hold-release", "service"
+    "cordon", "uncordon", "drain", "evict", "deprovision", "replace", "hold-release", "service"
 ]
 CommandResult = Literal["applied", "refused", "retry"]
 AllocationState = Literal["placed", "started", "finished", "failed"]
@@ -489,6 +490,18 @@ class Directive(Sparse, frozen=True, kw_only=True):
     cause_event_id: str | None = None
 
 
+class TerminationResult(Sparse, frozen=True, kw_only=True):
+    """``hp.provision.{cluster}.{node}``: the provisioner's answer to a ``terminate`` directive.
+    A rejection (``accepted: false``) changes nothing and spends no replacement budget."""
+
+    directive_id: str
+    node_id: str
+    cluster: str
+    accepted: bool
+    message: str
+    at: datetime
+
+
 # ---------------------------------------------------------------------------- config, snapshots
 
 
@@ -568,6 +581,7 @@ RECORDS: Final[dict[str, type[Record]]] = {
     "outcome": CommandOutcome,
     "alloc": Allocation,
     "directive": Directive,
+    "provision": TerminationResult,
     "config": ConfigEnvelope,
     "snapshot": Snapshot,
 }
