@@ -25,6 +25,7 @@ CHANNELS: dict[str, tuple[str, str, str]] = {
     "hp.outcome.{cluster}.{node}": ("outcome", "eviction", "What became of a command: applied, refused, retry"),
     "hp.alloc.{cluster}.{node}.{alloc}": ("alloc", "scheduler", "Allocation lifecycle"),
     "hp.directive.{cluster}.{node}": ("directive", "eviction", "Instruction to the scheduler or provisioner"),
+    "hp.provision.{cluster}.{node}": ("provision", "provisioner", "The provisioner's answer to a terminate directive"),
     "hp.config": ("config", "config apply", "The whole validated cluster config, versioned"),
     "hp.snapshot.{service}.{partition}": ("snapshot", "every stateful service", "Latest folded state per service and partition"),
 }
