@@ -24,6 +24,7 @@ CHANNELS: dict[str, tuple[str, str, str]] = {
     "hp.cmd.{cluster}.{node}.{verb}": ("cmd", "CLI, policy", "Operator or automation command"),
     "hp.outcome.{cluster}.{node}": ("outcome", "eviction", "What became of a command: applied, refused, retry"),
     "hp.alloc.{cluster}.{node}.{alloc}": ("alloc", "scheduler", "Allocation lifecycle"),
+    "hp.job.{cluster}.{job}": ("job", "sim submit", "Work submitted to the reference scheduler"),
     "hp.directive.{cluster}.{node}": ("directive", "eviction", "Instruction to the scheduler or provisioner"),
     "hp.provision.{cluster}.{node}": ("provision", "provisioner", "The provisioner's answer to a terminate directive"),
     "hp.config": ("config", "config apply", "The whole validated cluster config, versioned"),
@@ -34,8 +35,9 @@ PARAMETERS = {
     "cluster": "Cluster name, encoded as one subject token (healthplane.subjects.encode_token)",
     "node": "Node id, encoded as one subject token (healthplane.subjects.encode_token)",
     "type": "Node event type, e.g. CONDITION_RAISED",
-    "verb": "Command verb: cordon, uncordon, drain, evict, deprovision, hold-release, service",
+    "verb": "Command verb: cordon, uncordon, drain, evict, deprovision, replace, hold-release, service",
     "alloc": "Allocation id, encoded as one subject token",
+    "job": "Job id, encoded as one subject token",
     "service": "Service name",
     "partition": "Partition number",
 }

@@ -100,6 +100,10 @@ def allocation(cluster: str, node_id: str, allocation_id: str) -> str:
     )
 
 
+def job(cluster: str, job_id: str) -> str:
+    return f"{PREFIX}.job.{encode_token(cluster)}.{encode_token(job_id)}"
+
+
 def directive(cluster: str, node_id: str) -> str:
     return f"{PREFIX}.directive.{encode_token(cluster)}.{encode_token(node_id)}"
 

@@ -27,7 +27,8 @@ CommandVerb = Literal[
     "cordon", "uncordon", "drain", "evict", "deprovision", "replace", "hold-release", "service"
 ]
 CommandResult = Literal["applied", "refused", "retry"]
-AllocationState = Literal["placed", "started", "finished", "failed"]
+# "requeued": ended by a requeue directive; the step runs again from the beginning elsewhere.
+AllocationState = Literal["placed", "started", "finished", "failed", "requeued"]
 RestartPolicy = Literal["never", "on-node-fault"]
 DirectiveAction = Literal["requeue", "fail", "terminate"]
 
@@ -477,6 +478,23 @@ class Allocation(Sparse, frozen=True, kw_only=True):
     node_fault_restarts: int = 0
 
 
+class Job(Sparse, frozen=True, kw_only=True):
+    """``hp.job.{cluster}.{job}``: work submitted to the reference scheduler (``sim submit``).
+    Each of ``steps`` runs as one allocation for ``duration_seconds``; ``retry_on``,
+    ``retry_attempts`` and ``restart`` are what the step declared (EVI-3, EVI-5, EVI-6)."""
+
+    id: str
+    cluster: str
+    steps: int
+    duration_seconds: float
+    submitted_at: datetime
+    submitted_by: str
+    retry_on: list[str] = []
+    retry_attempts: int = 0
+    restart: RestartPolicy = "never"
+    definition: str | None = None
+
+
 class Directive(Sparse, frozen=True, kw_only=True):
     """``hp.directive.{cluster}.{node}``: eviction's instruction to the scheduler or provisioner."""
 
@@ -580,6 +598,7 @@ RECORDS: Final[dict[str, type[Record]]] = {
     "cmd": Command,
     "outcome": CommandOutcome,
     "alloc": Allocation,
+    "job": Job,
     "directive": Directive,
     "provision": TerminationResult,
     "config": ConfigEnvelope,

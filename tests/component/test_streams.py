@@ -19,7 +19,7 @@ async def test_ensure_twice_is_a_no_op(nc) -> None:  # type: ignore[no-untyped-d
     assert second.created == () and second.updated == ()
     info = await js.stream_info("HP_NODE_EVENTS")
     assert info.config.max_age == pytest.approx(90 * 86400)
-    assert (await js.stream_info("HP_DIRECTIVES")).config.retention == RetentionPolicy.WORK_QUEUE
+    assert (await js.stream_info("HP_DIRECTIVES")).config.retention == RetentionPolicy.LIMITS
 
 
 async def test_updatable_drift_is_converged(js: JetStreamContext) -> None:
@@ -34,6 +34,6 @@ async def test_updatable_drift_is_converged(js: JetStreamContext) -> None:
 async def test_conflicting_stream_is_reported_by_name_and_field(nc) -> None:  # type: ignore[no-untyped-def]
     js = nc.jetstream()
     await js.add_stream(StreamConfig(name="HP_DIRECTIVES", subjects=["hp.directive.>"],
-                                     retention=RetentionPolicy.LIMITS, storage=StorageType.FILE))
-    with pytest.raises(streams.StreamConflict, match=r"HP_DIRECTIVES .*retention is limits, want workqueue"):
+                                     retention=RetentionPolicy.WORK_QUEUE, storage=StorageType.FILE))
+    with pytest.raises(streams.StreamConflict, match=r"HP_DIRECTIVES .*retention is workqueue, want limits"):
         await streams.ensure(js)
