@@ -457,6 +457,22 @@ class CommandOutcome(Sparse, frozen=True, kw_only=True):
     message: str
     decided_at: datetime
     event_ids: list[str] = []
+    hold_ids: list[str] = []  # holds this command created or released
+    moved: int | None = None  # drain --active / evict: allocations requeued
+    failed: int | None = None  # evict: allocations failed
+    skipped: bool = False  # an --all member left alone (not READY, static, not yet known)
+
+
+class PolicyCommand(Sparse, frozen=True, kw_only=True):
+    """``hp.policy.{cluster}.{action}``: an operator's instruction to the policy service itself
+    (``healthplane policy breaker reset``); kept with the commands, never seen by eviction."""
+
+    id: str
+    cluster: str
+    action: Literal["breaker-reset"]
+    actor: str
+    issued_at: datetime
+    reason: str | None = None
 
 
 # ---------------------------------------------------------------------------- scheduler protocol
@@ -601,6 +617,7 @@ RECORDS: Final[dict[str, type[Record]]] = {
     "job": Job,
     "directive": Directive,
     "provision": TerminationResult,
+    "policy": PolicyCommand,
     "config": ConfigEnvelope,
     "snapshot": Snapshot,
 }

@@ -47,7 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_collector_arguments(collector)
 
-    node = commands.add_parser("node", help="nodes: list, show, events")
+    node = commands.add_parser("node", help="nodes: list, show, events, cordon, drain, evict, deprovision, holds")
     from healthplane.cli import node_cmd
 
     node_cmd.add_arguments(node)

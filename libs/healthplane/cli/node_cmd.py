@@ -48,9 +48,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         sub.add_argument("-o", "--output", choices=["text", "json"], default="text")
         sub.add_argument("--nats-url")
         sub.add_argument("--creds")
+    from healthplane.cli import node_actions
+
+    node_actions.add_arguments(actions)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.node_command not in ("list", "show", "events"):
+        from healthplane.cli import node_actions
+
+        return node_actions.run(args)
     try:
         return asyncio.run(_run(args))
     except CommandFailed as exc:

@@ -1,0 +1,1 @@
+"""The eviction service: holds, drain, evict, deprovision, node loss and job attribution."""
