@@ -23,7 +23,8 @@ from healthplane_eviction import core
 
 SERVICE = "eviction"
 INPUTS = (
-    Input("HP_COMMANDS", ("hp.cmd.>", "hp.provision.>")),
+    # Commands are judged against what the other inputs hold: they wait for those to fold.
+    Input("HP_COMMANDS", ("hp.cmd.>", "hp.provision.>"), after_others=True),
     Input("HP_ALLOCATIONS", ("hp.alloc.>",)),
     Input("HP_NODE_EVENTS", tuple(f"hp.event.*.*.{t}" for t in (
         "CONDITION_RAISED", "CONDITION_CLEARED", "HEARTBEAT_MISSED", "HEARTBEAT_RESUMED"))),

@@ -55,6 +55,10 @@ class Reject(Exception):
 class Input:
     stream: str
     filter_subjects: tuple[str, ...] = ()
+    # Requests (commands) that must be judged against everything the other inputs already
+    # hold: consumed only once every other input has folded what it had at start, so a
+    # restart never refuses a command for a node whose registration is still being replayed.
+    after_others: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,6 +151,8 @@ class Processor(Generic[S]):
     async def start(self) -> None:
         await self._restore()
         self._already_emitted = await self._scan_emitted(self._snapshot_outputs)
+        self._start_seq = {spec.stream: (await self._js.stream_info(spec.stream)).state.last_seq
+                           for spec in self._inputs if not spec.after_others}
         for spec in self._inputs:
             name = self._consumer_name(spec)
             await self._create_consumer(spec)
@@ -161,24 +167,40 @@ class Processor(Generic[S]):
 
     async def run(self) -> None:
         """Process until :meth:`stop`; then snapshot and return."""
-        tasks: list[asyncio.Task[Any]] = [asyncio.create_task(loop.run()) for loop in self._loops]
-        if hasattr(self._core, "tick"):
-            tasks.append(asyncio.create_task(self._tick_forever()))
+        later = [loop for loop, spec in zip(self._loops, self._inputs, strict=True) if spec.after_others]
+        # Each of these returns once its loops have drained after stop().
+        tasks: list[asyncio.Task[Any]] = [asyncio.create_task(loop.run()) for loop in self._loops
+                                          if loop not in later]
+        if later:
+            tasks.append(asyncio.create_task(self._start_after_others(later)))
+        ticking = asyncio.create_task(self._tick_forever()) if hasattr(self._core, "tick") else None
         stop = asyncio.create_task(self._stopping.wait())
-        done, _ = await asyncio.wait([*tasks, stop], return_when=asyncio.FIRST_COMPLETED)
+        watched = [*tasks, stop] + ([ticking] if ticking else [])
+        done, _ = await asyncio.wait(watched, return_when=asyncio.FIRST_COMPLETED)
+        self._stopping.set()
         for loop in self._loops:
             loop.stop()
-        for task in tasks[len(self._loops):]:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        if ticking is not None:
+            ticking.cancel()
+        await asyncio.gather(*tasks, *([ticking] if ticking else []), return_exceptions=True)
         for task in done:
-            if task is not stop and task.exception() is not None:
+            if task is not stop and not task.cancelled() and task.exception() is not None:
                 raise task.exception()  # type: ignore[misc]
         stop.cancel()
         await self.snapshot()
 
     def stop(self) -> None:
         self._stopping.set()
+
+    async def _start_after_others(self, loops: list[PullLoop]) -> None:
+        def folded(stream: str) -> bool:
+            return self._caught_up.get(stream, False) or self.positions.get(stream, 0) >= self._start_seq[stream]
+
+        while not all(folded(stream) for stream in self._start_seq):
+            if self._stopping.is_set():
+                return
+            await asyncio.sleep(0.02)
+        await asyncio.gather(*(loop.run() for loop in loops))
 
     async def _tick_forever(self) -> None:
         tick = cast(TickingCore[S], self._core).tick
