@@ -20,6 +20,7 @@ INPUTS = (
         "JOB_FAILURE_ATTRIBUTED", "HOLD_CREATED", "HOLD_RELEASED", "NODE_REGISTERED", "NODE_DEPROVISIONED",
         "NODE_REPLACED"))),
     Input("HP_RESOURCES"),
+    Input("HP_ALLOCATIONS", ("hp.alloc.>",)),
     Input("HP_CONFIG"),
 )
 OUTPUTS = ("HP_NODE_EVENTS", "HP_NODES")
@@ -48,6 +49,7 @@ class NodeScore(msgspec.Struct):
     holds: dict[str, wire.Hold] = {}
     health: str = "UNKNOWN"
     last_report_at: datetime | None = None
+    allocations: list[str] = []  # placed or started here: the view's job count
     view_digest: int = 0
 
 
@@ -102,6 +104,15 @@ class ScorerCore:
             node = self._node(state, resources.cluster, resources.node_id)
             node.hostname, node.ready = resources.hostname, resources.ready
             node.definition = resources.definition or node.definition
+            return state, self._view(state, node, inbound)
+        if inbound.stream == "HP_ALLOCATIONS":
+            alloc = wire.decode(wire.Allocation, inbound.data)
+            node = self._node(state, alloc.cluster, alloc.node_id)
+            running = alloc.state in ("placed", "started")
+            if running == (alloc.id in node.allocations):
+                return state, []
+            node.allocations = ([*node.allocations, alloc.id] if running
+                                else [a for a in node.allocations if a != alloc.id])
             return state, self._view(state, node, inbound)
         if inbound.stream == "HP_CONFIG":
             envelope = wire.decode(wire.ConfigEnvelope, inbound.data)
@@ -184,5 +195,6 @@ def node_view(state: ScorerState, node: NodeScore) -> wire.NodeView:
         score=node.score, score_explanation=explanation, conditions=list(node.conditions),
         attributed_failures=wire.AttributedFailures(count=node.tally.count, last=node.tally.last_failure_at,
                                                     by_fault=dict(node.tally.by_fault)),
-        holds=sorted(node.holds.values(), key=lambda h: h.created_at), definition=node.definition,
+        holds=sorted(node.holds.values(), key=lambda h: h.created_at), jobs=len(node.allocations),
+        definition=node.definition,
     )

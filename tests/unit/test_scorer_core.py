@@ -121,3 +121,22 @@ def test_status_precedence(missed: bool, ready: bool, holds: bool, status: str) 
                      conditions=[cond("heartbeat_missed", "HeartbeatMissed")] if missed else [],
                      holds={"h1": wire.Hold(id="h1", effect="cordon", reason=None, actor="op", created_at=T0)} if holds else {})
     assert node_status(node) == status
+
+
+def test_view_counts_the_allocations_running_on_the_node() -> None:
+    """SPEC.md node shape: ``jobs`` is what runs on the node now (placed or started)."""
+    core, state = ScorerCore(), ScorerCore().initial_state()
+
+    def alloc(seq: int, alloc_id: str, alloc_state: str) -> int:
+        nonlocal state
+        record = wire.Allocation(id=alloc_id, job_id=alloc_id, node_id="n", cluster="c", state=alloc_state,  # type: ignore[arg-type]
+                                 at=T0)
+        state, emits = core.step(state, Inbound("HP_ALLOCATIONS", seq, "", wire.encode(record), {}, T0, True))
+        views = [wire.decode(wire.NodeView, e.payload) for e in emits]
+        return views[-1].jobs if views else -1
+
+    assert alloc(1, "a", "placed") == 1
+    assert alloc(2, "a", "started") == -1  # no change, no new view
+    assert alloc(3, "b", "started") == 2
+    assert alloc(4, "a", "requeued") == 1
+    assert alloc(5, "b", "finished") == 0
