@@ -9,8 +9,10 @@ default:
 up *ARGS:
     healthplane up {{ARGS}}
 
-# Lint, type-check, then the whole test suite (each test starts its own nats-server)
+# Lint, type-check, then the whole test suite (each test starts its own nats-server;
+# the monitoring tests need promtool and prometheus, installed from Debian when missing)
 test *ARGS: lint
+    sh tools/ensure-prometheus
     python -m pytest -q {{ARGS}}
 
 # Lint and type-check

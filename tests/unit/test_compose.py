@@ -99,3 +99,67 @@ def test_dockerfile_builds_one_image_with_healthplane_entry_point() -> None:
     for folder in ("libs", "services"):
         assert re.search(rf"^COPY {folder} ", text, re.M), f"Dockerfile does not copy {folder}/"
     assert "python:3.11" in text
+
+
+# ---------------------------------------------------------------- monitoring profile (OBS-3)
+
+def _prometheus_config() -> dict[str, Any]:
+    return yaml.safe_load((ROOT / "deploy" / "prometheus" / "prometheus.yml").read_text())  # type: ignore[no-any-return]
+
+
+def _container_path(svc: dict[str, Any], host_path: str) -> str:
+    for volume in svc.get("volumes", []):
+        source, target = str(volume).split(":")[:2]
+        if source == host_path:
+            return target
+    raise AssertionError(f"{host_path} is not mounted")
+
+
+def test_obs3_prometheus_scrapes_every_healthplane_process_by_compose_name(compose: dict[str, Any]) -> None:
+    targets = {target for job in _prometheus_config()["scrape_configs"]
+               for static in job["static_configs"] for target in static["targets"]}
+    for name, svc in _healthplane_services(compose).items():
+        command = [str(part) for part in svc["command"]]
+        if "--metrics-port" in command:
+            assert f"{name}:{command[command.index('--metrics-port') + 1]}" in targets, name
+    # Services still being built are listed ahead of their containers, by their SPEC name.
+    for name in registry.SERVICE_NAMES:
+        assert f"{name}:9464" in targets, name
+
+
+def test_obs3_prometheus_loads_the_rules_and_keeps_data_as_configured(compose: dict[str, Any]) -> None:
+    prometheus = compose["services"]["prometheus"]
+    config = _prometheus_config()
+    rules_dir = _container_path(prometheus, "./deploy/prometheus/rules")
+    assert config["rule_files"] == [f"{rules_dir}/*.yml"]
+    config_file = _container_path(prometheus, "./deploy/prometheus/prometheus.yml")
+    assert f"--config.file={config_file}" in prometheus["command"]
+    assert "--storage.tsdb.retention.time=${HEALTHPLANE_PROMETHEUS_RETENTION:-15d}" in prometheus["command"]
+    [alertmanagers] = config["alerting"]["alertmanagers"]
+    [target] = alertmanagers["static_configs"][0]["targets"]
+    host, port = target.split(":")
+    assert host in compose["services"] and f"{port}:{port}" in compose["services"][host]["ports"]
+
+
+def test_obs3_alertmanager_starts_through_the_entrypoint_with_the_webhook_url(compose: dict[str, Any]) -> None:
+    alertmanager = compose["services"]["alertmanager"]
+    config_dir = _container_path(alertmanager, "./deploy/alertmanager")
+    assert alertmanager["entrypoint"] == ["/bin/sh", f"{config_dir}/entrypoint.sh"]
+    assert alertmanager["environment"]["HEALTHPLANE_ALERT_WEBHOOK_URL"] == "${HEALTHPLANE_ALERT_WEBHOOK_URL:-}"
+    # The entrypoint writes the URL file into the storage path that alertmanager-webhook.yml reads.
+    webhook = yaml.safe_load((ROOT / "deploy" / "alertmanager" / "alertmanager-webhook.yml").read_text())
+    url_file = webhook["receivers"][0]["webhook_configs"][0]["url_file"]
+    assert any(str(v).endswith(f":{url_file.rsplit('/', 1)[0]}") for v in alertmanager["volumes"])
+
+
+def test_obs3_grafana_provisions_the_datasource_and_the_dashboard(compose: dict[str, Any]) -> None:
+    grafana = compose["services"]["grafana"]
+    assert _container_path(grafana, "./deploy/grafana/provisioning") == "/etc/grafana/provisioning"
+    provider = yaml.safe_load((ROOT / "deploy" / "grafana" / "provisioning" / "dashboards" / "healthplane.yml")
+                              .read_text())["providers"][0]
+    assert _container_path(grafana, "./deploy/grafana/dashboards") == provider["options"]["path"]
+    source = yaml.safe_load((ROOT / "deploy" / "grafana" / "provisioning" / "datasources" / "prometheus.yml")
+                            .read_text())["datasources"][0]
+    assert source["url"] == "http://prometheus:9090" and "9090:9090" in compose["services"]["prometheus"]["ports"]
+    home = grafana["environment"]["GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH"]
+    assert home == f"{provider['options']['path']}/node-reliability.json"
