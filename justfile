@@ -17,7 +17,7 @@ test *ARGS: lint
 
 # Lint and type-check
 lint:
-    ruff check libs services tests
+    ruff check libs services tests deploy/grafana
     # Service folders are installed as healthplane_<name>; mypy finds them through links.
     mkdir -p .cache/mypy-path && for d in services/*/; do n=$(basename "$d"); ln -sfn "$PWD/$d" ".cache/mypy-path/healthplane_$n"; done
     MYPYPATH=libs:.cache/mypy-path mypy -p healthplane $(for d in services/*/; do printf -- '-p healthplane_%s ' "$(basename "$d")"; done)
