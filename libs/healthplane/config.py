@@ -10,7 +10,7 @@ from __future__ import annotations
 import fnmatch
 import re
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (
@@ -54,10 +54,12 @@ def parse_duration(text: str) -> float:
 
 
 class CircuitBreaker(_Camel):
-    """Reference 004: a breaker on automated cordons."""
+    """Reference 004: a breaker on automated cordons (POL-6). ``percentage``/``maxNodes`` bound
+    the cordons inside ``duration`` (a rate), ``maxCordonedNodes``/``maxCordonedPercentage``
+    the nodes automation holds out of service at once; in each pair the lower one binds."""
 
     enabled: bool = True
-    percentage: Annotated[int, Field(ge=1, le=100)] = 50
+    percentage: Percent = 50
     max_nodes: Annotated[int, Field(ge=0)] = 0
     max_cordoned_nodes: Annotated[int, Field(ge=0)] = 0
     max_cordoned_percentage: Percent = 0
@@ -70,9 +72,85 @@ class CircuitBreaker(_Camel):
             raise ValueError("must be longer than zero")
         return value
 
+    @model_validator(mode="after")
+    def _can_trip(self) -> CircuitBreaker:
+        # A breaker with every bound at 0 could never trip: refused rather than silently a
+        # no-op while it says enabled (reference 004). enabled: false is how to turn it off.
+        if self.enabled and not (self.percentage or self.max_nodes or self.max_cordoned_nodes
+                                 or self.max_cordoned_percentage):
+            raise ValueError(
+                "an enabled breaker needs at least one of percentage, maxNodes, maxCordonedNodes, "
+                "maxCordonedPercentage above 0 (it could never trip); use enabled: false to turn it off")
+        return self
+
     @property
     def duration_seconds(self) -> float:
         return parse_duration(self.duration)
+
+
+RuleKind = Literal["HealthEvent", "Node"]
+TaintEffect = Literal["NoSchedule", "PreferNoSchedule", "NoExecute"]
+# Which variable an expression of each kind reads (reference 004: `event`, `node`).
+RULE_VARIABLES: dict[str, str] = {"HealthEvent": "event", "Node": "node"}
+
+
+class RuleExpression(_Camel):
+    kind: RuleKind
+    expression: str = Field(min_length=1)
+
+
+class RuleMatch(_Camel):
+    all: list[RuleExpression] = []
+    any: list[RuleExpression] = []
+
+    @model_validator(mode="after")
+    def _not_empty(self) -> RuleMatch:
+        if not self.all and not self.any:
+            raise ValueError("match needs at least one expression under all or any")
+        return self
+
+
+class RuleCordon(_Camel):
+    should_cordon: bool = False
+
+
+class RuleTaint(_Camel):
+    key: str = Field(min_length=1)
+    value: str = ""
+    effect: TaintEffect = "NoSchedule"
+
+
+class RuleLabel(_Camel):
+    key: str = Field(min_length=1)
+    value: str = ""
+
+
+class RuleSet(_Camel):
+    """Reference 004's rule set: CEL over the health event and the node (POL-7)."""
+
+    enabled: bool = True
+    version: str = "1"
+    name: str = Field(min_length=1)
+    priority: int = 0
+    match: RuleMatch
+    cordon: RuleCordon = RuleCordon()
+    taint: RuleTaint | None = None
+    label: RuleLabel | None = None
+
+    @model_validator(mode="after")
+    def _expressions_compile(self) -> RuleSet:
+        # Compiled here, at validate time, so a bad expression is refused naming its rule set
+        # (the policy compiles the same text again and gets the cached program).
+        from healthplane.expressions import ExpressionError, compile_expression
+
+        for group in ("all", "any"):
+            for index, rule in enumerate(getattr(self.match, group)):
+                try:
+                    compile_expression(rule.expression, [RULE_VARIABLES[rule.kind]])
+                except ExpressionError as exc:
+                    raise ValueError(f"rule set {self.name!r}, match.{group}[{index}] ({rule.kind}) "
+                                     f"{rule.expression.strip()!r}: {exc}") from None
+        return self
 
 
 class NodeHealth(_Camel):
@@ -90,7 +168,7 @@ class NodeHealth(_Camel):
     failure_tally_half_life_hours: Annotated[float, Field(gt=0)] = 168
     penalties: dict[str, Annotated[int, Field(ge=0, le=100)]] = {}
     circuit_breaker: CircuitBreaker = CircuitBreaker()
-    rule_sets: list[dict[str, Any]] = []
+    rule_sets: list[RuleSet] = []
     detectors: list[dict[str, Any]] = []
     quiet_reports_to_clear: Annotated[int, Field(ge=1)] = 1
     ignore_read_only_mounts: list[str] = []
@@ -103,6 +181,15 @@ class NodeHealth(_Camel):
                 f"({self.cordon_below}): a node would be drained before it is cordoned"
             )
         return self
+
+    @field_validator("rule_sets")
+    @classmethod
+    def _unique_rule_sets(cls, value: list[RuleSet]) -> list[RuleSet]:
+        names = [r.name for r in value]
+        repeated = sorted({n for n in names if names.count(n) > 1})
+        if repeated:
+            raise ValueError(f"rule set name {repeated[0]!r} is used more than once; names must be unique")
+        return value
 
     @field_validator("evict_on_fault_classes")
     @classmethod

@@ -27,6 +27,8 @@ CHANNELS: dict[str, tuple[str, str, str]] = {
     "hp.job.{cluster}.{job}": ("job", "sim submit", "Work submitted to the reference scheduler"),
     "hp.directive.{cluster}.{node}": ("directive", "eviction", "Instruction to the scheduler or provisioner"),
     "hp.provision.{cluster}.{node}": ("provision", "provisioner", "The provisioner's answer to a terminate directive"),
+    "hp.provider.{cluster}.{node}": ("provider", "sim provider", "How the simulated provisioner answers terminations of one node"),
+    "hp.policy.{cluster}.{action}": ("policy", "CLI", "Instruction to the policy service: breaker-reset"),
     "hp.config": ("config", "config apply", "The whole validated cluster config, versioned"),
     "hp.snapshot.{service}.{partition}": ("snapshot", "every stateful service", "Latest folded state per service and partition"),
 }
@@ -38,6 +40,7 @@ PARAMETERS = {
     "verb": "Command verb: cordon, uncordon, drain, evict, deprovision, replace, hold-release, service",
     "alloc": "Allocation id, encoded as one subject token",
     "job": "Job id, encoded as one subject token",
+    "action": "Policy instruction: breaker-reset",
     "service": "Service name",
     "partition": "Partition number",
 }

@@ -17,7 +17,7 @@ SERVICES: Final[dict[str, str | None]] = {
     "collector": "healthplane_collector.main:main",
     "health-ingest": "healthplane_health_ingest.main:main",
     "scorer": "healthplane_scorer.main:main",
-    "policy": None,
+    "policy": "healthplane_policy.main:main",
     "eviction": "healthplane_eviction.main:main",
     "webhook-dispatcher": None,
     "substrate-bridge": "healthplane_substrate_bridge.main:main",

@@ -113,6 +113,17 @@ def provision(cluster: str, node_id: str) -> str:
     return f"{PREFIX}.provision.{encode_token(cluster)}.{encode_token(node_id)}"
 
 
+def provider(cluster: str, node_id: str) -> str:
+    """How the simulated provisioner answers terminations of one node (``sim provider``)."""
+    return f"{PREFIX}.provider.{encode_token(cluster)}.{encode_token(node_id)}"
+
+
+def policy_command(cluster: str, action: str) -> str:
+    """An operator's instruction to the policy service (breaker reset): kept with the commands,
+    outside ``hp.cmd.>`` so that eviction never sees it."""
+    return f"{PREFIX}.policy.{encode_token(cluster)}.{encode_token(action)}"
+
+
 CONFIG: Final = f"{PREFIX}.config"
 
 
@@ -153,7 +164,7 @@ class NodeSubject:
     rest: str | None
 
 
-_NODE_KINDS = frozenset({"report", "resource", "assess", "event", "node", "cmd", "outcome", "alloc", "directive", "provision"})
+_NODE_KINDS = frozenset({"report", "resource", "assess", "event", "node", "cmd", "outcome", "alloc", "directive", "provision", "provider"})
 
 
 def parse(subject: str) -> NodeSubject:

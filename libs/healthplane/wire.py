@@ -536,6 +536,19 @@ class TerminationResult(Sparse, frozen=True, kw_only=True):
     at: datetime
 
 
+class ProviderSetting(Sparse, frozen=True, kw_only=True):
+    """``hp.provider.{cluster}.{node}``: how the simulated provisioner (the reference scheduler)
+    answers a ``terminate`` for one node, set by ``sim provider reject|accept``. Development
+    only; kept with the commands so that the answers replay the same way."""
+
+    node_id: str
+    cluster: str
+    reject_terminations: bool
+    message: str | None = None  # the provider's words on a rejection
+    set_at: datetime
+    actor: str
+
+
 # ---------------------------------------------------------------------------- config, snapshots
 
 
@@ -617,6 +630,7 @@ RECORDS: Final[dict[str, type[Record]]] = {
     "job": Job,
     "directive": Directive,
     "provision": TerminationResult,
+    "provider": ProviderSetting,
     "policy": PolicyCommand,
     "config": ConfigEnvelope,
     "snapshot": Snapshot,

@@ -266,7 +266,15 @@ class EvictionCore:
             node.teardown, node.teardown_actor, node.force_command = "force", command.actor, command.id
             node.terminate_directive = out.directive(node, "terminate", f"deprovision --force by {command.actor}")
             return
-        lines = [core.hold_created("deprovision", node.node_id, self._hold(node, command, "deprovision", out).id)]
+        existing = next((h for h in node.holds.values() if h.effect == "deprovision"), None)
+        if existing is not None:
+            # Asked again (policy retrying a rejected replacement, an operator repeating
+            # himself): one deprovision hold says it; only the teardown is tried again.
+            lines = [f"deprovision hold already in place for {node.node_id}: {existing.id}"]
+            out.hold_ids.append(existing.id)
+        else:
+            lines = [core.hold_created("deprovision", node.node_id,
+                                       self._hold(node, command, "deprovision", out).id)]
         moved = failed = 0
         if command.evict:  # scoped to where the deprovision hold landed: this node
             lines.append(core.hold_created("evict", node.node_id, self._hold(node, command, "evict", out).id))

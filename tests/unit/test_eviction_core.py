@@ -320,7 +320,9 @@ def test_pol4_replace_ends_in_node_replaced_and_a_rejection_changes_nothing() ->
     terminate = directives(h.emitted)[0]
     assert events(h.provider(terminate.id, False, "InsufficientInstanceCapacity")) == []
     assert h.state.nodes[f"default\x00{NODE}"].holds  # still out of service
-    h.command("replace")  # automation asks again: a new terminate
+    retried = h.command("replace")  # automation asks again: a new terminate, not a second hold
+    assert retried.message.startswith(f"deprovision hold already in place for {NODE}: ")
+    assert len(h.state.nodes[f"default\x00{NODE}"].holds) == 1
     again = directives(h.emitted)[-1]
     assert again.id != terminate.id and again.action == "terminate"
     assert [e.type for e in events(h.provider(again.id, True, "ok"))] == ["NODE_REPLACED"]

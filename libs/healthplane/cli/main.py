@@ -55,6 +55,11 @@ def build_parser() -> argparse.ArgumentParser:
     sim = commands.add_parser("sim", help="the fleet simulator and fault injection")
     add_sim_arguments(sim)
 
+    policy = commands.add_parser("policy", help="the policy service: circuit breaker reset")
+    from healthplane.cli import policy_cmd
+
+    policy_cmd.add_arguments(policy)
+
     config = commands.add_parser("config", help="validate, apply and show the cluster config")
     config_commands = config.add_subparsers(dest="config_command", required=True, metavar="ACTION")
     validate = config_commands.add_parser("validate", help="check a config file")
@@ -90,6 +95,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from healthplane_collector.sim import run_cli as run_sim
 
             return run_sim(args)
+        if args.command == "policy":
+            from healthplane.cli import policy_cmd as policy_commands
+
+            return policy_commands.run(args)
         if args.command == "config":
             from healthplane.cli import config_cmd
 

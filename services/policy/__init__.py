@@ -1,0 +1,1 @@
+"""policy: score-driven modes, guardrails, replace, circuit breaker and CEL rule sets (POL-*)."""

@@ -1,0 +1,98 @@
+"""The policy as a Processor core: which input means what, and the records it appends.
+
+Inputs: the node events the rules read (scores, conditions, registration, holds, cordons,
+drains, replacements), the scorer's per-report node views (a re-check on every report),
+allocations (what a node waiting for replacement still runs), resource reports (the node
+object of rule sets), the commands stream filtered to eviction's outcomes, the provisioner's
+termination results and operators' policy instructions, and the config. Outputs: POLICY_*
+node events and commands, nothing else.
+
+``now`` for a record is the time the record itself carries (``occurredAt``, ``at``,
+``issuedAt``, ``appliedAt``): time is data, so a replay decides exactly as the first run did,
+and tests inject a clock by writing the times they need.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+from healthplane import configstore, subjects, wire
+from healthplane.runtime.processor import Emit, Inbound, Input, Reject
+from healthplane_policy.core import PolicyState, Record, decide, policy_config
+
+SERVICE = "policy"
+EVENT_TYPES = (
+    "SCORE_CHANGED", "CONDITION_RAISED", "CONDITION_CLEARED", "NODE_REGISTERED", "HOLD_CREATED", "HOLD_RELEASED",
+    "NODE_UNCORDONED", "NODE_DRAINED", "NODE_REPLACED", "NODE_DEPROVISIONED",
+    # Its own decisions, read back: after a crash they restore what was decided (REL-1).
+    "POLICY_RECOMMENDED", "POLICY_ACTED", "POLICY_HALTED",
+)
+INPUTS = (
+    Input("HP_NODE_EVENTS", tuple(f"hp.event.*.*.{t}" for t in EVENT_TYPES)),
+    Input("HP_NODES"),
+    Input("HP_ALLOCATIONS"),
+    Input("HP_RESOURCES"),
+    Input("HP_COMMANDS", ("hp.outcome.>", "hp.provision.>", "hp.policy.>")),
+    Input("HP_CONFIG"),
+)
+OUTPUTS = ("HP_NODE_EVENTS", "HP_COMMANDS")
+
+
+def record_of(inbound: Inbound) -> tuple[Record, datetime | None]:
+    """Decode one input into the record the core folds and the time it carries (None for
+    records whose time decides nothing: inventory, config, operator instructions)."""
+    stream, data = inbound.stream, inbound.data
+    if stream == "HP_NODE_EVENTS":
+        event = wire.decode(wire.NodeEvent, data)
+        return event, event.occurred_at
+    if stream == "HP_NODES":
+        view = wire.decode(wire.NodeView, data)
+        return view, view.last_reported_at or inbound.at
+    if stream == "HP_ALLOCATIONS":
+        allocation = wire.decode(wire.Allocation, data)
+        return allocation, allocation.at
+    if stream == "HP_RESOURCES":
+        return wire.decode(wire.ResourceReport, data), None
+    if stream == "HP_COMMANDS":
+        kind = inbound.subject.split(".", 2)[1]
+        if kind == "outcome":
+            outcome = wire.decode(wire.CommandOutcome, data)
+            return outcome, outcome.decided_at
+        if kind == "provision":
+            result = wire.decode(wire.TerminationResult, data)
+            return result, result.at
+        if kind == "policy":
+            command = wire.decode(wire.PolicyCommand, data)
+            return command, None
+        raise Reject(f"unexpected subject {inbound.subject}")
+    if stream == "HP_CONFIG":
+        envelope = wire.decode(wire.ConfigEnvelope, data)
+        return policy_config(configstore.decode_config(envelope), envelope.version), None
+    raise Reject(f"unexpected input stream {stream}")
+
+
+def emit_of(output: wire.NodeEvent | wire.Command) -> Emit:
+    # The record's own id is its Nats-Msg-Id: ids are numbered per node, so a decision taken
+    # again after a crash (triggered by another input) is still recognised as the same one.
+    if isinstance(output, wire.NodeEvent):
+        return Emit(subjects.event(output.cluster, output.node_id, output.type), wire.encode(output), msg_id=output.id)
+    return Emit(subjects.command(output.cluster, output.node_id, output.verb), wire.encode(output), msg_id=output.id)
+
+
+class PolicyCore:
+    def __init__(self, log: Any = None) -> None:
+        self.log = log
+
+    def initial_state(self) -> PolicyState:
+        return PolicyState()
+
+    def step(self, state: PolicyState, inbound: Inbound) -> tuple[PolicyState, Sequence[Emit]]:
+        record, at = record_of(inbound)
+        if isinstance(record, wire.PolicyCommand) and self.log is not None and inbound.wants_output:
+            self.log.warning("circuit breaker reset", cluster=record.cluster, actor=record.actor, reason=record.reason)
+        state, outputs = decide(state, record, at, f"{inbound.stream}:{inbound.seq}", act=inbound.wants_output)
+        if not inbound.wants_output:
+            return state, []  # a restart refolding what is already in the streams
+        return state, [emit_of(o) for o in outputs]
