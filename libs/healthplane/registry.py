@@ -21,7 +21,7 @@ SERVICES: Final[dict[str, str | None]] = {
     "eviction": "healthplane_eviction.main:main",
     "webhook-dispatcher": None,
     "substrate-bridge": "healthplane_substrate_bridge.main:main",
-    "scheduler": None,
+    "scheduler": "healthplane_scheduler.main:main",
 }
 SERVICE_NAMES: Final = tuple(SERVICES)
 

@@ -41,6 +41,36 @@ def add_sim_arguments(parser: argparse.ArgumentParser) -> None:
     inject.add_argument("--fault", required=True, help=", ".join(FAULTS))
     inject.add_argument("--gpu", type=int)
     inject.add_argument("--cluster", default="default")
-    for sub in (run_parser, inject):
+    work = add_work_arguments(actions)
+    for sub in (run_parser, inject, *work):
         sub.add_argument("--nats-url")
         sub.add_argument("--creds")
+
+
+def add_work_arguments(actions: argparse._SubParsersAction[argparse.ArgumentParser]) -> list[argparse.ArgumentParser]:
+    """``sim submit``, ``sim jobs`` and ``sim provider``: work for the reference scheduler (EVI-8)."""
+    submit = actions.add_parser("submit", help="submit simulated jobs to the reference scheduler")
+    submit.add_argument("--cluster", default="default")
+    submit.add_argument("--steps", type=int, default=1, help="steps per job, each one allocation (default 1)")
+    submit.add_argument("--duration", type=float, default=60.0, help="seconds each step runs (default 60)")
+    submit.add_argument("--retry-on", action="append", choices=["node"], default=[],
+                        help="the step may be moved when its node is evicted (retry.on: [node])")
+    submit.add_argument("--retry-attempts", type=int, default=0, help="retry.attempts of each step (default 0)")
+    submit.add_argument("--restart", choices=["never", "on-node-fault"], default="never",
+                        help="policy.restart: on-node-fault requeues the step when its node faults or is lost")
+    submit.add_argument("--definition", help="run only on nodes of this provisioner definition")
+    submit.add_argument("--count", type=int, default=1, help="how many such jobs (default 1)")
+    submit.add_argument("-o", "--output", choices=["text", "json"], default="text")
+    jobs = actions.add_parser("jobs", help="jobs and the state of their allocations")
+    jobs.add_argument("--cluster", default="default")
+    jobs.add_argument("-o", "--output", choices=["text", "json"], default="text")
+    provider = actions.add_parser("provider", help="how the simulated provisioner answers terminations")
+    answer = provider.add_subparsers(dest="provider_answer", required=True, metavar="ANSWER")
+    reject = answer.add_parser("reject", help="refuse every termination of NODE until `accept`")
+    reject.add_argument("node")
+    reject.add_argument("--message", help="the provider's words (default: a cloud API refusal)")
+    accept = answer.add_parser("accept", help="terminate NODE when asked (the default)")
+    accept.add_argument("node")
+    for sub in (reject, accept):
+        sub.add_argument("--cluster", default="default")
+    return [submit, jobs, reject, accept]

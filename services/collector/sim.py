@@ -236,6 +236,12 @@ def inject_subject(cluster: str) -> str:
     return f"{PREFIX}.sim.{encode_token(cluster)}.inject"
 
 
+def terminations_subject(cluster: str) -> str:
+    from healthplane.subjects import PREFIX, encode_token
+
+    return f"{PREFIX}.provision.{encode_token(cluster)}.*"
+
+
 class Fleet:
     def __init__(self, count: int, cluster: str = "default", interval_s: int = 30, prefix: str = "sim-",
                  gpus: int = 8) -> None:
@@ -269,6 +275,20 @@ class Fleet:
             await msg.respond(msgspec.json.encode(reply))
 
         await nc.subscribe(inject_subject(self.cluster), cb=on_inject)
+
+        async def on_terminated(msg: Any) -> None:
+            # The reference scheduler plays the provisioner (EVI-8): an accepted termination
+            # means the instance is gone, so its simulated node stops reporting.
+            try:
+                result = wire.decode(wire.TerminationResult, msg.data)
+            except wire.WireError:
+                return
+            node = self.nodes.get(result.node_id)
+            if result.accepted and node is not None and not node.silent:
+                node.silent = True
+                log.info("simulated instance terminated", node_id=result.node_id, message=result.message)
+
+        await nc.subscribe(terminations_subject(self.cluster), cb=on_terminated)
 
         async def node_main(node: SimNode, delay: float) -> None:
             await asyncio.sleep(delay)
@@ -340,4 +360,8 @@ def run_cli(args: Any) -> int:
         print(reply.message, file=sys.stdout if reply.ok else sys.stderr)
         return 0 if reply.ok else 1
 
+    if args.sim_command in ("submit", "jobs", "provider"):
+        from healthplane_collector.sim_work import run_work
+
+        return run_work(args)
     return asyncio.run(run_fleet() if args.sim_command == "run" else inject())

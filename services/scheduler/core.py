@@ -1,0 +1,137 @@
+"""The reference scheduler's state and rules, as pure functions (EVI-8, POL-5).
+
+The state is what the scheduler's own records say: a step's status, attempt and node come
+from the ``hp.alloc`` records it wrote, so folding those records rebuilds exactly the state
+the ticks that wrote them reached (REL-1).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from datetime import datetime
+from typing import Final, Literal
+
+import msgspec
+
+from healthplane import wire
+
+StepStatus = Literal["queued", "placed", "started", "finished", "failed"]
+
+ACTIVE: Final = frozenset({"placed", "started"})
+TERMINAL: Final = frozenset({"finished", "failed"})
+# How far along one attempt a record is: a record applies only when it moves its step forward
+# in (attempt, rank) order, so a record folded again after a snapshot changes nothing.
+RANK: Final[dict[str, int]] = {"queued": 0, "placed": 1, "started": 2, "finished": 3, "failed": 3,
+                               "requeued": 3}
+# A job is one record folded into memory per step: a bound keeps one bad submission from
+# exhausting the scheduler.
+MAX_STEPS: Final = 10_000
+
+
+class StepState(msgspec.Struct, kw_only=True):
+    status: StepStatus
+    since: datetime  # when it entered this status: queued (its place in the queue), placed, started…
+    attempt: int = 0  # requeues by directive so far: the allocation id's last part
+    node_id: str | None = None
+    avoid: list[str] = []  # nodes a directive took this step off: it is not placed there again
+
+
+class JobState(msgspec.Struct, kw_only=True):
+    job: wire.Job
+    steps: list[StepState]
+    open_steps: int  # steps not yet finished or failed
+    failed: bool = False
+
+
+class NodeState(msgspec.Struct, kw_only=True):
+    cluster: str
+    node_id: str
+    known: bool = False  # a node view arrived (the scorer's hp.node record)
+    status: wire.NodeStatus = "READY"
+    held: bool = False
+    score: int | None = None
+    definition: str | None = None
+    terminated: bool = False  # the simulated provider terminated the instance: never placed on again
+    reject_terminations: bool = False  # `sim provider reject NODE`
+    reject_message: str | None = None
+
+
+class SchedulerState(msgspec.Struct, kw_only=True):
+    jobs: dict[str, JobState] = {}  # job_key -> job with steps still to run
+    done: dict[str, str] = {}  # job_key -> "finished" | "failed": completed jobs, kept small
+    nodes: dict[str, NodeState] = {}  # node_key -> what placement needs to know
+    pending: list[wire.Directive] = []  # folded, not yet obeyed (the next tick obeys them)
+    answered: dict[str, bool] = {}  # terminate directive id -> accepted
+    drain_below: int = 45
+    drain_below_by_definition: dict[str, int] = {}
+    config_version: int = 0
+
+
+def node_key(cluster: str, node_id: str) -> str:
+    return f"{cluster}\x00{node_id}"
+
+
+def job_key(cluster: str, job_id: str) -> str:
+    return f"{cluster}\x00{job_id}"
+
+
+_ALLOCATION_ID: Final = re.compile(r"(.+)\.(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)")
+
+
+def allocation_id(job_id: str, step: int, attempt: int) -> str:
+    """Deterministic: the same step and attempt always get the same id, so a repeat after a
+    restart is the same record."""
+    return f"{job_id}.{step}.{attempt}"
+
+
+def parse_allocation_id(alloc_id: str) -> tuple[str, int, int] | None:
+    """``(job_id, step, attempt)``, or ``None`` for an id this scheduler did not make."""
+    found = _ALLOCATION_ID.fullmatch(alloc_id)
+    if found is None:
+        return None
+    return found[1], int(found[2]), int(found[3])
+
+
+def check_job(job: wire.Job) -> str | None:
+    """Why a submitted job cannot run, or ``None``."""
+    if not 1 <= job.steps <= MAX_STEPS:
+        return f"job {job.id}: steps must be between 1 and {MAX_STEPS} (got {job.steps})"
+    if not math.isfinite(job.duration_seconds) or job.duration_seconds < 0:
+        return f"job {job.id}: durationSeconds must be a finite number >= 0 (got {job.duration_seconds})"
+    if job.retry_attempts < 0:
+        return f"job {job.id}: retryAttempts must be >= 0 (got {job.retry_attempts})"
+    return None
+
+
+def advances(step: StepState, attempt: int, record_state: str) -> bool:
+    """Whether an allocation record of ``attempt`` moves ``step`` forward (else it is a record
+    the state already reflects)."""
+    if step.status in TERMINAL:
+        return False
+    return (attempt, RANK[record_state]) > (step.attempt, RANK[step.status])
+
+
+def drain_below_for(state: SchedulerState, definition: str | None) -> int:
+    """POL-5: the threshold is resolved per provisioner definition."""
+    if definition is not None and definition in state.drain_below_by_definition:
+        return state.drain_below_by_definition[definition]
+    return state.drain_below
+
+
+def gated(score: int | None, drain_below: int) -> bool:
+    """POL-5: no new placement below ``drainBelow``, in every policy mode; a node that has never
+    reported has no score and is not gated."""
+    return score is not None and score < drain_below
+
+
+def schedulable(state: SchedulerState, node: NodeState) -> bool:
+    """Whether new work may land on ``node``: known, READY with no holds, not gated, still there."""
+    return (node.known and not node.terminated and node.status == "READY" and not node.held
+            and not gated(node.score, drain_below_for(state, node.definition)))
+
+
+def default_rejection(node_id: str) -> str:
+    """What a cloud API says when it refuses to terminate an instance."""
+    return (f"TerminateInstances failed for {node_id}: OperationNotPermitted: the instance is "
+            "protected from termination (simulated provider)")

@@ -1,0 +1,95 @@
+"""``healthplane service scheduler``: the reference scheduler (EVI-8).
+
+Settings come from the environment, as everything a container is given:
+``HEALTHPLANE_SCHEDULER_SLOTS`` (allocations one node runs at once, default 1) and
+``HEALTHPLANE_SCHEDULER_TICK_SECONDS`` (how often it places, starts and finishes, default 1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+
+from prometheus_client import REGISTRY
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from healthplane.runtime.lifecycle import ServiceContext, run_service, until_stopped
+from healthplane.runtime.processor import Processor
+from healthplane_scheduler.core import SchedulerState, drain_below_for, gated
+from healthplane_scheduler.service import INPUTS, OUTPUTS, SERVICE, SchedulerCore
+
+SLOTS_ENV = "HEALTHPLANE_SCHEDULER_SLOTS"
+TICK_ENV = "HEALTHPLANE_SCHEDULER_TICK_SECONDS"
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    slots_per_node: int = 1
+    tick_seconds: float = 1.0
+
+
+def settings_from(environ: Mapping[str, str]) -> Settings:
+    """The scheduler's settings; a bad value is refused naming the variable."""
+    try:
+        slots = int(environ.get(SLOTS_ENV, "1"))
+    except ValueError:
+        raise ValueError(f"{SLOTS_ENV} must be a whole number (got {environ[SLOTS_ENV]!r})") from None
+    try:
+        tick = float(environ.get(TICK_ENV, "1"))
+    except ValueError:
+        raise ValueError(f"{TICK_ENV} must be a number of seconds (got {environ[TICK_ENV]!r})") from None
+    if slots < 1:
+        raise ValueError(f"{SLOTS_ENV} must be at least 1 (got {slots})")
+    if not 0.01 <= tick <= 60:
+        raise ValueError(f"{TICK_ENV} must lie between 0.01 and 60 (got {tick:g})")
+    return Settings(slots, tick)
+
+
+class SchedulerSeries(Collector):
+    """Steps by state and nodes gated by POL-5, computed from the state at scrape time."""
+
+    def __init__(self, state: Callable[[], SchedulerState]) -> None:
+        self._state = state
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        state = self._state()
+        counts = {"queued": 0, "placed": 0, "started": 0}
+        for job in list(state.jobs.values()):  # one copy: the event loop mutates the dict
+            for step in list(job.steps):
+                if step.status in counts:
+                    counts[step.status] += 1
+        steps = GaugeMetricFamily("healthplane_scheduler_steps", "Job steps by state (reference scheduler)",
+                                  labels=["state"])
+        for name, value in counts.items():
+            steps.add_metric([name], value)
+        yield steps
+        nodes = list(state.nodes.values())
+        gated_nodes = sum(1 for n in nodes if n.known and gated(n.score, drain_below_for(state, n.definition)))
+        yield GaugeMetricFamily("healthplane_scheduler_gated_nodes",
+                                "Nodes with a score below their drainBelow: no new placement (POL-5)",
+                                value=gated_nodes)
+
+
+def main(args: argparse.Namespace) -> int:
+    try:
+        settings = settings_from(os.environ)
+    except ValueError as exc:
+        print(f"healthplane service scheduler: {exc}", file=sys.stderr)
+        return 2
+
+    async def serve(ctx: ServiceContext) -> None:
+        core = SchedulerCore(settings.slots_per_node, ctx.log)
+        proc = Processor(nc=ctx.nc, js=ctx.js, service=SERVICE, core=core, state_type=SchedulerState,
+                         inputs=INPUTS, outputs=OUTPUTS, batch=512, log=ctx.log)
+        proc.tick_every_s = settings.tick_seconds
+        REGISTRY.register(SchedulerSeries(lambda: proc.state))
+        ctx.log.info("scheduler settings", slots_per_node=settings.slots_per_node,
+                     tick_seconds=settings.tick_seconds)
+        await proc.start()
+        await until_stopped(ctx, proc)
+
+    return run_service(SERVICE, serve, nats_url=args.nats_url, creds=args.creds, metrics_port=args.metrics_port)
