@@ -36,16 +36,20 @@ async def test_scorer_throughput(nc, js: JetStreamContext) -> None:  # type: ign
     rate = await processor_rate(proc, "HP_ASSESSMENTS", NODES)
     harness.record("scorer.assessments_per_s_100k_nodes", rate, "assessments/s", baseline=raw, target="ratio >= 0.5")
 
-    # node list over the 100,000 views the scorer just wrote: the command as a user runs it.
+    # node list over the 100,000 views the scorer just wrote: the command as a user runs it,
+    # start-up and imports included. Best of three: an absolute time on a shared machine.
     server_url = nc.connected_url.geturl()
-    started = time.perf_counter()
-    listing = await asyncio.to_thread(subprocess.run, [sys.executable, "-m", "healthplane.cli", "node", "list",
-                                                       "--cluster", "bench", "--nats-url", server_url],
-                                      capture_output=True, text=True, timeout=120)
-    elapsed = time.perf_counter() - started
-    assert listing.returncode == 0, listing.stderr
-    assert len(listing.stdout.splitlines()) == NODES + 1
-    harness.record("cli.node_list_100k_nodes", elapsed, "s", target="value <= 2")
+    times = []
+    for _ in range(3):
+        started = time.perf_counter()
+        listing = await asyncio.to_thread(subprocess.run, [sys.executable, "-m", "healthplane.cli", "node", "list",
+                                                           "--cluster", "bench", "--nats-url", server_url],
+                                          capture_output=True, text=True, timeout=120)
+        times.append(time.perf_counter() - started)
+        assert listing.returncode == 0, listing.stderr
+        lines = listing.stdout.splitlines()
+        assert len(lines) == NODES + 1 and lines[1].startswith("cn-000000 ") and lines[-1].startswith("cn-099999 ")
+    harness.record("cli.node_list_100k_nodes", min(times), "s", target="value <= 2")
 
 
 async def test_node_events_latest_on_a_long_history(nats_server: NatsServer, nc, js: JetStreamContext) -> None:  # type: ignore[no-untyped-def]

@@ -7,6 +7,7 @@ import subprocess
 import sys
 from datetime import UTC, datetime, timedelta
 
+import msgspec
 import pytest
 from nats.js import JetStreamContext
 
@@ -72,6 +73,25 @@ async def test_list_text_and_json(nats_server: NatsServer, fleet: None) -> None:
     assert [(r["nodeId"], r["score"], r["health"]) for r in rows] == [
         ("node-01", 100, "HEALTHY"), ("node-02", 55, "DEGRADED"), ("node-03", None, "UNKNOWN")]
     assert {"nodeId", "cluster", "hostname", "status", "health", "score", "jobs"} <= set(rows[0])
+
+
+async def test_list_orders_by_cluster_then_node_whatever_order_views_were_written(
+        nats_server: NatsServer, js: JetStreamContext) -> None:
+    """EVT-1 listing: the stream holds views in the order they last changed; the table and the
+    JSON array are by cluster, then node id, and ``--cluster`` keeps one cluster."""
+    written = [("b", "n-2"), ("a", "n-9"), ("b", "n-10"), ("a", "n-1"), ("ab", "n-0"), ("a", "n-1")]
+    for cluster, node_id in written:  # a-n-1 written twice: the latest only
+        v = msgspec.structs.replace(view(node_id, score=100, hostname=f"h-{node_id}"), cluster=cluster)
+        await js.publish(subjects.node_view(cluster, node_id), wire.encode(v))
+    listed = [line.split()[:2] for line in cli(nats_server, "list").stdout.splitlines()[1:]]
+    assert listed == [["n-1", "a"], ["n-9", "a"], ["n-0", "ab"], ["n-10", "b"], ["n-2", "b"]]
+    rows = json.loads(cli(nats_server, "list", "-o", "json").stdout)
+    assert [(r["cluster"], r["nodeId"]) for r in rows] == [(c, n) for n, c in listed]
+    only_b = cli(nats_server, "list", "--cluster", "b").stdout.splitlines()
+    assert [line.split()[0] for line in only_b[1:]] == ["n-10", "n-2"]
+    empty = cli(nats_server, "list", "--cluster", "nowhere")
+    assert empty.returncode == 0 and empty.stdout == "ID   CLUSTER   HOSTNAME   STATUS   HEALTH   SCORE   JOBS\n"
+    assert json.loads(cli(nats_server, "list", "--cluster", "nowhere", "-o", "json").stdout) == []
 
 
 async def test_show_reads_like_the_reference(nats_server: NatsServer, fleet: None) -> None:

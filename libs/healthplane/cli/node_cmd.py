@@ -23,7 +23,7 @@ from nats.js import JetStreamContext
 
 from healthplane import subjects, wire
 from healthplane.cli.common import EXIT_USAGE, CommandFailed, fail, nats_client
-from healthplane.runtime.replay import read_all, start_of_last
+from healthplane.runtime.replay import read_all, read_payloads, start_of_last
 
 DEFAULT_PAGE_SIZE = 50
 
@@ -112,27 +112,59 @@ _decode_row = msgspec.json.Decoder(ListRow).decode
 
 
 async def _list(nc: NATS, js: JetStreamContext, args: argparse.Namespace) -> int:
-    messages = await read_all(nc, js, "HP_NODES", subjects.node_views(args.cluster), last_per_subject=True)
-    rows = sorted(((_decode_row(m.data), m.data) for m in messages), key=lambda r: (r[0].cluster, r[0].node_id))
+    # Payloads only, no per-message Msg: at 100,000 nodes the read is most of the command.
+    payloads = await read_payloads(nc, js, "HP_NODES", subjects.node_views(args.cluster), last_per_subject=True)
+    rows = list(map(_decode_row, payloads))
+    order = list_order(rows)
     if args.output == "json":
         # The stored views are already the JSON shape: no decode, no re-encode.
-        sys.stdout.write("[" + ",".join(data.decode() for _, data in rows) + "]\n")
+        sys.stdout.flush()
+        sys.stdout.buffer.write(b"[" + b",".join([payloads[i] for i in order]) + b"]\n")
     else:
-        sys.stdout.write(list_text([row for row, _ in rows]) + "\n")
+        sys.stdout.write(list_text(rows, order) + "\n")
+    sys.stdout.flush()
     return 0
+
+
+def list_order(rows: list[ListRow]) -> list[int]:
+    """Positions of ``rows`` by cluster, then node id.
+
+    The server sends the views in the order they were last written, which for a live fleet
+    is no order at all; one string per row ("cluster NUL node", NUL sorting below every
+    character a name can hold) sorts three to four times faster than (cluster, node) tuples."""
+    keys = [f"{row.cluster}\0{row.node_id}" for row in rows]
+    return sorted(range(len(keys)), key=keys.__getitem__)
 
 
 def _status(status: str) -> str:
     return status.replace("_", " ").capitalize()
 
 
-def list_text(views: list[ListRow]) -> str:
-    rows = [("ID", "CLUSTER", "HOSTNAME", "STATUS", "HEALTH", "SCORE", "JOBS")]
-    rows += [(v.node_id, v.cluster, v.hostname or "-", _status(v.status), v.health.capitalize(),
-              "-" if v.score is None else str(v.score), str(v.jobs)) for v in views]
-    widths = [max(map(len, column)) for column in zip(*rows, strict=True)]
-    template = "   ".join(f"{{:<{w}}}" for w in widths)
-    return "\n".join(template.format(*r).rstrip() for r in rows)
+def list_text(views: list[ListRow], order: list[int] | None = None) -> str:
+    """The reference's table: columns padded to their widest cell, three spaces apart; rows
+    in ``order`` (positions in ``views``), else as given.
+
+    100,000 rows make this a large part of what ``node list`` costs, so: each distinct status
+    and health label is worked out once, and the lines are built in the order the views were
+    decoded (next to each other in memory) and only then put in order."""
+    status_labels: dict[str, str] = {}
+    health_labels: dict[str, str] = {}
+    columns = [
+        [v.node_id for v in views],
+        [v.cluster for v in views],
+        [v.hostname or "-" for v in views],
+        [status_labels.get(v.status) or status_labels.setdefault(v.status, _status(v.status)) for v in views],
+        [health_labels.get(v.health) or health_labels.setdefault(v.health, v.health.capitalize()) for v in views],
+        ["-" if v.score is None else str(v.score) for v in views],
+        [str(v.jobs) for v in views],
+    ]
+    header = ("ID", "CLUSTER", "HOSTNAME", "STATUS", "HEALTH", "SCORE", "JOBS")
+    widths = [max(len(title), max(map(len, column), default=0))
+              for title, column in zip(header[:-1], columns, strict=False)]
+    # The last column unpadded: no trailing spaces to strip (JOBS is a number, never blank).
+    template = "".join(f"%-{width}s   " for width in widths) + "%s"
+    lines = [template % row for row in zip(*columns, strict=True)]
+    return "\n".join([template % header, *(lines if order is None else [lines[i] for i in order])])
 
 
 # ---------------------------------------------------------------------------- show

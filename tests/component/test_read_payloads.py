@@ -1,0 +1,151 @@
+"""``read_payloads``: the bulk read behind ``node list`` (issue 5's 100,000-node listing).
+
+It cuts payloads straight out of the connection's buffer instead of letting nats-py build a
+``Msg`` per record, so these tests hold it to what ``read_all`` returns, on a real server,
+with other traffic on the same connection, and to nats-py's own parser for every byte split.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from nats.aio.client import Client as NATS
+from nats.js import JetStreamContext
+from nats.protocol.parser import Parser
+
+from healthplane.natsserver import NatsServer
+from healthplane.runtime import replay
+from healthplane.runtime.connect import connect
+from healthplane.runtime.replay import read_all, read_payloads
+
+pytestmark = pytest.mark.nats
+
+
+@pytest.mark.parametrize("tapped", [True, False], ids=["tapped", "ordinary-path"])
+async def test_payloads_equal_read_all_with_other_traffic_on_the_connection(
+        nats_server: NatsServer, nc: NATS, js: JetStreamContext, monkeypatch: pytest.MonkeyPatch, tapped: bool) -> None:
+    """Every node's latest view, headers or not, across hundreds of socket reads, while another
+    subscription on the same connection gets all of its own messages."""
+    for i in range(3000):
+        payload = b'{"nodeId":"n%05d","pad":"%s"}' % (i, b"x" * (i % 700))
+        headers = {"Nats-Msg-Id": f"view-{i}"} if i % 3 == 0 else None  # HMSG deliveries too
+        await js.publish(f"hp.node.c{i % 2}.n{i:05d}", payload, headers=headers)
+    await js.publish("hp.node.c0.n00000", b'{"nodeId":"n00000","latest":true}')  # last per subject wins
+
+    installed: list[object] = []
+    install = replay._PayloadTap.install
+
+    def spy(*args: Any) -> replay._PayloadTap | None:
+        tap = install(*args) if tapped else None
+        installed.append(tap)
+        return tap
+
+    monkeypatch.setattr(replay._PayloadTap, "install", spy)
+    chatter: list[bytes] = []
+
+    async def heard(msg: Any) -> None:
+        chatter.append(msg.data)
+
+    await nc.subscribe("chatter", cb=heard)
+    other = await connect(nats_server.url, name="chatter", give_up_after=5)
+    try:
+        async def talk() -> None:
+            for i in range(2000):
+                await other.publish("chatter", b"%d" % i)
+                if i % 100 == 0:
+                    await asyncio.sleep(0)
+            await other.flush()
+
+        talking = asyncio.create_task(talk())
+        payloads = await read_payloads(nc, js, "HP_NODES", "hp.node.>", last_per_subject=True)
+        await talking
+    finally:
+        await other.close()
+
+    expected = [m.data for m in await read_all(nc, js, "HP_NODES", "hp.node.>", last_per_subject=True)]
+    assert payloads == expected and len(payloads) == 3000
+    assert b'{"nodeId":"n00000","latest":true}' in payloads
+    assert (installed[0] is not None) is tapped
+    await nc.flush()
+    assert chatter == [b"%d" % i for i in range(2000)]  # passed through whole and in order
+    assert nc._ps.__class__ is Parser  # the connection has its own parser back
+    assert await read_payloads(nc, js, "HP_NODES", "hp.node.nowhere.>") == []
+
+
+class _Connection:
+    """What nats-py's parser calls on its connection, recorded."""
+
+    def __init__(self) -> None:
+        self._ps = Parser(self)
+        self.calls: list[tuple[Any, ...]] = []
+
+    async def _process_msg(self, sid: int, subject: bytes, reply: bytes, payload: bytes, header: bytes | None) -> None:
+        self.calls.append(("msg", sid, subject, reply, payload, header))
+
+    async def _process_ping(self) -> None:
+        self.calls.append(("ping",))
+
+    async def _process_pong(self) -> None:
+        self.calls.append(("pong",))
+
+    async def _process_info(self, info: dict[str, Any]) -> None:
+        self.calls.append(("info", info))
+
+    async def _process_err(self, message: str) -> None:
+        self.calls.append(("err", message))
+
+
+_HEADER = b"NATS/1.0\r\nNats-Msg-Id: a\r\n\r\n"
+_STATUS = b"NATS/1.0 408 Request Timeout\r\n\r\n"
+_WIRE = b"".join([
+    b"MSG hp.node.c.n1 7 $JS.ACK.HP_NODES.x.1.1.1.1.2 7\r\nfirst-1\r\n",
+    b"HMSG hp.node.c.n2 7 $JS.ACK.HP_NODES.x.1.2.2.1.1 %d %d\r\n%sheaded\r\n" % (
+        len(_HEADER), len(_HEADER) + 6, _HEADER),
+    b"PING\r\n",
+    b"MSG other 9 12\r\nnot\r\nours!!!\r\n",
+    b"HMSG _INBOX.x 7 %d %d\r\n%s\r\n" % (len(_STATUS), len(_STATUS), _STATUS),  # no reply: a status
+    b"MSG hp.node.c.n3 7 $JS.ACK.HP_NODES.x.1.3.3.1.0 10\r\nwith\r\ncrlf\r\n",  # binary-safe
+    b'INFO {"server_id":"s"}\r\n',
+])
+
+
+async def test_the_tap_cuts_every_split_of_the_wire_like_nats_py_would() -> None:
+    """Ours become payloads; everything else reaches nats-py's parser whole and in order,
+    wherever the socket reads happen to split the bytes."""
+    plain = _Connection()  # nats-py alone on the same bytes: the reference
+    await plain._ps.parse(_WIRE)
+    assert [c[4] for c in plain.calls if c[0] == "msg" and c[1] == 7 and c[3]] == [b"first-1", b"headed",
+                                                                                  b"with\r\ncrlf"]
+    for split in range(len(_WIRE) + 1):
+        connection = _Connection()
+        out: list[bytes] = []
+        tap = replay._PayloadTap.install(connection, 7, out, lambda: None)  # type: ignore[arg-type]
+        assert tap is not None and connection._ps is tap
+        await tap.parse(_WIRE[:split])
+        await tap.parse(_WIRE[split:])
+        assert out == [b"first-1", b"headed", b"with\r\ncrlf"], split
+        assert connection.calls == [("ping",), ("msg", 9, b"other", b"", b"not\r\nours!!!", None),
+                                    ("info", {"server_id": "s"})], split
+        tap.remove()
+        assert connection._ps is tap._inner and not tap.buf
+
+
+async def test_the_tap_hands_a_half_read_operation_back_when_removed() -> None:
+    connection = _Connection()
+    out: list[bytes] = []
+    tap = replay._PayloadTap.install(connection, 7, out, lambda: None)  # type: ignore[arg-type]
+    assert tap is not None
+    cut = len(_WIRE) - 10  # inside the INFO line
+    await tap.parse(_WIRE[:cut])
+    tap.remove()
+    await connection._ps.parse(_WIRE[cut:])
+    assert connection.calls[-1] == ("info", {"server_id": "s"})
+
+
+async def test_the_tap_stays_out_of_a_parser_mid_operation() -> None:
+    connection = _Connection()
+    await connection._ps.parse(b"MSG other 9 12\r\nnot")  # the parser holds half a message
+    assert replay._PayloadTap.install(connection, 7, [], lambda: None) is None  # type: ignore[arg-type]
+    assert connection._ps.__class__ is Parser
