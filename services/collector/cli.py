@@ -35,6 +35,8 @@ def add_sim_arguments(parser: argparse.ArgumentParser) -> None:
     run_parser.add_argument("--cluster", default="default")
     run_parser.add_argument("--interval", type=int, default=30, help="report interval in seconds")
     run_parser.add_argument("--gpus", type=int, default=8, help="GPUs per node")
+    run_parser.add_argument("--provisioned", type=int, default=0,
+                            help="how many nodes (the last ones) the control plane provisioned (default 0)")
     run_parser.add_argument("--metrics-port", type=int, default=0)
     inject = actions.add_parser("inject", help="inject a fault into a simulated node")
     inject.add_argument("node")

@@ -244,10 +244,13 @@ def terminations_subject(cluster: str) -> str:
 
 class Fleet:
     def __init__(self, count: int, cluster: str = "default", interval_s: int = 30, prefix: str = "sim-",
-                 gpus: int = 8) -> None:
+                 gpus: int = 8, provisioned: int = 0) -> None:
         self.cluster = cluster
         self.nodes = {f"{prefix}{i:03d}": SimNode(f"{prefix}{i:03d}", gpus) for i in range(count)}
         self.interval_s = interval_s
+        # The last ``provisioned`` nodes stand for instances the control plane created (a
+        # cloud pool), the rest for hardware the site owns: deprovision and replace need both.
+        self.provisioned = set(list(self.nodes)[count - provisioned:]) if provisioned > 0 else set()
 
     def inject(self, request: InjectRequest) -> InjectReply:
         node = self.nodes.get(request.node_id)
@@ -293,7 +296,7 @@ class Fleet:
         async def node_main(node: SimNode, delay: float) -> None:
             await asyncio.sleep(delay)
             settings = Settings(node_id=node.node_id, cluster=self.cluster, interval_s=self.interval_s,
-                                definition="gpu-pool")
+                                definition="gpu-pool", provisioned=node.node_id in self.provisioned)
             collector = Collector(settings, node, node.kmsg)
 
             async def publish(subject: str, payload: bytes) -> None:
@@ -337,7 +340,7 @@ def run_cli(args: Any) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stopping.set)
         nc = await connect(args.nats_url, name="healthplane-sim", creds=args.creds, log=log)
-        fleet = Fleet(args.nodes, args.cluster, args.interval, gpus=args.gpus)
+        fleet = Fleet(args.nodes, args.cluster, args.interval, gpus=args.gpus, provisioned=args.provisioned)
         log.info("simulated fleet running", nodes=args.nodes, cluster=args.cluster, interval_s=args.interval)
         try:
             await fleet.run(nc, stopping, log)

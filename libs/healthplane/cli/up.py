@@ -78,7 +78,8 @@ def run(args: argparse.Namespace) -> int:
         for name in registry.CONTROL_PLANE:
             children.append(_start_service(name, nats_url, log_dir))
         if not args.no_sim:
-            children.append(_start_child("sim", ["sim", "run", "--nodes", str(args.nodes)], nats_url, log_dir))
+            fleet = ["sim", "run", "--nodes", str(args.nodes), "--provisioned", str(args.nodes // 2)]
+            children.append(_start_child("sim", fleet, nats_url, log_dir))
         _check_alive(children, log_dir)
 
         stack = {
@@ -182,6 +183,7 @@ def _print_table(nats_url: str, server: NatsServer | None, children: list[Child]
     for name, pid, endpoint in rows:
         print(f"{name:<{width}}  {pid:>7}  {endpoint}")
     if simulated:
-        print(f"simulated fleet: {simulated} nodes (inject faults with `healthplane sim inject sim-000 --fault xid:79 --gpu 0`)")
+        print(f"simulated fleet: {simulated} nodes, the last {simulated // 2} provisioned by the control plane "
+              f"(inject faults with `healthplane sim inject sim-000 --fault xid:79 --gpu 0`)")
     print(f"stack: {data_dir / 'stack.json'}   logs: {data_dir / 'logs'}   Ctrl-C stops everything")
     sys.stdout.flush()
