@@ -35,7 +35,7 @@ from healthplane.cli.common import (
 )
 from healthplane.cli.node_cmd import find_node
 from healthplane.runtime.publish import Publisher
-from healthplane.runtime.replay import read_all
+from healthplane.runtime.replay import read_payloads
 
 ACTIONS = ("cordon", "uncordon", "drain", "evict", "deprovision", "hold", "service")
 DEFAULT_TIMEOUT_S = 10.0
@@ -194,8 +194,8 @@ async def send(nc: NATS, commands: list[wire.Command], wait_s: float) -> dict[st
 
 
 async def _views(nc: NATS, js: JetStreamContext, cluster: str | None) -> list[wire.NodeView]:
-    messages = await read_all(nc, js, "HP_NODES", subjects.node_views(cluster), last_per_subject=True)
-    return sorted((wire.decode(wire.NodeView, m.data) for m in messages), key=lambda v: (v.cluster, v.node_id))
+    payloads = await read_payloads(nc, js, "HP_NODES", subjects.node_views(cluster), last_per_subject=True)
+    return sorted((wire.decode(wire.NodeView, p) for p in payloads), key=lambda v: (v.cluster, v.node_id))
 
 
 async def _target(nc: NATS, js: JetStreamContext, node_id: str, cluster: str | None) -> tuple[str, str]:
