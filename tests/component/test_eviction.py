@@ -149,9 +149,11 @@ async def test_evi4_deprovision_static_unknown_and_all(nats_server: NatsServer, 
     everything = node_cli(nats_server, "deprovision", "--all", "--evict", "--reason", "scaling down",
                           stdin="y\n")
     lines = everything.stdout.splitlines()
-    assert lines[0].endswith("[y/N] deprovision hold created for cloud-1: " + lines[0].rsplit(": ", 1)[1])
-    assert lines[1].startswith("evict hold created for cloud-1: ")
-    assert lines[2] == "skipped static-1: statically provisioned; Healthplane did not create this instance"
+    assert lines[0] == ("Take running work off and tear down every node Healthplane provisioned in the cluster? "
+                        "[y/N] ")
+    assert lines[1].startswith("deprovision hold created for cloud-1: ")
+    assert lines[2].startswith("evict hold created for cloud-1: ")
+    assert lines[3] == "skipped static-1: statically provisioned; Healthplane did not create this instance"
     assert everything.returncode == 0, everything.stderr
     sent = await directives(nats_server, js)
     assert [(d.node_id, d.action) for d in sent] == [("cloud-1", "requeue")]

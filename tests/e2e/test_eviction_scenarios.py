@@ -170,7 +170,7 @@ def test_evi3_evict_with_declared_undeclared_and_exhausted_steps(stack: Stack) -
         assert (await stack.running())[budget_job].node_fault_restarts == 1
         everything = stack.cli("node", "evict", "--all", "--reason", "rack power work", stdin="yes\n")
         assert everything.returncode == 0, everything.stderr
-        assert everything.stdout.startswith("Take running work off every node in the cluster? [y/N] ")
+        assert everything.stdout.startswith("Take running work off every node in the cluster? [y/N] \n")
 
         async def settled() -> bool:
             jobs = {a.job_id: a for a in (await stack.allocations()).values()

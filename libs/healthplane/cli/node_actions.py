@@ -132,6 +132,8 @@ def confirm(question: str) -> bool:
     """Ask on stdout, read stdin even without a terminal; EOF or anything but yes is No."""
     print(f"{question} [y/N] ", end="", flush=True)
     answer = sys.stdin.readline()
+    if not sys.stdin.isatty():
+        print()  # a piped answer is not echoed: end the question's line ourselves
     return answer.strip().lower() in ("y", "yes")
 
 
