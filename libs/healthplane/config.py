@@ -153,6 +153,30 @@ class RuleSet(_Camel):
         return self
 
 
+class Detector(_Camel):
+    """POL-8: a named CEL expression over the node object; while it holds, the node carries
+    ``condition`` with the detector's name as its reason (reference 003)."""
+
+    name: str = Field(min_length=1, pattern=r"^[A-Za-z][A-Za-z0-9_.-]*$")
+    expression: str = Field(min_length=1)
+    condition: wire.ConditionType
+    severity: wire.Severity = "warning"
+    message: str | None = None
+
+    @model_validator(mode="after")
+    def _expression_compiles(self) -> Detector:
+        from healthplane.expressions import ExpressionError, compile_expression
+
+        if self.condition in ("heartbeat_missed", "telemetry_stale", "collector_failed"):
+            raise ValueError(f"detector {self.name!r}: {self.condition} is the control plane's own "
+                             "condition, not a detector's")
+        try:
+            compile_expression(self.expression, ["node"])
+        except ExpressionError as exc:
+            raise ValueError(f"detector {self.name!r} {self.expression.strip()!r}: {exc}") from None
+        return self
+
+
 class NodeHealth(_Camel):
     heartbeat_miss_threshold: Annotated[int, Field(ge=1)] = 3
     mode: wire.PolicyMode = "observe"
@@ -169,7 +193,7 @@ class NodeHealth(_Camel):
     penalties: dict[str, Annotated[int, Field(ge=0, le=100)]] = {}
     circuit_breaker: CircuitBreaker = CircuitBreaker()
     rule_sets: list[RuleSet] = []
-    detectors: list[dict[str, Any]] = []
+    detectors: list[Detector] = []
     quiet_reports_to_clear: Annotated[int, Field(ge=1)] = 1
     ignore_read_only_mounts: list[str] = []
 
@@ -189,6 +213,15 @@ class NodeHealth(_Camel):
         repeated = sorted({n for n in names if names.count(n) > 1})
         if repeated:
             raise ValueError(f"rule set name {repeated[0]!r} is used more than once; names must be unique")
+        return value
+
+    @field_validator("detectors")
+    @classmethod
+    def _unique_detectors(cls, value: list[Detector]) -> list[Detector]:
+        names = [d.name for d in value]
+        repeated = sorted({n for n in names if names.count(n) > 1})
+        if repeated:
+            raise ValueError(f"detector name {repeated[0]!r} is used more than once; names must be unique")
         return value
 
     @field_validator("evict_on_fault_classes")

@@ -23,13 +23,14 @@ its message names every finding behind that reason. Three kinds of finding:
 from __future__ import annotations
 
 import fnmatch
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime, timedelta
 from typing import Final
 
 import msgspec
 
 from healthplane import wire
+from healthplane_health_ingest.detectors import Detection, DetectorSpec, NodeFacts
 
 HARDWARE_XIDS: Final = frozenset({48, 63, 64, 74, 79, 92, 94, 95})
 HEARTBEAT_FLOOR_S: Final = 15.0
@@ -43,6 +44,7 @@ class IngestConfig(msgspec.Struct, frozen=True):
     heartbeat_miss_threshold: int = 3
     quiet_reports_to_clear: int = 1
     ignore_read_only_mounts: tuple[str, ...] = ()
+    detectors: tuple[DetectorSpec, ...] = ()
 
 
 class Finding(msgspec.Struct, frozen=True):
@@ -82,6 +84,11 @@ class IngestState(msgspec.Struct):
     nodes: dict[str, NodeState] = {}
     config: IngestConfig = IngestConfig()
     config_version: int = 0
+    # Decommissioned nodes -> when: a report sent before that (in flight when the instance
+    # went) is ignored, so a gone node never comes back to miss its heartbeat.
+    gone: dict[str, datetime] = {}
+    # What detectors read from each node's latest resource report (POL-8).
+    facts: dict[str, NodeFacts] = {}
 
 
 def node_key(cluster: str, node_id: str) -> str:
@@ -356,8 +363,13 @@ class Change(msgspec.Struct, frozen=True):
     condition: wire.ConditionChange | None = None
 
 
+# Custom detectors (POL-8): given the report and the conditions the built-in rules found on
+# it, what else the node carries. Pure, so a replay reaches the same conditions.
+Detect = Callable[[wire.HealthReport, Mapping[str, wire.Condition]], list[Detection]]
+
+
 def assess(state: IngestState, report: wire.HealthReport, now: datetime, seq: int,
-           ) -> tuple[NodeState, list[Change]]:
+           detect: Detect | None = None) -> tuple[NodeState, list[Change]]:
     """Fold one report: conditions, heartbeat resumption, and the events to append."""
     key = node_key(report.cluster, report.node_id)
     node = state.nodes.get(key)
@@ -369,7 +381,11 @@ def assess(state: IngestState, report: wire.HealthReport, now: datetime, seq: in
         node.missed = False
         changes.append(Change("HEARTBEAT_RESUMED", f"Node {report.node_id} reporting again"))
     found = findings(node, report, state.config)
-    after = conditions_from(found, {k: v for k, v in before.items() if k != "heartbeat_missed"}, now)
+    previous = {k: v for k, v in before.items() if k != "heartbeat_missed"}
+    if detect is not None:
+        found += [Finding(d.condition, d.reason, d.severity, d.message)
+                  for d in detect(report, conditions_from(found, previous, now))]
+    after = conditions_from(found, previous, now)
     node.conditions = after
     node.last_report_at, node.last_report_seq = now, seq
     node.interval_s = report.interval_seconds

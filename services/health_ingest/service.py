@@ -9,14 +9,18 @@ report (and per state change that is not a report: service, missed heartbeat).
 from __future__ import annotations
 
 import heapq
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
+from prometheus_client import Counter
+
 from healthplane import configstore, subjects, wire
 from healthplane.runtime.processor import Emit, Inbound, Input, Reject
+from healthplane_health_ingest import detectors
 from healthplane_health_ingest.core import (
     Change,
+    Detect,
     IngestConfig,
     IngestState,
     NodeState,
@@ -31,15 +35,20 @@ from healthplane_health_ingest.core import (
 SERVICE = "health-ingest"
 INPUTS = (
     Input("HP_REPORTS"),
-    Input("HP_NODE_EVENTS", ("hp.event.*.*.NODE_SERVICED", "hp.event.*.*.HEARTBEAT_MISSED")),
+    Input("HP_NODE_EVENTS", tuple(f"hp.event.*.*.{t}" for t in (
+        "NODE_SERVICED", "HEARTBEAT_MISSED", "NODE_DEPROVISIONED", "NODE_REPLACED"))),
+    Input("HP_RESOURCES"),
     Input("HP_CONFIG"),
 )
 OUTPUTS = ("HP_NODE_EVENTS", "HP_ASSESSMENTS")
+DETECTOR_FAILURES = Counter("healthplane_detector_failures_total",
+                            "Detector plug-in calls that raised (the report went on without them)", ["detector"])
 
 
 class IngestCore:
-    def __init__(self, log: Any = None) -> None:
+    def __init__(self, log: Any = None, plugins: Sequence[tuple[str, detectors.Plugin]] | None = None) -> None:
         self.log = log
+        self.plugins = list(plugins) if plugins is not None else detectors.load_plugins(self._plugin_failed)
         # Heartbeat deadlines in a heap: one sweep pops only what is due (ING-4). Derived
         # from the state; rebuilt whenever the state object is not the one it indexes.
         self._deadlines: list[tuple[datetime, str, int]] = []
@@ -53,7 +62,13 @@ class IngestCore:
     def step(self, state: IngestState, inbound: Inbound) -> tuple[IngestState, Sequence[Emit]]:
         if inbound.stream == "HP_REPORTS":
             report = wire.decode(wire.HealthReport, inbound.data)
-            node, changes = assess(state, report, inbound.at, inbound.seq)
+            gone_at = state.gone.get(node_key(report.cluster, report.node_id))
+            if gone_at is not None:
+                if report.sent_at <= gone_at:
+                    return state, []
+                state.gone = {k: v for k, v in state.gone.items() if k != node_key(report.cluster, report.node_id)}
+            detect = self._detect(state) if state.config.detectors or self.plugins else None
+            node, changes = assess(state, report, inbound.at, inbound.seq, detect)
             self._schedule(state, node)
             return state, self._records(node, changes, inbound, assessment=True)
         if inbound.stream == "HP_NODE_EVENTS":
@@ -63,21 +78,47 @@ class IngestCore:
                 if found is None or not changes:
                     return state, []
                 return state, self._records(found, changes, inbound, assessment=True)
+            if event.type in ("NODE_DEPROVISIONED", "NODE_REPLACED"):
+                key = node_key(event.cluster, event.node_id)
+                state.nodes.pop(key, None)  # its deadline in the heap goes stale and is skipped
+                state.gone = {**state.gone, key: event.occurred_at}
+                return state, []
             if event.type == "HEARTBEAT_MISSED":
                 silent = state.nodes.get(node_key(event.cluster, event.node_id))
                 if silent is not None and not silent.missed:
                     missed(silent, event.occurred_at)  # replay: the tick decided this before
             return state, []
+        if inbound.stream == "HP_RESOURCES":
+            resources = wire.decode(wire.ResourceReport, inbound.data)
+            state.facts[node_key(resources.cluster, resources.node_id)] = detectors.NodeFacts.of(resources)
+            return state, []
         if inbound.stream == "HP_CONFIG":
             envelope = wire.decode(wire.ConfigEnvelope, inbound.data)
             config = configstore.decode_config(envelope)
             health_config = config.node_health
-            state.config = IngestConfig(health_config.heartbeat_miss_threshold, health_config.quiet_reports_to_clear,
-                                        tuple(health_config.ignore_read_only_mounts))
+            state.config = IngestConfig(
+                health_config.heartbeat_miss_threshold, health_config.quiet_reports_to_clear,
+                tuple(health_config.ignore_read_only_mounts),
+                tuple(detectors.DetectorSpec(d.name, d.expression, d.condition, d.severity, d.message)
+                      for d in health_config.detectors))
             state.config_version = envelope.version
             self._indexed = None  # the threshold moves every deadline
             return state, []
         raise Reject(f"unexpected input stream {inbound.stream}")
+
+    # ------------------------------------------------------------------ detectors (POL-8)
+
+    def _detect(self, state: IngestState) -> Detect:
+        def detect(report: wire.HealthReport, found: Mapping[str, wire.Condition]) -> list[detectors.Detection]:
+            node = detectors.node_object(report, state.facts.get(node_key(report.cluster, report.node_id)), found)
+            return detectors.evaluate(state.config.detectors, self.plugins, node, self._plugin_failed)
+
+        return detect
+
+    def _plugin_failed(self, name: str, exc: Exception) -> None:
+        DETECTOR_FAILURES.labels(name).inc()
+        if self.log is not None:
+            self.log.warning("detector plug-in failed", detector=name, error=f"{type(exc).__name__}: {exc}")
 
     # ------------------------------------------------------------------ time
 

@@ -44,6 +44,9 @@ DEFAULT_PENALTIES: Final[Mapping[str, int]] = {
     "TelemetryStale": 0,
 }
 TALLY_REASON: Final = "attributed job failures"
+# A reason the table does not name — a custom detector's (POL-8), whose reason is its name —
+# costs what the built-in reasons of its severity mostly cost, until the penalties table names it.
+SEVERITY_FALLBACK: Final[Mapping[str, int]] = {"info": 0, "warning": 10, "critical": 45}
 
 
 class PenaltyTable(msgspec.Struct, frozen=True):
@@ -60,7 +63,7 @@ class PenaltyTable(msgspec.Struct, frozen=True):
         qualified = self.points.get(f"{condition.reason}:{condition.severity}")
         if qualified is not None:
             return qualified
-        return self.points.get(condition.reason, 0)
+        return self.points.get(condition.reason, SEVERITY_FALLBACK[condition.severity])
 
 
 class Tally(msgspec.Struct):

@@ -55,6 +55,9 @@ class NodeScore(msgspec.Struct):
 
 class ScorerState(msgspec.Struct):
     nodes: dict[str, NodeScore] = {}
+    # Decommissioned (NODE_DEPROVISIONED / NODE_REPLACED) -> when: late records about the
+    # instance are ignored; only a resource report sent afterwards brings the id back.
+    gone: dict[str, datetime] = {}
     config: ScorerConfig = ScorerConfig()
 
 
@@ -71,6 +74,8 @@ class ScorerCore:
     def step(self, state: ScorerState, inbound: Inbound) -> tuple[ScorerState, Sequence[Emit]]:
         if inbound.stream == "HP_ASSESSMENTS":
             assessment = wire.decode(wire.Assessment, inbound.data)
+            if f"{assessment.cluster}\x00{assessment.node_id}" in state.gone:
+                return state, []
             node = self._node(state, assessment.cluster, assessment.node_id)
             node.conditions, node.assessed = assessment.conditions, True
             node.definition = assessment.definition or node.definition
@@ -78,9 +83,14 @@ class ScorerCore:
             return state, self._rescore(state, node, inbound) + self._view(state, node, inbound)
         if inbound.stream == "HP_NODE_EVENTS":
             event = wire.decode(wire.NodeEvent, inbound.data)
+            key = f"{event.cluster}\x00{event.node_id}"
             if event.type in ("NODE_DEPROVISIONED", "NODE_REPLACED"):
-                # Decommissioned: the node leaves the state, and with it every node series.
-                state.nodes.pop(f"{event.cluster}\x00{event.node_id}", None)
+                # Decommissioned: the node leaves the state, with it every node series, and its
+                # view leaves HP_NODES ("its record is purged along with the instance").
+                state.nodes.pop(key, None)
+                state.gone = {**state.gone, key: event.occurred_at}
+                return state, [Emit(subjects.node_view(event.cluster, event.node_id), b"", purge_stream="HP_NODES")]
+            if key in state.gone:
                 return state, []
             node = self._node(state, event.cluster, event.node_id)
             if event.type in ("HOLD_CREATED", "HOLD_RELEASED", "NODE_REGISTERED"):
@@ -101,12 +111,19 @@ class ScorerCore:
             return state, emits + self._view(state, node, inbound)
         if inbound.stream == "HP_RESOURCES":
             resources = wire.decode(wire.ResourceReport, inbound.data)
+            key = f"{resources.cluster}\x00{resources.node_id}"
+            if key in state.gone:
+                if resources.sent_at <= state.gone[key]:
+                    return state, []
+                state.gone = {k: v for k, v in state.gone.items() if k != key}  # a new instance, same id
             node = self._node(state, resources.cluster, resources.node_id)
             node.hostname, node.ready = resources.hostname, resources.ready
             node.definition = resources.definition or node.definition
             return state, self._view(state, node, inbound)
         if inbound.stream == "HP_ALLOCATIONS":
             alloc = wire.decode(wire.Allocation, inbound.data)
+            if f"{alloc.cluster}\x00{alloc.node_id}" in state.gone:
+                return state, []
             node = self._node(state, alloc.cluster, alloc.node_id)
             running = alloc.state in ("placed", "started")
             if running == (alloc.id in node.allocations):

@@ -214,6 +214,12 @@ def test_evi4_deprovision_evict_all_on_a_mixed_static_and_provisioned_fleet(stac
             return sorted(e.node_id for e in await stack.events("NODE_DEPROVISIONED")) == ["sim-002", "sim-003"]
 
         await until(torn_down)
+
+        async def purged() -> bool:  # "its record is purged along with the instance"
+            listed = json.loads(stack.cli("node", "list", "-o", "json").stdout)
+            return sorted(row["nodeId"] for row in listed) == ["sim-000", "sim-001"]
+
+        await until(purged)
         allocations = await stack.allocations()
         assert {allocations[on[n].id].state for n in ("sim-002", "sim-003")} == {"requeued"}
         assert {allocations[on[n].id].state for n in ("sim-000", "sim-001")} == {"started"}  # not evicted

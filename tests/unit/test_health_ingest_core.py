@@ -223,6 +223,26 @@ async def test_tick_marks_a_silent_node_missed_once_and_a_report_resumes_it() ->
     assert kinds[:2] == ["HEARTBEAT_RESUMED", "CONDITION_CLEARED"] and health(node) == "HEALTHY"
 
 
+async def test_a_decommissioned_node_is_forgotten_and_never_missed() -> None:
+    """NODE_DEPROVISIONED: no heartbeat miss for an instance that is gone, and a report that was
+    in flight when it went is ignored; a report sent later (a new instance) is a node again."""
+    from healthplane.runtime.processor import Inbound
+
+    core = IngestCore()
+    state = core.initial_state()
+    report = await sim_report(SimNode("n1"))
+    state, _ = core.step(state, Inbound("HP_REPORTS", 1, "hp.report.c.n1", wire.encode(report), {}, T0, True))
+    gone = wire.NodeEvent(id="g", node_id="n1", cluster="c", type="NODE_DEPROVISIONED",
+                          occurred_at=T0 + timedelta(seconds=5), message="deprovisioned", actor="eviction")
+    state, _ = core.step(state, Inbound("HP_NODE_EVENTS", 2, "", wire.encode(gone), {}, T0, True))
+    assert core.tick(state, T0 + timedelta(hours=1))[1] == []
+    state, emits = core.step(state, Inbound("HP_REPORTS", 3, "hp.report.c.n1", wire.encode(report), {}, T0, True))
+    assert emits == [] and state.nodes == {}
+    later = msgspec.structs.replace(report, sent_at=T0 + timedelta(minutes=5))
+    state, emits = core.step(state, Inbound("HP_REPORTS", 4, "hp.report.c.n1", wire.encode(later), {}, T0, True))
+    assert emits and "c\x00n1" in state.nodes
+
+
 def test_never_reported_node_is_never_missed() -> None:
     core = IngestCore()
     state = core.initial_state()

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from healthplane import wire
+from healthplane import subjects, wire
 from healthplane.runtime.processor import Inbound
 from healthplane_scorer.core import DEFAULT_PENALTIES, PenaltyTable, Tally, score, tally_deduction
 from healthplane_scorer.service import ScorerCore
@@ -140,3 +140,27 @@ def test_view_counts_the_allocations_running_on_the_node() -> None:
     assert alloc(3, "b", "started") == 2
     assert alloc(4, "a", "requeued") == 1
     assert alloc(5, "b", "finished") == 0
+
+
+def test_a_decommissioned_node_leaves_the_read_model_and_stays_gone() -> None:
+    """NODE_DEPROVISIONED purges the node's view; late records about the instance are ignored,
+    and only a resource report sent afterwards (a new instance, same id) brings it back."""
+    core, state = ScorerCore(), ScorerCore().initial_state()
+    state, _ = core.step(state, Inbound("HP_ASSESSMENTS", 1, "", assessment(node="n"), {}, T0, True))
+    gone = wire.NodeEvent(id="g", node_id="n", cluster="c", type="NODE_DEPROVISIONED", occurred_at=T0,
+                          message="deprovisioned", actor="eviction")
+    state, emits = core.step(state, Inbound("HP_NODE_EVENTS", 2, "", wire.encode(gone), {}, T0, True))
+    assert [(e.subject, e.purge_stream) for e in emits] == [(subjects.node_view("c", "n"), "HP_NODES")]
+    assert not state.nodes
+    state, emits = core.step(state, Inbound("HP_ASSESSMENTS", 3, "", assessment(node="n"), {}, T0, True))
+    assert emits == [] and not state.nodes
+
+    def resources(sent_at: datetime) -> bytes:
+        return wire.encode(wire.ResourceReport(node_id="n", cluster="c", hostname="n", sent_at=sent_at, ready=True,
+                                               cores=1, memory_bytes=1))
+
+    state, emits = core.step(state, Inbound("HP_RESOURCES", 4, "", resources(T0), {}, T0, True))
+    assert emits == []
+    later = T0 + timedelta(hours=1)
+    state, emits = core.step(state, Inbound("HP_RESOURCES", 5, "", resources(later), {}, later, True))
+    assert [wire.decode(wire.NodeView, e.payload).node_id for e in emits] == ["n"]

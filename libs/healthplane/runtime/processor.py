@@ -85,6 +85,9 @@ class Emit:
     # Set by ticks, which have no input to derive an id from: it must be deterministic (the
     # same decision always gets the same id) so a repeat after a restart is de-duplicated.
     msg_id: str | None = None
+    # Not a record but the removal of every record on ``subject`` from this stream (a
+    # decommissioned node's latest view): idempotent, so a repeat after a restart is harmless.
+    purge_stream: str | None = None
 
 
 class Core(Protocol[S]):
@@ -135,6 +138,7 @@ class Processor(Generic[S]):
         self._log = log
         self._lock = asyncio.Lock()
         self._publisher = Publisher(nc)
+        self._stored_early: list[Any] = []
         self._loops: list[PullLoop] = []
         self.state: S = core.initial_state()
         self.positions: dict[str, int] = {}
@@ -359,12 +363,19 @@ class Processor(Generic[S]):
         while True:
             try:
                 for emit, msg_id in emits:
+                    if emit.purge_stream is not None:
+                        stored_before = await self._publisher.flush()  # what came before lands first
+                        await self._js.purge_stream(emit.purge_stream, subject=emit.subject)
+                        self._stored_early.extend(stored_before)
+                        continue
                     headers = dict(emit.headers)
                     headers.setdefault(PRODUCER_HEADER, self.producer)
                     headers["Nats-Msg-Id"] = msg_id
                     await self._publisher.publish(emit.subject, emit.payload, headers)
-                stored = await self._publisher.flush()
+                stored = self._stored_early + await self._publisher.flush()
+                self._stored_early = []
             except PublishError as exc:
+                self._stored_early = []
                 if self._nc.is_closed:
                     raise
                 if self._log is not None:
