@@ -150,7 +150,7 @@ async def test_kill_9_and_restart_emits_nothing_twice(nats_server: NatsServer, j
     async def some() -> bool:
         return (await js.stream_info("HP_ASSESSMENTS")).state.messages >= 20
 
-    await until(some)
+    await until(some, timeout=60)
     await asyncio.sleep(0.2)
     first.send_signal(signal.SIGKILL)
     first.wait()
