@@ -19,7 +19,7 @@ SERVICES: Final[dict[str, str | None]] = {
     "scorer": "healthplane_scorer.main:main",
     "policy": "healthplane_policy.main:main",
     "eviction": "healthplane_eviction.main:main",
-    "webhook-dispatcher": None,
+    "webhook-dispatcher": "healthplane_webhook_dispatcher.main:main",
     "substrate-bridge": "healthplane_substrate_bridge.main:main",
     "scheduler": "healthplane_scheduler.main:main",
 }

@@ -1,0 +1,1 @@
+"""webhook-dispatcher: node events to HTTP endpoints as signed CloudEvents (WEB-*)."""

@@ -1,0 +1,312 @@
+"""Pure rules of the webhook dispatcher: which endpoints want an event, the CloudEvent
+envelope, how an HTTP answer is judged, how long to wait before a retry, and the bounded
+queue in front of each endpoint. No I/O, no clock, no randomness: times and random draws
+arrive as arguments (docs/webhooks.md explains the behaviour to operators)."""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import deque
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Final, Generic, Literal, TypeVar
+from urllib.parse import urlsplit, urlunsplit
+
+from cloudevents.core.formats.json import JSONFormat
+from cloudevents.core.v1.event import CloudEvent
+
+from healthplane import subjects, wire
+from healthplane.config import ClusterConfig
+
+SERVICE: Final = "webhook-dispatcher"
+CONTENT_TYPE: Final = "application/cloudevents+json; charset=utf-8"
+TYPE_PREFIX: Final = "io.healthplane.node."
+SOURCE_PREFIX: Final = "/healthplane/"
+
+# The CloudEvent ``source`` is the service that owns the event type (ARCHITECTURE.md: each
+# type has exactly one writer). Not the event's ``actor``: NODE_CORDONED written by eviction
+# for `healthplane node cordon` carries the operator as actor, but its source is eviction.
+SOURCE_SERVICE: Final[Mapping[str, str]] = {
+    "CONDITION_RAISED": "health-ingest",
+    "CONDITION_CLEARED": "health-ingest",
+    "HEARTBEAT_MISSED": "health-ingest",
+    "HEARTBEAT_RESUMED": "health-ingest",
+    "SCORE_CHANGED": "scorer",
+    "POLICY_RECOMMENDED": "policy",
+    "POLICY_ACTED": "policy",
+    "POLICY_HALTED": "policy",
+    "NODE_REGISTERED": "substrate-bridge",
+    "NODE_CORDONED": "eviction",
+    "NODE_UNCORDONED": "eviction",
+    "NODE_DRAINED": "eviction",
+    "NODE_EVICTED": "eviction",
+    "NODE_DEPROVISIONED": "eviction",
+    "NODE_REPLACED": "eviction",
+    "NODE_SERVICED": "eviction",
+    "HOLD_CREATED": "eviction",
+    "HOLD_RELEASED": "eviction",
+    "JOB_FAILURE_ATTRIBUTED": "eviction",
+}
+
+_JSON: Final = JSONFormat()
+
+
+# ---------------------------------------------------------------------------- settings
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """Service tuning (environment ``HEALTHPLANE_WEBHOOK_*``); the endpoints themselves come
+    from the cluster config."""
+
+    queue_size: int = 1024          # events waiting per endpoint; beyond it, dropped
+    concurrency: int = 16           # requests in flight per endpoint (one connection each)
+    timeout_s: float = 10.0         # per attempt: read, write, pool
+    connect_timeout_s: float = 5.0
+    backoff_base_s: float = 0.5     # first retry after 0.25..0.5 s, doubling
+    backoff_cap_s: float = 30.0
+    drain_s: float = 5.0            # on SIGTERM: time the queues get to empty
+
+    @staticmethod
+    def from_env(environ: Mapping[str, str]) -> Settings:
+        def number(name: str, default: float) -> float:
+            raw = environ.get(f"HEALTHPLANE_WEBHOOK_{name}")
+            return float(raw) if raw else default
+
+        defaults = Settings()
+        return Settings(
+            queue_size=max(1, int(number("QUEUE_SIZE", defaults.queue_size))),
+            concurrency=max(1, int(number("CONCURRENCY", defaults.concurrency))),
+            timeout_s=number("TIMEOUT_SECONDS", defaults.timeout_s),
+            connect_timeout_s=number("CONNECT_TIMEOUT_SECONDS", defaults.connect_timeout_s),
+            backoff_base_s=number("BACKOFF_BASE_SECONDS", defaults.backoff_base_s),
+            backoff_cap_s=number("BACKOFF_CAP_SECONDS", defaults.backoff_cap_s),
+            drain_s=number("DRAIN_SECONDS", defaults.drain_s),
+        )
+
+
+# ---------------------------------------------------------------------------- endpoints
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    """One configured webhook. ``key`` follows it across reloads (the URL as configured);
+    ``label`` is the only form that reaches logs and metrics."""
+
+    key: str = field(repr=False)
+    label: str
+    url: str = field(repr=False)
+    secret: str = field(repr=False)
+    events: frozenset[str] | None
+    max_attempts: int
+
+    def wants(self, event_type: str) -> bool:
+        """WEB-1: every type when the filter is omitted, else the listed ones."""
+        return self.events is None or event_type in self.events
+
+
+def endpoint_label(url: str) -> str:
+    """The URL without userinfo, query or fragment: what may carry credentials stays out of
+    metrics and logs (``https://user:pw@hooks.example.com/x?token=1`` →
+    ``https://hooks.example.com/x``)."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    if ":" in host:  # IPv6 literal
+        host = f"[{host}]"
+    netloc = f"{host}:{parts.port}" if parts.port is not None else host
+    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+
+
+def endpoints_from_config(config: ClusterConfig) -> list[Endpoint]:
+    """The endpoints in config order. The same URL twice stays two endpoints (``#2``), and
+    two URLs that differ only where credentials live get distinct labels the same way."""
+    out: list[Endpoint] = []
+    keys: set[str] = set()
+    labels: set[str] = set()
+    for hook in config.node_event_webhooks:
+        url = str(hook.url)
+        key, label = url, endpoint_label(url)
+        n = 1
+        while key in keys:
+            n += 1
+            key = f"{url}#{n}"
+        n = 1
+        base_label = label
+        while label in labels:
+            n += 1
+            label = f"{base_label}#{n}"
+        keys.add(key)
+        labels.add(label)
+        out.append(Endpoint(key=key, label=label, url=url, secret=hook.secret,
+                            events=frozenset(hook.events) if hook.events is not None else None,
+                            max_attempts=hook.max_attempts))
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class ReloadPlan:
+    added: tuple[Endpoint, ...]
+    updated: tuple[Endpoint, ...]    # same key, new secret/filter/attempts: queue kept
+    removed: tuple[str, ...]         # keys
+
+
+def plan_reload(current: Mapping[str, Endpoint], wanted: Sequence[Endpoint]) -> ReloadPlan:
+    """What a new config changes. An endpoint whose URL stays keeps its queue and connections;
+    a changed secret applies from the next attempt (each attempt is signed when it is sent)."""
+    wanted_keys = {e.key for e in wanted}
+    return ReloadPlan(
+        added=tuple(e for e in wanted if e.key not in current),
+        updated=tuple(e for e in wanted if e.key in current and current[e.key] != e),
+        removed=tuple(k for k in current if k not in wanted_keys),
+    )
+
+
+def any_wants(endpoints: Iterable[Endpoint], event_type: str) -> bool:
+    return any(e.wants(event_type) for e in endpoints)
+
+
+def event_type_of_subject(subject: str) -> str | None:
+    """The TYPE token of ``hp.event.{cluster}.{node}.{TYPE}``, or None if it is not one."""
+    prefix, _, token = subject.rpartition(".")
+    if not prefix.startswith("hp.event.") or prefix.count(".") != 3:
+        return None
+    try:
+        return subjects.decode_token(token)
+    except subjects.SubjectError:
+        return None
+
+
+# ---------------------------------------------------------------------------- envelope
+
+
+def cloud_event(event: wire.NodeEvent) -> CloudEvent:
+    """WEB-2: the CloudEvents 1.0 envelope; ``data`` is the event exactly as
+    ``healthplane node events -o json`` renders it (the same ``wire.to_builtins``)."""
+    return CloudEvent(
+        attributes={
+            "id": event.id,
+            "source": SOURCE_PREFIX + SOURCE_SERVICE.get(event.type, event.actor),
+            "type": TYPE_PREFIX + event.type,
+            "subject": event.node_id,
+            "time": event.occurred_at,
+            "datacontenttype": "application/json",
+        },
+        data=wire.to_builtins(event),
+    )
+
+
+def envelope(event: wire.NodeEvent) -> bytes:
+    """The structured-mode JSON body (built once per event, shared by every endpoint)."""
+    return _JSON.write(cloud_event(event))
+
+
+# ---------------------------------------------------------------------------- answers and retries
+
+Verdict = Literal["delivered", "retry", "rejected"]
+
+
+def judge(status: int) -> Verdict:
+    """2xx delivered; 408 and 429 retried; any other 4xx means the receiver refuses this
+    request as it is, and sending it again cannot help; everything else is retried."""
+    if 200 <= status < 300:
+        return "delivered"
+    if 400 <= status < 500 and status not in (408, 429):
+        return "rejected"
+    return "retry"
+
+
+def retry_after_seconds(value: str | None) -> float | None:
+    """``Retry-After`` in its delay-seconds form; an HTTP date or garbage is ignored."""
+    if value is None:
+        return None
+    value = value.strip()
+    if not value.isascii() or not value.isdigit():
+        return None
+    return float(value)
+
+
+def backoff_delay(attempt: int, draw: float, *, base_s: float, cap_s: float,
+                  retry_after_s: float | None = None) -> float:
+    """Seconds to wait after failed attempt ``attempt`` (1-based) before the next one.
+
+    Exponential with "equal jitter": the ceiling doubles from ``base_s`` up to ``cap_s`` and
+    the wait is uniform in [ceiling/2, ceiling), so retries never come at once and a fleet
+    of failed deliveries does not return in lockstep. ``draw`` is uniform in [0, 1). A
+    receiver's ``Retry-After`` is honoured up to ``cap_s``.
+    """
+    ceiling = min(cap_s, base_s * math.pow(2, min(attempt - 1, 62)))
+    delay = ceiling / 2 + min(max(draw, 0.0), 1.0) * ceiling / 2
+    if retry_after_s is not None:
+        delay = max(delay, min(retry_after_s, cap_s))
+    return delay
+
+
+# ---------------------------------------------------------------------------- bounded queue
+
+T = TypeVar("T")
+
+
+@dataclass
+class BoundedQueue(Generic[T]):
+    """FIFO of at most ``capacity`` items. A full queue refuses the newcomer (WEB-4: a burst
+    beyond what the receiver takes is dropped and counted, never buffered without bound);
+    what is already waiting keeps its place, so a receiver that recovers sees events in
+    the order they happened, with the gap at the end of the burst."""
+
+    capacity: int
+    _items: deque[T] = field(default_factory=deque)
+    high_water: int = 0
+
+    def offer(self, item: T) -> bool:
+        if len(self._items) >= self.capacity:
+            return False
+        self._items.append(item)
+        self.high_water = max(self.high_water, len(self._items))
+        return True
+
+    def take(self) -> T | None:
+        return self._items.popleft() if self._items else None
+
+    def drain(self) -> list[T]:
+        items = list(self._items)
+        self._items.clear()
+        return items
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
+# ---------------------------------------------------------------------------- log hygiene
+
+
+def scrub(text: str, endpoint: Endpoint) -> str:
+    """``text`` (an exception message, a config error) without the endpoint's secret or the
+    parts of its URL that may hold credentials."""
+    secrets = [endpoint.secret, endpoint.url, endpoint.key]
+    parts = urlsplit(endpoint.url)
+    secrets += [p for p in (parts.username, parts.password, parts.query, parts.fragment) if p]
+    for secret in sorted(secrets, key=len, reverse=True):
+        text = text.replace(secret, "***")
+    return re.sub(r"://[^/@\s]*@", "://***@", text)
+
+
+@dataclass
+class LogBudget:
+    """At most one line per interval for a repetitive condition; the rest are counted and
+    reported with the next line (a burst of 20,000 drops is one line, not 20,000)."""
+
+    interval_s: float = 10.0
+    last_at: float | None = None
+    suppressed: int = 0
+
+    def allow(self, now: float) -> bool:
+        if self.last_at is None or now - self.last_at >= self.interval_s:
+            self.last_at = now
+            return True
+        self.suppressed += 1
+        return False
+
+    def take_suppressed(self) -> int:
+        count, self.suppressed = self.suppressed, 0
+        return count

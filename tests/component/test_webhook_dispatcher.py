@@ -1,0 +1,445 @@
+"""webhook-dispatcher on a real nats-server, delivering to real HTTP receivers on 127.0.0.1
+(WEB-1..WEB-4). Every delivery is parsed with the CloudEvents SDK's ``from_http`` and its
+signature checked with ``healthplane.webhooks.verify``, as a site's receiver would."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import itertools
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from nats.aio.client import Client as NATS
+from nats.js import JetStreamContext
+from prometheus_client import REGISTRY
+
+from healthplane import configstore, subjects, wire
+from healthplane.config import parse_cluster_config
+from healthplane.natsserver import NatsServer, free_port
+from healthplane.runtime.lifecycle import ServiceContext
+from healthplane_webhook_dispatcher.core import Settings, endpoint_label
+from healthplane_webhook_dispatcher.main import Dispatcher
+from tests.support.webhook_receiver import Received, Receiver
+
+pytestmark = pytest.mark.nats
+
+SECRET = "whsec-4f1c9a7e2b"
+FAST = Settings(queue_size=1024, concurrency=8, timeout_s=2.0, connect_timeout_s=1.0,
+                backoff_base_s=0.05, backoff_cap_s=0.2, drain_s=0.5)
+_ids = itertools.count(1)
+
+
+class RecordingLog:
+    """The structlog interface the service uses, keeping every line for assertions."""
+
+    def __init__(self, lines: list[dict[str, Any]] | None = None, bound: dict[str, Any] | None = None) -> None:
+        self.lines = [] if lines is None else lines
+        self._bound = bound or {}
+
+    def bind(self, **values: Any) -> RecordingLog:
+        return RecordingLog(self.lines, {**self._bound, **values})
+
+    def _line(self, level: str, event: str, **values: Any) -> None:
+        self.lines.append({"level": level, "event": event, **self._bound, **values})
+
+    def debug(self, event: str, **values: Any) -> None:
+        self._line("debug", event, **values)
+
+    def info(self, event: str, **values: Any) -> None:
+        self._line("info", event, **values)
+
+    def warning(self, event: str, **values: Any) -> None:
+        self._line("warning", event, **values)
+
+    def error(self, event: str, **values: Any) -> None:
+        self._line("error", event, **values)
+
+    def named(self, event: str) -> list[dict[str, Any]]:
+        return [line for line in self.lines if line["event"] == event]
+
+
+@dataclass
+class Running:
+    dispatcher: Dispatcher
+    log: RecordingLog
+
+
+def node_event(event_type: str = "POLICY_ACTED", node_id: str = "node-gpu-14", **extra: Any) -> wire.NodeEvent:
+    n = next(_ids)
+    return wire.NodeEvent(id=f"test:{n}:{event_type}", node_id=node_id, cluster="default", type=event_type,  # type: ignore[arg-type]
+                          occurred_at=datetime(2026, 8, 11, 17, 4, 22, tzinfo=UTC) + timedelta(seconds=n),
+                          message=f"{event_type.lower()} {n}", actor="policy", **extra)
+
+
+async def publish(js: JetStreamContext, *events: wire.NodeEvent) -> None:
+    for event in events:
+        await js.publish(subjects.event(event.cluster, event.node_id, event.type), wire.encode(event))
+
+
+async def apply_hooks(js: JetStreamContext, *hooks: dict[str, Any]) -> int:
+    config = parse_cluster_config({"nodeEventWebhooks": list(hooks)})
+    return await configstore.apply(js, config, actor="test")
+
+
+async def until(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
+    async with asyncio.timeout(timeout):
+        while not predicate():
+            await asyncio.sleep(0.02)
+
+
+def sample(name: str, **labels: str) -> float:
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+@pytest.fixture
+async def start_dispatcher(nc: NATS, js: JetStreamContext) -> AsyncIterator[Callable[..., Awaitable[Running]]]:
+    started: list[tuple[Dispatcher, asyncio.Task[None]]] = []
+
+    async def start(settings: Settings = FAST, clock: Callable[[], float] = time.time) -> Running:
+        log = RecordingLog()
+        ctx = ServiceContext("webhook-dispatcher", nc, js, log, "", asyncio.Event())
+        dispatcher = Dispatcher(ctx, settings, clock=clock)
+        await dispatcher.start()
+        started.append((dispatcher, asyncio.create_task(dispatcher.run())))
+        return Running(dispatcher, log)
+
+    yield start
+    for dispatcher, task in started:
+        dispatcher.stop()
+        await asyncio.wait_for(task, 10)
+
+
+@pytest.fixture
+async def receivers() -> AsyncIterator[Callable[..., Awaitable[Receiver]]]:
+    opened: list[Receiver] = []
+
+    async def open_receiver(secret: str = SECRET, answer: Any = None) -> Receiver:
+        receiver = Receiver(secret) if answer is None else Receiver(secret, answer)
+        opened.append(await receiver.start())
+        return receiver
+
+    yield open_receiver
+    for receiver in opened:
+        await receiver.close()
+
+
+async def test_web1_web2_web3_filter_envelope_and_signature(
+        js: JetStreamContext, nats_server: NatsServer, start_dispatcher: Any, receivers: Any) -> None:
+    """WEB-1 filter (all types when omitted), WEB-2 envelope, WEB-3 headers; EVT-2: ``data`` is
+    what ``healthplane node events -o json`` prints for the same event."""
+    policy_only = await receivers()
+    everything = await receivers()
+    await apply_hooks(js, {"url": policy_only.url, "secret": SECRET, "events": ["POLICY_ACTED", "NODE_REPLACED"]},
+                      {"url": everything.url, "secret": SECRET})
+    await start_dispatcher()
+    score = node_event("SCORE_CHANGED", score=90, previous_score=100,
+                       contributions=[wire.Contribution(reason="GpuEccCorrectable", condition="gpu_ecc_errors", points=-10)],
+                       penalties="cluster")
+    acted = node_event("POLICY_ACTED", action="ACTION_DRAIN", score=30, policy_mode="drain")
+    raised = node_event("CONDITION_RAISED", condition=wire.ConditionChange(type="gpu_ecc_errors", severity="warning",
+                                                                            reason="GpuEccCorrectable", message="4 correctable"))
+    await publish(js, score, acted, raised)
+
+    await everything.wait_for(3)
+    await policy_only.wait_for(1)
+    await asyncio.sleep(0.3)  # nothing else may arrive for the filtered endpoint
+    assert policy_only.ids() == [acted.id]
+    assert sorted(everything.ids()) == sorted([score.id, acted.id, raised.id])
+
+    delivery = policy_only.received[0]
+    assert delivery.headers["content-type"] == "application/cloudevents+json; charset=utf-8"
+    event = delivery.event
+    assert event["specversion"] == "1.0"
+    assert event["type"] == "io.healthplane.node.POLICY_ACTED"
+    assert event["source"] == "/healthplane/policy"
+    assert event["subject"] == "node-gpu-14"
+    assert event["id"] == acted.id == delivery.headers["x-healthplane-event-id"]
+    assert datetime.fromisoformat(event["time"].replace("Z", "+00:00")) == acted.occurred_at
+    # The signature, computed here from the spec's formula rather than the shared helper.
+    timestamp = delivery.headers["x-healthplane-timestamp"]
+    assert abs(int(timestamp) - time.time()) < 60
+    expected = hmac.new(SECRET.encode(), f"{timestamp}.".encode() + delivery.body, hashlib.sha256).hexdigest()
+    assert delivery.headers["x-healthplane-signature"] == expected
+    assert all(r.verified for r in everything.received + policy_only.received)
+    assert {r.event["source"] for r in everything.received} == {"/healthplane/scorer", "/healthplane/policy",
+                                                                 "/healthplane/health-ingest"}
+
+    # data is byte-for-byte the CLI's JSON of the event (EVT-2).
+    await js.publish(subjects.node_view("default", "node-gpu-14"), wire.encode(wire.NodeView(
+        node_id="node-gpu-14", cluster="default", hostname="gpu-14", status="READY", health="HEALTHY",
+        last_reported_at=None, score=None, score_explanation=None, conditions=[],
+        attributed_failures=wire.AttributedFailures(), holds=[])))
+    cli = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "healthplane.cli", "node", "events", "node-gpu-14", "-o", "json",
+        "--nats-url", nats_server.url, stdout=asyncio.subprocess.PIPE)
+    out, _ = await cli.communicate()
+    printed = {e["id"]: e for e in json.loads(out)["events"]}
+    for received in everything.received:
+        assert received.event.data == printed[received.event["id"]]
+
+
+async def test_web1_endpoints_follow_config_apply_without_restart(
+        js: JetStreamContext, start_dispatcher: Any, receivers: Any) -> None:
+    """WEB-1: `config apply` adds, removes and re-keys endpoints while the service runs."""
+    first, second = await receivers(), await receivers(secret="rotated-secret")
+    await apply_hooks(js, {"url": first.url, "secret": SECRET})
+    running = await start_dispatcher()
+    e1 = node_event()
+    await publish(js, e1)
+    await first.wait_for(1)
+
+    version = await apply_hooks(js, {"url": second.url, "secret": "old-secret", "events": ["NODE_REPLACED"]})
+    await until(lambda: running.dispatcher.config_version == version)
+    e2, e3 = node_event("POLICY_ACTED"), node_event("NODE_REPLACED")
+    await publish(js, e2, e3)
+    await second.wait_for(1)
+    assert second.ids() == [e3.id]
+    assert not second.received[0].verified  # signed with the secret in force: old-secret
+
+    # A new secret for the same URL applies from the next attempt; the endpoint stays.
+    version = await apply_hooks(js, {"url": second.url, "secret": "rotated-secret"})
+    await until(lambda: running.dispatcher.config_version == version)
+    e4 = node_event("POLICY_HALTED")
+    await publish(js, e4)
+    await second.wait_for(2)
+    assert second.ids() == [e3.id, e4.id] and second.received[1].verified
+    await asyncio.sleep(0.2)
+    assert first.ids() == [e1.id]  # removed endpoints get nothing more
+    assert running.log.named("webhook endpoints in force")[-1]["version"] == version
+
+
+async def test_web3_retry_after_500_keeps_id_and_signs_afresh(
+        js: JetStreamContext, start_dispatcher: Any, receivers: Any) -> None:
+    """WEB-3: each retry carries the same event id with a new timestamp and signature."""
+    answers = iter([500, 503, 200])
+    receiver = await receivers(answer=lambda _: next(answers))
+    await apply_hooks(js, {"url": receiver.url, "secret": SECRET, "maxAttempts": 5})
+    ticks = itertools.count()
+    running = await start_dispatcher(clock=lambda: time.time() + next(ticks))  # a second per attempt
+    event = node_event()
+    await publish(js, event)
+
+    attempts = await receiver.wait_for(3)
+    label = endpoint_label(receiver.url)
+    await until(lambda: sample("healthplane_webhook_deliveries_total", endpoint=label, outcome="delivered") == 1)
+    assert [a.event_id for a in attempts] == [event.id] * 3
+    assert [a.event["id"] for a in attempts] == [event.id] * 3
+    assert len({a.headers["x-healthplane-timestamp"] for a in attempts}) == 3
+    assert len({a.headers["x-healthplane-signature"] for a in attempts}) == 3
+    assert all(a.verified for a in attempts)
+    assert all(a.body == attempts[0].body for a in attempts)  # the envelope itself is unchanged
+    assert sample("healthplane_webhook_deliveries_total", endpoint=label, outcome="failed") == 2
+    assert not running.log.named("webhook delivery dropped")
+
+
+async def test_web4_dropped_with_a_log_line_after_max_attempts(
+        js: JetStreamContext, start_dispatcher: Any, receivers: Any) -> None:
+    """WEB-4: a receiver that keeps failing gets maxAttempts tries, then the event is dropped
+    with one log line and counted."""
+    receiver = await receivers(answer=lambda _: 500)
+    await apply_hooks(js, {"url": receiver.url, "secret": SECRET, "maxAttempts": 3})
+    running = await start_dispatcher()
+    event = node_event()
+    await publish(js, event)
+    label = endpoint_label(receiver.url)
+    await until(lambda: sample("healthplane_webhook_dropped_total", endpoint=label, reason="max_attempts") == 1)
+    await asyncio.sleep(0.4)  # well past the backoff: no fourth attempt
+    assert receiver.ids() == [event.id] * 3
+    [line] = running.log.named("webhook delivery dropped")
+    assert line["reason"] == "max_attempts" and line["attempts"] == 3 and line["event_id"] == event.id
+    assert line["endpoint"] == label and line["last_result"] == "HTTP 500"
+
+
+async def test_web4_4xx_is_not_retried_but_408_and_429_are(
+        js: JetStreamContext, start_dispatcher: Any, receivers: Any) -> None:
+    """WEB-4: 4xx other than 408/429 is final; 408 and 429 are retried."""
+    refusing = await receivers(answer=lambda _: 404)
+    throttled_answers = iter([429, 408, 204])
+    throttling = await receivers(answer=lambda _: next(throttled_answers))
+    await apply_hooks(js, {"url": refusing.url, "secret": SECRET}, {"url": throttling.url, "secret": SECRET})
+    running = await start_dispatcher()
+    event = node_event()
+    await publish(js, event)
+    await throttling.wait_for(3)
+    refused = endpoint_label(refusing.url)
+    await until(lambda: sample("healthplane_webhook_dropped_total", endpoint=refused, reason="rejected") == 1)
+    await asyncio.sleep(0.4)
+    assert refusing.ids() == [event.id]
+    assert throttling.ids() == [event.id] * 3
+    [line] = running.log.named("webhook delivery dropped")
+    assert line["reason"] == "rejected" and line["attempts"] == 1 and line["last_result"] == "HTTP 404"
+
+
+async def test_web4_dead_endpoint_never_delays_a_live_one(
+        js: JetStreamContext, start_dispatcher: Any, receivers: Any) -> None:
+    """WEB-4: an endpoint that accepts connections and never answers, next to a live one: the
+    live one gets every event promptly; the dead one's overflow is dropped and counted."""
+    never = asyncio.Event()
+
+    async def hang(_: Received) -> int:
+        await never.wait()
+        return 200
+
+    dead = await receivers(answer=hang)
+    live = await receivers()
+    await apply_hooks(js, {"url": dead.url, "secret": SECRET}, {"url": live.url, "secret": SECRET})
+    settings = Settings(queue_size=50, concurrency=4, timeout_s=30.0, backoff_base_s=0.05, backoff_cap_s=0.2,
+                        drain_s=0.1)
+    running = await start_dispatcher(settings)
+    events = [node_event(node_id=f"cn-{i:03d}") for i in range(200)]
+    started = time.monotonic()
+    await publish(js, *events)
+    await live.wait_for(200, timeout=15)
+    elapsed = time.monotonic() - started
+    assert sorted(live.ids()) == sorted(e.id for e in events)
+    dead_worker = next(w for w in running.dispatcher.workers.values() if w.endpoint.url == dead.url)
+    assert 1 <= dead_worker.in_flight <= 4  # each worker still waiting for its answer
+    label = endpoint_label(dead.url)
+    assert sample("healthplane_webhook_queue_depth", endpoint=label) == 50
+    assert sample("healthplane_webhook_dropped_total", endpoint=label, reason="queue_full") == \
+        200 - 50 - dead_worker.in_flight
+    assert elapsed < 10, f"the live endpoint took {elapsed:.1f} s"
+
+
+async def test_web4_burst_of_20000_into_a_slow_receiver_stays_bounded(
+        nc: NATS, js: JetStreamContext, start_dispatcher: Any, receivers: Any) -> None:
+    """WEB-4: 20,000 events at once into a receiver that takes 20 ms per request. The stream is
+    acked as fast as it is read (nothing waits on the receiver), the queue never holds more
+    than its bound, and every event is accounted for: delivered, waiting, or dropped."""
+
+    async def slow(_: Received) -> int:
+        await asyncio.sleep(0.02)
+        return 200
+
+    receiver = await receivers(answer=slow)
+    await apply_hooks(js, {"url": receiver.url, "secret": SECRET, "events": ["CONDITION_RAISED"]})
+    settings = Settings(queue_size=256, concurrency=4, timeout_s=5.0, backoff_base_s=0.05, backoff_cap_s=0.2,
+                        drain_s=0.1)
+    running = await start_dispatcher(settings)
+    # Core publishes into the stream's subjects: the burst arrives as fast as the server
+    # stores it, without this test waiting on 20,000 acks.
+    for i in range(20_000):
+        await nc.publish(subjects.event("default", f"cn-{i:05d}", "CONDITION_RAISED"),
+                         wire.encode(node_event("CONDITION_RAISED", node_id=f"cn-{i:05d}")))
+    await nc.flush()
+
+    async def consumer_caught_up() -> bool:
+        info = await js.consumer_info("HP_NODE_EVENTS", "webhook-dispatcher")
+        return info.num_pending == 0 and info.num_ack_pending == 0
+
+    async with asyncio.timeout(20):
+        while not await consumer_caught_up():
+            await asyncio.sleep(0.05)
+    [worker] = running.dispatcher.workers.values()
+    label = endpoint_label(receiver.url)
+    delivered = sample("healthplane_webhook_deliveries_total", endpoint=label, outcome="delivered")
+    dropped = sample("healthplane_webhook_dropped_total", endpoint=label, reason="queue_full")
+    assert worker.queue.high_water <= 256
+    assert dropped >= 20_000 - 256 - 4 - delivered
+    # Exact accounting: every event is delivered, on its way, waiting, or counted as dropped.
+    in_flight = worker.in_flight
+    assert delivered + in_flight + len(worker.queue) + dropped == pytest.approx(20_000, abs=4)
+    assert delivered < 5_000  # the receiver really was the bottleneck
+    overflow_lines = running.log.named("webhook queue full; event dropped")
+    assert 1 <= len(overflow_lines) <= 3  # rate-limited, not one line per drop
+
+
+async def test_secrets_never_reach_logs_or_metrics(nats_server: NatsServer, js: JetStreamContext,
+                                                   receivers: Any, tmp_path: Path) -> None:
+    """The real service process: an endpoint URL with credentials in userinfo and query, a
+    failing receiver, a dead port. Neither its secret nor those credentials appear in its log
+    or on /metrics; the endpoint label does."""
+    failing = await receivers(secret="s3cr3t-value-9f2e", answer=lambda _: 500)
+    port = int(failing.url.split(":")[2].split("/")[0])
+    url_with_credentials = f"http://hookuser:p4ssw0rd-77@127.0.0.1:{port}/hooks/healthplane?token=t0ken-abc123"
+    dead_port = free_port()
+    await apply_hooks(js,
+                      {"url": url_with_credentials, "secret": "s3cr3t-value-9f2e", "maxAttempts": 2},
+                      {"url": f"http://127.0.0.1:{dead_port}/x?api_key=k3y-dead-5150", "secret": "an0ther-s3cret",
+                       "maxAttempts": 2})
+    metrics_port = free_port()
+    log_path = tmp_path / "dispatcher.log"
+    with open(log_path, "wb") as log_file:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "healthplane.cli", "service", "webhook-dispatcher", "--metrics-port", str(metrics_port)],
+            env={**os.environ, "HEALTHPLANE_NATS_URL": nats_server.url, "HEALTHPLANE_LOG_FORMAT": "json",
+                 "HEALTHPLANE_WEBHOOK_BACKOFF_BASE_SECONDS": "0.05", "HEALTHPLANE_WEBHOOK_DRAIN_SECONDS": "0.5"},
+            stdout=subprocess.DEVNULL, stderr=log_file)
+    try:
+        async with asyncio.timeout(20):
+            while "webhook endpoints in force" not in log_path.read_text():
+                assert process.poll() is None, log_path.read_text()
+                await asyncio.sleep(0.05)
+        events = [node_event() for _ in range(3)]
+        await publish(js, *events)
+        await failing.wait_for(6)
+        failing_label = f"http://127.0.0.1:{port}/hooks/healthplane"
+        dead_label = f"http://127.0.0.1:{dead_port}/x"
+
+        def scraped() -> str:
+            return httpx.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).text
+
+        expected = [f'healthplane_webhook_dropped_total{{endpoint="{failing_label}",reason="max_attempts"}} 3.0',
+                    f'healthplane_webhook_dropped_total{{endpoint="{dead_label}",reason="max_attempts"}} 3.0',
+                    f'healthplane_webhook_deliveries_total{{endpoint="{dead_label}",outcome="error"}} 6.0']
+        async with asyncio.timeout(10):
+            while not all(line in scraped() for line in expected):
+                await asyncio.sleep(0.05)
+        text = scraped()
+        # The receiver really got the credentials (as Basic auth), so they were in play.
+        assert failing.received[0].headers["authorization"].startswith("Basic ")
+    finally:
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(20) == 0
+    log = log_path.read_text()
+    assert "webhook delivery dropped" in log and dead_label in log and failing_label in log
+    for secret in ("s3cr3t-value-9f2e", "an0ther-s3cret", "p4ssw0rd-77", "hookuser", "t0ken-abc123", "k3y-dead-5150"):
+        assert secret not in log, f"{secret} leaked into the log"
+        assert secret not in text, f"{secret} leaked into /metrics"
+
+
+async def test_web1_first_config_applied_after_start(js: JetStreamContext, start_dispatcher: Any,
+                                                     receivers: Any) -> None:
+    """WEB-1: a dispatcher started before any config picks up the first `config apply`."""
+    receiver = await receivers()
+    running = await start_dispatcher()
+    assert running.dispatcher.workers == {}
+    version = await apply_hooks(js, {"url": receiver.url, "secret": SECRET})
+    await until(lambda: running.dispatcher.config_version == version)
+    event = node_event("NODE_REGISTERED")
+    await publish(js, event)
+    [delivery] = await receiver.wait_for(1)
+    assert delivery.event_id == event.id and delivery.event["source"] == "/healthplane/substrate-bridge"
+
+
+async def test_rel3_malformed_event_is_refused_and_counted_without_blocking(
+        js: JetStreamContext, start_dispatcher: Any, receivers: Any) -> None:
+    """REL-3: a record that is not a node event is terminated and counted; the next one is
+    delivered."""
+    receiver = await receivers()
+    await apply_hooks(js, {"url": receiver.url, "secret": SECRET})
+    running = await start_dispatcher()
+    before = sample("healthplane_messages_rejected_total", service="webhook-dispatcher", stream="HP_NODE_EVENTS",
+                    reason="malformed")
+    await js.publish(subjects.event("default", "cn-1", "POLICY_ACTED"), b'{"id": "half an event"')
+    good = node_event()
+    await publish(js, good)
+    [delivery] = await receiver.wait_for(1)
+    assert delivery.event_id == good.id
+    assert sample("healthplane_messages_rejected_total", service="webhook-dispatcher", stream="HP_NODE_EVENTS",
+                  reason="malformed") == before + 1
+    [line] = running.log.named("node event rejected")
+    assert "malformed JSON" in line["reason"]
