@@ -19,6 +19,7 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -206,22 +207,14 @@ class NodeHealth(_Camel):
             )
         return self
 
-    @field_validator("rule_sets")
+    @field_validator("rule_sets", "detectors")
     @classmethod
-    def _unique_rule_sets(cls, value: list[RuleSet]) -> list[RuleSet]:
-        names = [r.name for r in value]
+    def _unique_names(cls, value: list[RuleSet] | list[Detector], info: ValidationInfo) -> list[Any]:
+        names = [item.name for item in value]
         repeated = sorted({n for n in names if names.count(n) > 1})
         if repeated:
-            raise ValueError(f"rule set name {repeated[0]!r} is used more than once; names must be unique")
-        return value
-
-    @field_validator("detectors")
-    @classmethod
-    def _unique_detectors(cls, value: list[Detector]) -> list[Detector]:
-        names = [d.name for d in value]
-        repeated = sorted({n for n in names if names.count(n) > 1})
-        if repeated:
-            raise ValueError(f"detector name {repeated[0]!r} is used more than once; names must be unique")
+            what = "rule set" if info.field_name == "rule_sets" else "detector"
+            raise ValueError(f"{what} name {repeated[0]!r} is used more than once; names must be unique")
         return value
 
     @field_validator("evict_on_fault_classes")

@@ -8,6 +8,7 @@ from datetime import datetime
 
 from healthplane import wire
 from healthplane.config import clamp_nodes_bucket_cap
+from healthplane.runtime.logs import LogBudget
 
 REJECTION_LOG_INTERVAL_S = 30.0
 
@@ -27,24 +28,9 @@ def decide_cap(configured: int | None) -> CapDecision:
     return CapDecision(in_force, configured, in_force != configured)
 
 
-@dataclass
-class RejectionLog:
-    """At most one error line per interval; the rest are counted and reported with it."""
-
-    interval_s: float = REJECTION_LOG_INTERVAL_S
-    last_logged_at: float | None = None
-    suppressed: int = 0
-
-    def should_log(self, now: float) -> bool:
-        if self.last_logged_at is None or now - self.last_logged_at >= self.interval_s:
-            self.last_logged_at = now
-            return True
-        self.suppressed += 1
-        return False
-
-    def take_suppressed(self) -> int:
-        count, self.suppressed = self.suppressed, 0
-        return count
+def rejection_log() -> LogBudget:
+    """BRG-2: at most one error line per interval about rejected puts; the rest are counted."""
+    return LogBudget(interval_s=REJECTION_LOG_INTERVAL_S)
 
 
 def registration_event(report: wire.ResourceReport, occurred_at: datetime) -> wire.NodeEvent:

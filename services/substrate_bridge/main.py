@@ -28,7 +28,7 @@ from healthplane.runtime import metrics
 from healthplane.runtime.lifecycle import ServiceContext, run_service, until_stopped
 from healthplane.runtime.publish import Publisher, PublishError
 from healthplane.runtime.pull import Delivery, PullLoop
-from healthplane_substrate_bridge.core import RejectionLog, decide_cap, registration_event
+from healthplane_substrate_bridge.core import decide_cap, registration_event, rejection_log
 
 SERVICE = "substrate-bridge"
 CONSUMER = "substrate-bridge"
@@ -98,7 +98,7 @@ class Bridge:
         self._js = ctx.js
         self._log = ctx.log
         self._known: set[str] = set()
-        self._rejections = RejectionLog()
+        self._rejections = rejection_log()
         self._sample_interval_s = sample_interval_s
         self._rejected = metrics.MESSAGES_REJECTED
         self._publisher = Publisher(ctx.nc, window=4096)
@@ -184,7 +184,7 @@ class Bridge:
     def _on_rejected(self, delivery: Delivery, report: wire.ResourceReport, exc: Exception) -> None:
         delivery.nak(RETRY_DELAY_S)
         PUT_FAILURES.inc()
-        if self._rejections.should_log(time.monotonic()):
+        if self._rejections.allow(time.monotonic()):
             self._log.error("substrate-nodes bucket rejected a resource report; it will be redelivered",
                             node_id=report.node_id, cluster=report.cluster,
                             reason=str(exc) or type(exc).__name__,

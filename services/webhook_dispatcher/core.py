@@ -289,24 +289,3 @@ def scrub(text: str, endpoint: Endpoint) -> str:
     for secret in sorted(secrets, key=len, reverse=True):
         text = text.replace(secret, "***")
     return re.sub(r"://[^/@\s]*@", "://***@", text)
-
-
-@dataclass
-class LogBudget:
-    """At most one line per interval for a repetitive condition; the rest are counted and
-    reported with the next line (a burst of 20,000 drops is one line, not 20,000)."""
-
-    interval_s: float = 10.0
-    last_at: float | None = None
-    suppressed: int = 0
-
-    def allow(self, now: float) -> bool:
-        if self.last_at is None or now - self.last_at >= self.interval_s:
-            self.last_at = now
-            return True
-        self.suppressed += 1
-        return False
-
-    def take_suppressed(self) -> int:
-        count, self.suppressed = self.suppressed, 0
-        return count

@@ -33,6 +33,7 @@ from healthplane import __version__, configstore, subjects, wire
 from healthplane.config import ConfigError
 from healthplane.runtime import metrics
 from healthplane.runtime.lifecycle import ServiceContext, run_service, until_stopped
+from healthplane.runtime.logs import LogBudget
 from healthplane.runtime.pull import Delivery, PullLoop
 from healthplane.webhooks import signature_headers
 from healthplane_webhook_dispatcher.core import (
@@ -40,7 +41,6 @@ from healthplane_webhook_dispatcher.core import (
     SERVICE,
     BoundedQueue,
     Endpoint,
-    LogBudget,
     Settings,
     backoff_delay,
     endpoints_from_config,

@@ -13,12 +13,12 @@ from hypothesis import strategies as st
 
 from healthplane import subjects, wire
 from healthplane.config import parse_cluster_config
+from healthplane.runtime.logs import LogBudget
 from healthplane_webhook_dispatcher.core import (
     CONTENT_TYPE,
     SOURCE_SERVICE,
     BoundedQueue,
     Endpoint,
-    LogBudget,
     Settings,
     backoff_delay,
     cloud_event,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from dataclasses import dataclass
 from typing import Any
 
 import structlog
@@ -41,3 +42,24 @@ def configure(service: str, *, json: bool | None = None, level: str | None = Non
 
 def get(**bound: Any) -> Any:
     return structlog.get_logger().bind(**bound)
+
+
+@dataclass
+class LogBudget:
+    """At most one line per interval for a repetitive condition; the rest are counted and
+    reported with the next line (a burst of 20,000 drops is one line, not 20,000)."""
+
+    interval_s: float = 10.0
+    last_at: float | None = None
+    suppressed: int = 0
+
+    def allow(self, now: float) -> bool:
+        if self.last_at is None or now - self.last_at >= self.interval_s:
+            self.last_at = now
+            return True
+        self.suppressed += 1
+        return False
+
+    def take_suppressed(self) -> int:
+        count, self.suppressed = self.suppressed, 0
+        return count
