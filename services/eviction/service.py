@@ -233,11 +233,19 @@ class EvictionCore:
 
     def _evict_running(self, state: EvictionState, node: Node, reason: str, out: Out) -> tuple[int, int]:
         limit = state.config.limits(node.definition).max_eviction_restarts
+        return self._release_work(node, lambda a: core.evict_fate(a, limit),
+                                  lambda fate, a: core.held_message(node.node_id, reason, fate, a.node_fault_restarts),
+                                  out, by_operator=True)
+
+    def _release_work(self, node: Node, fate_of: Callable[[wire.Allocation], core.Fate],
+                      message: Callable[[core.Fate, wire.Allocation], str], out: Out, *,
+                      by_operator: bool) -> tuple[int, int]:
+        """Move or fail every allocation running on the node; (moved, failed)."""
         moved = failed = 0
         for alloc in list(node.running.values()):
-            fate = core.evict_fate(alloc, limit)
-            message = core.held_message(node.node_id, reason, fate, alloc.node_fault_restarts)
-            self._end(node, alloc, "requeue" if fate == "move" else "fail", message, out, by_operator=True)
+            fate = fate_of(alloc)
+            self._end(node, alloc, "requeue" if fate == "move" else "fail", message(fate, alloc), out,
+                      by_operator=by_operator)
             moved, failed = moved + (fate == "move"), failed + (fate != "move")
         return moved, failed
 
@@ -398,12 +406,10 @@ class EvictionCore:
             node.holds = {**node.holds, hold.id: hold}
             out.event(node, "HOLD_CREATED", f"cordon hold created: {hold.reason}", SERVICE, hold=hold)
             out.event(node, "NODE_CORDONED", f"cordoned: {hold.reason}", SERVICE)
-        moved = failed = 0
-        for alloc in list(node.running.values()):
-            fate = core.fault_fate(alloc, limit)
-            message = core.fault_message(node.node_id, condition_type, fate, alloc.node_fault_restarts)
-            self._end(node, alloc, "requeue" if fate == "move" else "fail", message, out, by_operator=False)
-            moved, failed = moved + (fate == "move"), failed + (fate != "move")
+        moved, failed = self._release_work(
+            node, lambda a: core.fault_fate(a, limit),
+            lambda fate, a: core.fault_message(node.node_id, condition_type, fate, a.node_fault_restarts),
+            out, by_operator=False)
         fault = core.fault_class(condition_type)
         out.event(node, "NODE_EVICTED", f"{core.fault_phrase(condition_type)}: {moved} moved, {failed} failed",
                   SERVICE, fault_class=fault, moved=moved, failed=failed)
@@ -412,10 +418,9 @@ class EvictionCore:
         """EVI-6: the node is gone and its work died with it: release it now, not after a timeout."""
         limit = state.config.limits(node.definition).max_eviction_restarts
         fault = core.worst_fault(node.faults)
-        for alloc in list(node.running.values()):
-            fate = core.fault_fate(alloc, limit)
-            message = core.offline_message(node.node_id, fault, fate, alloc.node_fault_restarts)
-            self._end(node, alloc, "requeue" if fate == "move" else "fail", message, out, by_operator=False)
+        self._release_work(node, lambda a: core.fault_fate(a, limit),
+                           lambda fate, a: core.offline_message(node.node_id, fault, fate, a.node_fault_restarts),
+                           out, by_operator=False)
 
 
 def _reason(command: wire.Command) -> str:
