@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import functools
+import http.cookiejar
 import os
 import random
 import ssl
@@ -51,8 +52,10 @@ from healthplane_webhook_dispatcher.core import (
     retry_after_seconds,
     scrub,
 )
+from healthplane_webhook_dispatcher.transport import StreamTransport
 
 CONSUMER = "webhook-dispatcher"
+KEEPALIVE_S = 5.0  # an idle connection older than this is not reused (httpx's default too)
 STREAM = "HP_NODE_EVENTS"
 
 Outcome = Literal["delivered", "failed", "rejected", "error"]
@@ -90,6 +93,37 @@ def _tls_context() -> ssl.SSLContext:
     """httpx's default verification (certifi, or SSL_CERT_FILE/SSL_CERT_DIR), built once:
     each client building its own costs ~50 ms of blocked event loop."""
     return httpx.create_ssl_context()
+
+
+class _NoCookies(http.cookiejar.CookieJar):
+    """Deliveries are stateless: a receiver's Set-Cookie never changes what later deliveries
+    carry (and httpx's cookie jar cost ~25 us on every answer)."""
+
+    def extract_cookies(self, response: Any, request: Any) -> None:
+        return None
+
+
+def endpoint_client(settings: Settings, *, transport: httpx.AsyncBaseTransport | None = None) -> httpx.AsyncClient:
+    """The httpx client of one endpoint, shared by its workers: HTTP/1.1 over asyncio
+    (transport.StreamTransport, one kept-alive connection per worker) in place of httpcore,
+    which cost ~1.2 ms of CPU per request (docs/webhooks.md, "The HTTP transport").
+    ``transport`` replaces it (the benchmark measures this client over no I/O at all)."""
+    client = httpx.AsyncClient(
+        transport=transport or StreamTransport(ssl_context=_tls_context(), limits=httpx.Limits(
+            max_connections=settings.concurrency, max_keepalive_connections=settings.concurrency,
+            keepalive_expiry=KEEPALIVE_S)),
+        verify=_tls_context(),  # for proxies taken from the environment (httpx's own transport)
+        timeout=httpx.Timeout(settings.timeout_s, connect=settings.connect_timeout_s),
+        follow_redirects=False,  # a signed POST is not re-sent somewhere else
+        headers={"User-Agent": f"healthplane-webhook-dispatcher/{__version__}"},
+        cookies=_NoCookies(),
+    )
+    # httpx's Accept, Accept-Encoding and Connection defaults say what HTTP/1.1 assumes
+    # anyway, and the answer's body is never used; the three cost ~35 us per request in
+    # httpx's header handling (docs/webhooks.md).
+    for name in ("Accept", "Accept-Encoding", "Connection"):
+        del client.headers[name]
+    return client
 
 
 class Pending:
@@ -131,19 +165,13 @@ class EndpointWorker:
         self._latency = LATENCY.labels(label)
         self._queue_full = DROPPED.labels(label, "queue_full")
         QUEUE_DEPTH.labels(label).set_function(lambda: len(self.queue))
-        # One client with one kept-alive connection per worker, not one pool of N: httpcore
-        # scans every connection of a pool on each request, and at 16 connections that
-        # doubled the CPU per delivery (docs/webhooks.md, "Throughput").
-        self._clients = [httpx.AsyncClient(
-            verify=_tls_context(),
-            timeout=httpx.Timeout(settings.timeout_s, connect=settings.connect_timeout_s),
-            limits=httpx.Limits(max_connections=1, max_keepalive_connections=1),
-            follow_redirects=False,  # a signed POST is not re-sent somewhere else
-            headers={"User-Agent": f"healthplane-webhook-dispatcher/{__version__}"},
-        ) for _ in range(settings.concurrency)]
+        # Parsed once: the URL is the endpoint's identity (a reload that changes it makes a new
+        # worker), and httpx parsing a string URL cost ~25-50 us a request.
+        self._url = httpx.URL(endpoint.url)
+        self.client = endpoint_client(settings)
 
     def start(self) -> None:
-        self._tasks = [asyncio.create_task(self._work(client)) for client in self._clients]
+        self._tasks = [asyncio.create_task(self._work()) for _ in range(self._settings.concurrency)]
 
     def offer(self, pending: Pending) -> bool:
         if self._closing is None and self.queue.offer(pending):
@@ -176,12 +204,11 @@ class EndpointWorker:
         if left:
             DROPPED.labels(self.endpoint.label, reason).inc(len(left))
             self._log.warning("webhook events dropped at close", reason=reason, dropped=len(left))
-        for client in self._clients:
-            await client.aclose()
+        await self.client.aclose()
 
     # ------------------------------------------------------------------ delivery
 
-    async def _work(self, client: httpx.AsyncClient) -> None:
+    async def _work(self) -> None:
         while True:
             await self._ready.acquire()
             pending = self.queue.take()
@@ -189,7 +216,7 @@ class EndpointWorker:
                 continue
             self.in_flight += 1
             try:
-                await self._deliver(client, pending)
+                await self._deliver(pending)
             except asyncio.CancelledError:
                 DROPPED.labels(self.endpoint.label, self._closing or "shutdown").inc()
                 raise
@@ -198,14 +225,14 @@ class EndpointWorker:
                 if self.idle:
                     self._went_idle.set()
 
-    async def _deliver(self, client: httpx.AsyncClient, pending: Pending) -> None:
+    async def _deliver(self, pending: Pending) -> None:
         """WEB-3/WEB-4: every attempt signed afresh with the same event id; retried with
         backoff up to ``maxAttempts``; 2xx ends it, a 4xx other than 408/429 too."""
         attempt = 0
         while True:
             attempt += 1
             endpoint = self.endpoint  # a reload may change secret or maxAttempts meanwhile
-            status, detail, retry_after = await self._attempt(client, endpoint, pending)
+            status, detail, retry_after = await self._attempt(endpoint, pending)
             if status is not None and judge(status) == "delivered":
                 return
             if status is not None and judge(status) == "rejected":
@@ -217,14 +244,13 @@ class EndpointWorker:
             await asyncio.sleep(backoff_delay(attempt, self._draw(), base_s=self._settings.backoff_base_s,
                                               cap_s=self._settings.backoff_cap_s, retry_after_s=retry_after))
 
-    async def _attempt(self, client: httpx.AsyncClient, endpoint: Endpoint,
-                       pending: Pending) -> tuple[int | None, str, float | None]:
+    async def _attempt(self, endpoint: Endpoint, pending: Pending) -> tuple[int | None, str, float | None]:
         body = pending.body()
         headers = signature_headers(endpoint.secret, pending.event.id, int(self._clock()), body)
         headers["Content-Type"] = CONTENT_TYPE
         started = time.perf_counter()
         try:
-            response = await client.post(endpoint.url, content=body, headers=headers)
+            response = await self.client.post(self._url, content=body, headers=headers)
         except Exception as exc:  # no answer (httpx.HTTPError and anything odder): a failed
             # attempt, retried like the others; a worker never dies of a receiver.
             self._latency.observe(time.perf_counter() - started)

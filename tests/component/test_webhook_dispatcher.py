@@ -283,6 +283,67 @@ async def test_web4_4xx_is_not_retried_but_408_and_429_are(
     assert line["reason"] == "rejected" and line["attempts"] == 1 and line["last_result"] == "HTTP 404"
 
 
+async def test_web4_answer_slower_than_the_timeout_is_retried(
+        js: JetStreamContext, start_dispatcher: Any, receivers: Any) -> None:
+    """WEB-4: an attempt whose answer takes longer than the timeout fails on time (counted as
+    `error`) and is retried, same id, signed afresh, on another connection."""
+    attempts = itertools.count(1)
+
+    async def slow_first(_: Received) -> int:
+        if next(attempts) == 1:
+            await asyncio.sleep(30)
+        return 204
+
+    receiver = await receivers(answer=slow_first)
+    await apply_hooks(js, {"url": receiver.url, "secret": SECRET})
+    ticks = itertools.count()
+    running = await start_dispatcher(Settings(queue_size=16, concurrency=1, timeout_s=0.3, backoff_base_s=0.05,
+                                              backoff_cap_s=0.2, drain_s=0.1),
+                                     clock=lambda: time.time() + next(ticks))
+    event = node_event()
+    started = time.monotonic()
+    await publish(js, event)
+    label = endpoint_label(receiver.url)
+    await until(lambda: sample("healthplane_webhook_deliveries_total", endpoint=label, outcome="delivered") == 1)
+    assert time.monotonic() - started < 3
+    assert sample("healthplane_webhook_deliveries_total", endpoint=label, outcome="error") == 1
+    first, second = receiver.received
+    assert first.event_id == second.event_id == event.id
+    assert first.headers["x-healthplane-signature"] != second.headers["x-healthplane-signature"]
+    assert receiver.connections == 2  # the timed-out connection is not reused
+    assert not running.log.named("webhook delivery dropped")
+
+
+async def test_web4_retry_after_from_the_receiver_is_honoured(
+        js: JetStreamContext, start_dispatcher: Any, receivers: Any) -> None:
+    """WEB-4: `429` with `Retry-After: 1` delays the next attempt by a second, where the
+    backoff alone would wait 25-50 ms."""
+    answers = iter([(429, {"Retry-After": "1"}), 204])
+    receiver = await receivers(answer=lambda _: next(answers))
+    await apply_hooks(js, {"url": receiver.url, "secret": SECRET})
+    await start_dispatcher(Settings(queue_size=16, concurrency=1, timeout_s=2.0, backoff_base_s=0.05,
+                                    backoff_cap_s=5.0, drain_s=0.1))
+    event = node_event()
+    await publish(js, event)
+    first, second = await receiver.wait_for(2, timeout=10)
+    assert first.event_id == second.event_id == event.id
+    assert 1.0 <= second.at - first.at < 2.0
+
+
+async def test_deliveries_to_one_endpoint_share_kept_alive_connections(
+        js: JetStreamContext, start_dispatcher: Any, receivers: Any) -> None:
+    """HTTP via httpx, pooled: 300 deliveries with 4 workers use at most 4 connections."""
+    receiver = await receivers()
+    await apply_hooks(js, {"url": receiver.url, "secret": SECRET})
+    await start_dispatcher(Settings(queue_size=1024, concurrency=4, timeout_s=2.0))
+    events = [node_event(node_id=f"cn-{i:03d}") for i in range(300)]
+    await publish(js, *events)
+    await receiver.wait_for(300, timeout=20)
+    assert sorted(receiver.ids()) == sorted(e.id for e in events)
+    assert all(r.verified for r in receiver.received)
+    assert 1 <= receiver.connections <= 4
+
+
 async def test_web4_dead_endpoint_never_delays_a_live_one(
         js: JetStreamContext, start_dispatcher: Any, receivers: Any) -> None:
     """WEB-4: an endpoint that accepts connections and never answers, next to a live one: the

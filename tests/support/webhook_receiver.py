@@ -2,8 +2,10 @@
 
 Each request is parsed the way a site's receiver would: the CloudEvent with the SDK's
 ``from_http`` and the signature with ``healthplane.webhooks.verify``. ``answer`` decides the
-response (status, and how long to take). Run as a process it is the benchmark's receiver
-that answers at once: ``python -m tests.support.webhook_receiver PORT`` (counts only).
+response (a status, or a status and headers, and how long to take); ``connections`` counts
+the connections accepted (keep-alive shows as fewer connections than requests). Run as a
+process it is the benchmark's receiver that answers at once:
+``python -m tests.support.webhook_receiver PORT`` (counts only).
 """
 
 from __future__ import annotations
@@ -34,7 +36,8 @@ class Received:
         return self.headers["x-healthplane-event-id"]
 
 
-Answer = Callable[[Received], "int | Awaitable[int]"]
+Reply = int | tuple[int, dict[str, str]]  # a status, or a status and response headers
+Answer = Callable[[Received], "Reply | Awaitable[Reply]"]
 
 
 def _ok(_: Received) -> int:
@@ -47,6 +50,7 @@ class Receiver:
     answer: Answer = _ok
     received: list[Received] = field(default_factory=list)
     arrived: asyncio.Event = field(default_factory=asyncio.Event)
+    connections: int = 0
     _server: asyncio.Server | None = None
     _handlers: set[asyncio.Task[None]] = field(default_factory=set)
 
@@ -83,6 +87,7 @@ class Receiver:
         handler = asyncio.current_task()
         assert handler is not None
         self._handlers.add(handler)
+        self.connections += 1
         try:
             while True:
                 request = await _read_request(reader)
@@ -94,10 +99,12 @@ class Receiver:
                 received.verified = verify(self.secret, headers, body)
                 self.received.append(received)
                 self.arrived.set()
-                status = self.answer(received)
-                if inspect.isawaitable(status):
-                    status = await status
-                writer.write(f"HTTP/1.1 {status} X\r\ncontent-length: 0\r\n\r\n".encode())
+                reply = self.answer(received)
+                if inspect.isawaitable(reply):
+                    reply = await reply
+                status, headers = reply if isinstance(reply, tuple) else (reply, {})
+                extra = "".join(f"{name}: {value}\r\n" for name, value in headers.items())
+                writer.write(f"HTTP/1.1 {status} X\r\ncontent-length: 0\r\n{extra}\r\n".encode())
                 await writer.drain()
         except (ConnectionError, asyncio.IncompleteReadError, asyncio.CancelledError):
             pass
