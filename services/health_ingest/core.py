@@ -136,9 +136,9 @@ def findings(node: NodeState, report: wire.HealthReport, config: IngestConfig) -
     quiet = config.quiet_reports_to_clear
     out: list[Finding] = []
     signals = report.signals
-    if signals.gpu.status == "ok":
+    if node.sticky and signals.gpu.status == "ok":
         _forget_replaced(node, {g.pci_bus_id: g.uuid or "" for g in signals.gpu.devices})
-    if signals.smart.status == "ok":
+    if node.sticky and signals.smart.status == "ok":
         _forget_replaced(node, {d.name: d.serial or "" for d in signals.smart.devices})
 
     failed = [name for name in ("edac", "smart", "ioerr", "kmsg", "mounts", "gpu")
@@ -229,6 +229,8 @@ def findings(node: NodeState, report: wire.HealthReport, config: IngestConfig) -
 def _xid_findings(node: NodeState, report: wire.HealthReport, quiet: int) -> list[Finding]:
     """ING-2: grade per device by its worst Xid; message names each device's latest Xid.
     Xids whose address matches no device are graded all the same."""
+    if not report.signals.kmsg.xid and not any(k.startswith("xid.") for k in node.sticky):
+        return []  # the common report: nothing logged, nothing held
     uuids = {g.pci_bus_id: g.uuid or "" for g in report.signals.gpu.devices}
     per_device: dict[str, list[wire.XidEntry]] = {}
     for entry in report.signals.kmsg.xid:

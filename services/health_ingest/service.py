@@ -176,11 +176,12 @@ class IngestCore:
             emits.append(Emit(subjects.event(node.cluster, node.node_id, change.type), wire.encode(event),
                               msg_id=event.id if deterministic else None))
         if assessment:
+            node_health = health(node)
             record = wire.Assessment(node_id=node.node_id, cluster=node.cluster, assessed_at=now,
-                                     report_sent_at=node.report_sent_at, health=health(node),
+                                     report_sent_at=node.report_sent_at, health=node_health,
                                      conditions=sorted(node.conditions.values(), key=lambda c: c.type),
                                      definition=node.definition,
-                                     real_fault=health(node) == "DEGRADED",
+                                     real_fault=node_health == "DEGRADED",
                                      last_report_at=node.last_report_at, interval_seconds=node.interval_s)
             emits.append(Emit(subjects.assessment(node.cluster, node.node_id), wire.encode(record),
                               msg_id=f"{stem}:assessment" if deterministic else None))

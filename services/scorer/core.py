@@ -84,9 +84,9 @@ def score(conditions: Iterable[wire.Condition], tally: Tally, now: datetime, tab
           tally_penalty: int, half_life_hours: float) -> tuple[int, list[wire.Contribution]]:
     """The score and every contribution behind it (points negative; zero ones left out)."""
     contributions = [
-        wire.Contribution(reason=c.reason, condition=c.type, points=-table.for_condition(c))
+        wire.Contribution(reason=c.reason, condition=c.type, points=-points)
         for c in sorted(conditions, key=lambda c: c.type)
-        if table.for_condition(c) > 0
+        if (points := table.for_condition(c)) > 0
     ]
     deduction = tally_deduction(tally, now, tally_penalty, half_life_hours)
     if deduction:

@@ -62,9 +62,23 @@ class ScorerState(msgspec.Struct):
 
 
 def table_for(config: ScorerConfig, definition: str | None) -> PenaltyTable:
-    if definition is not None and definition in config.definition_penalties:
-        return PenaltyTable.build(config.definition_penalties[definition], definition)
-    return PenaltyTable.build(config.penalties, "cluster")
+    source = definition if definition is not None and definition in config.definition_penalties else None
+    # Built once per config and definition, not twice per assessment: the table merges the
+    # built-in defaults with the overrides, and it is the same for every node that shares them.
+    cached = _TABLES.get((id(config), source))
+    if cached is not None and cached[0] is config:
+        return cached[1]
+    if len(_TABLES) >= 256:  # configs come and go (config apply): keep the cache small
+        _TABLES.clear()
+    if source is not None:
+        table = PenaltyTable.build(config.definition_penalties[source], source)
+    else:
+        table = PenaltyTable.build(config.penalties, "cluster")
+    _TABLES[(id(config), source)] = (config, table)
+    return table
+
+
+_TABLES: dict[tuple[int, str | None], tuple[ScorerConfig, PenaltyTable]] = {}
 
 
 class ScorerCore:

@@ -26,13 +26,14 @@ from healthplane import configstore, streams, subjects, wire
 from healthplane.config import ConfigError
 from healthplane.runtime import metrics
 from healthplane.runtime.lifecycle import ServiceContext, run_service, until_stopped
-from healthplane.runtime.publish import Publisher, PublishError
+from healthplane.runtime.publish import Outbound, Publisher, PublishError
 from healthplane.runtime.pull import Delivery, PullLoop
 from healthplane_substrate_bridge.core import decide_cap, registration_event, rejection_log
 
 SERVICE = "substrate-bridge"
 CONSUMER = "substrate-bridge"
 BUCKET_STREAM = f"KV_{streams.NODES_BUCKET}"
+BUCKET_SUBJECT_PREFIX = f"$KV.{streams.NODES_BUCKET}."
 RETRY_DELAY_S = 2.0
 
 PUT_FAILURES = Counter(
@@ -144,10 +145,14 @@ class Bridge:
                     if key in newcomers:
                         delivery.nak(RETRY_DELAY_S)
                 reports = [entry for entry in reports if entry[2] not in newcomers]
-        futures = [await self._publisher.submit(f"$KV.{streams.NODES_BUCKET}.{key}", delivery.msg.data)
-                   for delivery, _, key in reports]
+        puts: list[Outbound] = [(f"{BUCKET_SUBJECT_PREFIX}{key}", delivery.msg.data, None)
+                                for delivery, _, key in reports]
+        try:
+            outcomes = await self._publisher.store_each(puts)
+        except PublishError as exc:  # the connection refused the whole batch
+            outcomes = [exc] * len(puts)
         stored = 0
-        for (delivery, report, key), outcome in zip(reports, await self._publisher.outcomes(futures), strict=True):
+        for (delivery, report, key), outcome in zip(reports, outcomes, strict=True):
             if isinstance(outcome, PublishError):
                 self._on_rejected(delivery, report, outcome)
                 continue
@@ -161,18 +166,17 @@ class Bridge:
         appends are pipelined: a fleet coming up registers at bus speed."""
         checks = await asyncio.gather(*(
             self._already_registered(report) for _, report in newcomers))
-        pending = []
+        events: list[Outbound] = []
         for (delivery, report), registered in zip(newcomers, checks, strict=True):
             if registered:
                 continue
             occurred_at = datetime.fromtimestamp(delivery.timestamp_ns / 1e9, UTC)
             event = registration_event(report, occurred_at)
             subject = subjects.event(report.cluster, report.node_id, "NODE_REGISTERED")
-            pending.append((subject, await self._publisher.submit(subject, wire.encode(event), headers={
+            events.append((subject, wire.encode(event), {
                 "Nats-Msg-Id": event.id, "Hp-Producer": SERVICE,
-                "Hp-Causation": f"HP_RESOURCES:{delivery.stream_seq}"})))
-        for subject, future in pending:
-            await self._publisher.wait(subject, future)
+                "Hp-Causation": f"HP_RESOURCES:{delivery.stream_seq}"}))
+        await self._publisher.store_all(events)
 
     async def _already_registered(self, report: wire.ResourceReport) -> bool:
         try:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import Iterable
 from typing import Any
@@ -12,24 +13,28 @@ from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig
 
+from healthplane.natsserver import NatsServer
 from healthplane.runtime.processor import Processor
-from healthplane.runtime.publish import Publisher
+from healthplane.runtime.publish import Outbound, Publisher
 from healthplane.runtime.pull import Delivery, PullLoop
 
 WINDOW = 4096
 
 
 async def publish_all(nc: NATS, items: Iterable[tuple[str, bytes]]) -> float:
-    """Publish every (subject, payload), acks checked; returns records per second."""
-    publisher = Publisher(nc, window=WINDOW)
-    count = 0
+    """Publish every (subject, payload), ``WINDOW`` records a write, every ack checked: the
+    path services append with (``Publisher.store_all``), so as a baseline (raw KV puts) it is
+    the same machinery the service under test uses. Returns records per second."""
+    publisher = Publisher(nc)
+    window: list[Outbound] = []
     started = time.perf_counter()
+    count = 0
     for subject, payload in items:
-        await publisher.publish(subject, payload)
-        count += 1
-        if count % WINDOW == 0:
-            await publisher.flush()
-    await publisher.flush()
+        window.append((subject, payload, None))
+        if len(window) == WINDOW:
+            count += len(await publisher.store_all(window))
+            window = []
+    count += len(await publisher.store_all(window))
     return count / (time.perf_counter() - started)
 
 
@@ -56,14 +61,49 @@ async def raw_consume_rate(nc: NATS, js: JetStreamContext, stream: str, count: i
     return rate
 
 
-async def processor_rate(proc: Processor[Any], stream: str, count: int) -> float:
+class CpuMeter:
+    """CPU time spent by this process (the client) and by the nats-server between ``start()``
+    and ``per(count)``, in microseconds per record: where a rate's time goes, which a wall-clock
+    ratio on a shared 2-core machine does not show. The server's share is read from
+    ``/proc``; elsewhere it is reported as 0. ``processor_rate`` takes the reading itself,
+    before the stop (and its snapshot), into ``reading``."""
+
+    def __init__(self, server: NatsServer) -> None:
+        self._server = server
+        self._started = (0.0, 0.0)
+        self.reading = (0.0, 0.0)
+
+    def _now(self) -> tuple[float, float]:
+        server_s = 0.0
+        process = self._server.process
+        if process is not None and os.path.exists(f"/proc/{process.pid}/stat"):
+            with open(f"/proc/{process.pid}/stat") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+            server_s = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+        return time.process_time(), server_s
+
+    def start(self) -> CpuMeter:
+        self._started = self._now()
+        return self
+
+    def per(self, count: int) -> tuple[float, float]:
+        """(client µs, server µs) per record since ``start()``."""
+        client, server = self._now()
+        return (client - self._started[0]) / count * 1e6, (server - self._started[1]) / count * 1e6
+
+
+async def processor_rate(proc: Processor[Any], stream: str, count: int, meter: CpuMeter | None = None) -> float:
     """Records per second a started Processor folds from ``stream`` until it reaches ``count``,
     start-up excluded; it is stopped (and snapshots) afterwards."""
+    if meter is not None:
+        meter.start()
     started = time.perf_counter()
     task = asyncio.create_task(proc.run())
     while proc.positions.get(stream, 0) < count:
         await asyncio.sleep(0.02)
     rate = count / (time.perf_counter() - started)
+    if meter is not None:
+        meter.reading = meter.per(count)
     proc.stop()
     await task
     return rate

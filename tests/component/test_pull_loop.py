@@ -104,3 +104,31 @@ async def test_terminated_message_is_not_redelivered(nc, js: JetStreamContext) -
     assert sorted(seen) == list(range(20))
     info = await js.consumer_info(STREAM, "t")
     assert info.num_ack_pending == 0
+
+
+async def test_a_batch_settles_acks_terms_and_naks_together(nc, js: JetStreamContext) -> None:  # type: ignore[no-untyped-def]
+    # The batch's settlements go out as one write: each message still gets its own answer.
+    await _durable(js)
+    await _publish(js, 0, 30)
+    deliveries: list[tuple[int, int]] = []
+
+    async def handler(batch: list[Delivery]) -> None:
+        for d in batch:
+            value = int(d.msg.data)
+            deliveries.append((value, d.delivered))
+            if value == 7:
+                d.term("poison")
+            elif value == 11 and d.delivered == 1:
+                d.nak(0.2)  # once: the redelivery is acked
+
+    loop = PullLoop(nc, STREAM, "t", handler, batch=30)
+    task = asyncio.create_task(loop.run())
+    async with asyncio.timeout(10):
+        while len(deliveries) < 31:
+            await asyncio.sleep(0.02)
+    await asyncio.sleep(0.5)  # a term or an ack lost would show up as a redelivery here
+    loop.stop()
+    await task
+    assert sorted(deliveries) == sorted([(i, 1) for i in range(30)] + [(11, 2)])
+    info = await js.consumer_info(STREAM, "t")
+    assert info.num_ack_pending == 0 and info.num_pending == 0 and info.num_redelivered == 0

@@ -11,14 +11,17 @@ A service supplies a :class:`Core` — ``initial_state()`` and a pure
    live processing are the same path, so the state after a restart equals a full replay.
 4. **Emit.** Each output carries ``Hp-Producer``, ``Hp-Causation`` (input stream and sequence)
    and a deterministic ``Nats-Msg-Id``. Outputs of inputs already reflected in the streams are
-   not emitted again (REL-1), whatever the de-duplication window says.
-5. **Ack.** Inputs are acked only after every output of their batch is stored.
+   not emitted again (REL-1), whatever the de-duplication window says. A batch's outputs go
+   out as one write and their acks are read together (``Publisher.store_all``), in order.
+5. **Ack.** Inputs are acked only after every output of their batch is stored (the batch's
+   acks, too, go out as one write).
 6. **Snapshot** every ``snapshot_every`` inputs or seconds, and on a clean stop.
 """
 
 from __future__ import annotations
 
 import asyncio
+import gc
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -36,7 +39,7 @@ from nats.js.errors import NotFoundError
 from healthplane import wire
 from healthplane.config import ConfigError
 from healthplane.runtime import metrics, snapshots
-from healthplane.runtime.publish import Publisher, PublishError
+from healthplane.runtime.publish import Ack, Outbound, Publisher, PublishError
 from healthplane.runtime.pull import Delivery, PullLoop
 from healthplane.runtime.replay import read_all
 
@@ -44,6 +47,8 @@ S = TypeVar("S")
 
 PRODUCER_HEADER = "Hp-Producer"
 CAUSATION_HEADER = "Hp-Causation"
+MSG_ID_HEADER = "Nats-Msg-Id"
+GEN0_THRESHOLD = 20_000
 
 
 class Reject(Exception):
@@ -108,6 +113,33 @@ def message_id(producer: str, stream: str, seq: int, index: int) -> str:
     return f"{producer}:{stream}:{seq}:{index}"
 
 
+def settle_heap() -> None:
+    """Keep the cyclic garbage collector off the hot path of a service.
+
+    With CPython's defaults a gen-0 collection runs every 700 container allocations, and the
+    objects alive in a batch in flight (messages, records, futures) survive enough of them to
+    be promoted; promotions trigger full collections, each one walking the whole heap: every
+    node of the state. Measured on health-ingest folding 100,000 reports: 42 us of 223 us per
+    report went to the collector. Here what exists after start-up (the restored state, imported
+    modules) moves to the permanent generation, and gen 0 is collected every
+    ``GEN0_THRESHOLD`` allocations, so short-lived batch objects die by reference count before a
+    collection sees them. Reference counting still frees everything that is not in a cycle.
+    """
+    gc.collect()
+    gc.freeze()
+    gen0, gen1, gen2 = gc.get_threshold()
+    if gen0 < GEN0_THRESHOLD:
+        gc.set_threshold(GEN0_THRESHOLD, gen1, gen2)
+
+
+def _tick_headers(emit: Emit, producer: str) -> dict[str, str]:
+    """A tick's record has no causation; its id is the one the core chose (if any)."""
+    headers = {PRODUCER_HEADER: producer, **emit.headers}
+    if emit.msg_id:
+        headers[MSG_ID_HEADER] = emit.msg_id
+    return headers
+
+
 class Processor(Generic[S]):
     def __init__(
         self,
@@ -138,7 +170,6 @@ class Processor(Generic[S]):
         self._log = log
         self._lock = asyncio.Lock()
         self._publisher = Publisher(nc)
-        self._stored_early: list[Any] = []
         self._loops: list[PullLoop] = []
         self.state: S = core.initial_state()
         self.positions: dict[str, int] = {}
@@ -168,6 +199,7 @@ class Processor(Generic[S]):
                 recreate=lambda spec=spec: self._create_consumer(spec),  # type: ignore[misc]
             )
             self._loops.append(loop)
+        settle_heap()
 
     async def run(self) -> None:
         """Process until :meth:`stop`; then snapshot and return."""
@@ -192,6 +224,7 @@ class Processor(Generic[S]):
                 raise task.exception()  # type: ignore[misc]
         stop.cancel()
         await self.snapshot()
+        gc.unfreeze()  # what start() set aside may be collected again (a test process goes on)
 
     def stop(self) -> None:
         self._stopping.set()
@@ -214,7 +247,7 @@ class Processor(Generic[S]):
                 continue
             async with self._lock:
                 state, emits = tick(self.state, datetime.now(UTC))
-                await self._emit_all([(e, e.msg_id or "") for e in emits])
+                await self._emit_all([(e, _tick_headers(e, self.producer)) for e in emits])
                 self.state = state
 
     def _consumer_name(self, spec: Input) -> str:
@@ -301,43 +334,42 @@ class Processor(Generic[S]):
 
     async def _handle(self, batch: list[Delivery]) -> None:
         async with self._lock:
-            emits: list[tuple[Emit, str]] = []
+            emits: list[tuple[Emit, dict[str, str]]] = []
             state = self.state
+            step = self._core.step
+            positions = self.positions
+            already_emitted = self._already_emitted
+            producer = self.producer
             for delivery in batch:
-                self._caught_up[delivery.stream] = delivery.pending == 0
-                msg = delivery.msg
-                inbound = Inbound(
-                    stream=delivery.stream,
-                    seq=delivery.stream_seq,
-                    subject=msg.subject,
-                    data=msg.data,
-                    headers=msg.headers or {},
-                    at=datetime.fromtimestamp(delivery.timestamp_ns / 1e9, UTC),
-                    caught_up=delivery.pending == 0,
-                    wants_output=(delivery.stream, delivery.stream_seq) not in self._already_emitted,
-                )
-                if delivery.stream_seq <= self.positions.get(delivery.stream, 0):
+                stream, seq = delivery.stream, delivery.stream_seq
+                caught_up = delivery.pending == 0
+                self._caught_up[stream] = caught_up
+                if seq <= positions.get(stream, 0):
                     continue  # redelivered after we folded it; the ack was lost
+                msg = delivery.msg
+                wants_output = not already_emitted or (stream, seq) not in already_emitted
+                inbound = Inbound(stream, seq, msg.subject, msg.data, msg.headers or {},  # positional: cheaper
+                                  datetime.fromtimestamp(delivery.timestamp_ns / 1e9, UTC), caught_up, wants_output)
                 try:
-                    state, outputs = self._core.step(state, inbound)
+                    state, outputs = step(state, inbound)
                 except (Reject, wire.WireError, ConfigError) as exc:  # a record that cannot be folded
                     self._reject(delivery, str(exc), "malformed")
-                    self.positions[delivery.stream] = delivery.stream_seq
+                    positions[stream] = seq
                     continue
                 except Exception as exc:
                     self._reject(delivery, f"{type(exc).__name__}: {exc}", "error")
-                    self.positions[delivery.stream] = delivery.stream_seq
+                    positions[stream] = seq
                     continue
-                self.positions[delivery.stream] = delivery.stream_seq
-                cause = (delivery.stream, delivery.stream_seq)
-                if cause in self._already_emitted:
-                    self._already_emitted.discard(cause)
+                positions[stream] = seq
+                if not wants_output:
+                    already_emitted.discard((stream, seq))
                     metrics.DUPLICATES_SKIPPED.labels(self.service).inc()
                     continue
-                for index, emit in enumerate(outputs):
-                    emits.append((emit, emit.msg_id or message_id(self.producer, *cause, index)))
-                    emit.headers[CAUSATION_HEADER] = f"{cause[0]}:{cause[1]}"
-                    emit.headers[PRODUCER_HEADER] = self.producer
+                if outputs:
+                    causation = f"{stream}:{seq}"
+                    for index, emit in enumerate(outputs):
+                        emits.append((emit, {**emit.headers, CAUSATION_HEADER: causation, PRODUCER_HEADER: producer,
+                                             MSG_ID_HEADER: emit.msg_id or f"{producer}:{causation}:{index}"}))
             await self._emit_all(emits)
             self.state = state
             acked = Counter(d.stream for d in batch if d.disposition == "ack")
@@ -357,25 +389,23 @@ class Processor(Generic[S]):
             self._log.warning("input rejected", stream=delivery.stream, seq=delivery.stream_seq,
                               subject=delivery.msg.subject, reason=why)
 
-    async def _emit_all(self, emits: list[tuple[Emit, str]]) -> None:
-        """Store every output; on failure retry the same records (same ids) until stored."""
+    async def _emit_all(self, emits: list[tuple[Emit, dict[str, str]]]) -> None:
+        """Store every output, in order, each batch of records as one write with its acks
+        awaited together; on failure retry the same records (same ids) until stored."""
         delay = 0.2
         while True:
+            acks: list[Ack] = []
             try:
-                for emit, msg_id in emits:
+                records: list[Outbound] = []
+                for emit, headers in emits:
                     if emit.purge_stream is not None:
-                        stored_before = await self._publisher.flush()  # what came before lands first
+                        acks += await self._publisher.store_all(records)  # what came before lands first
+                        records = []
                         await self._js.purge_stream(emit.purge_stream, subject=emit.subject)
-                        self._stored_early.extend(stored_before)
                         continue
-                    headers = dict(emit.headers)
-                    headers.setdefault(PRODUCER_HEADER, self.producer)
-                    headers["Nats-Msg-Id"] = msg_id
-                    await self._publisher.publish(emit.subject, emit.payload, headers)
-                stored = self._stored_early + await self._publisher.flush()
-                self._stored_early = []
+                    records.append((emit.subject, emit.payload, headers))
+                acks += await self._publisher.store_all(records)
             except PublishError as exc:
-                self._stored_early = []
                 if self._nc.is_closed:
                     raise
                 if self._log is not None:
@@ -383,7 +413,7 @@ class Processor(Generic[S]):
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
                 continue
-            emitted = Counter(r.ack.stream for r in stored if not r.ack.duplicate)
+            emitted = Counter(ack.stream for ack in acks if not ack.duplicate)
             for stream, count in emitted.items():
                 metrics.EMITTED.labels(self.service, stream).inc(count)
             return

@@ -29,6 +29,7 @@ from nats.aio.msg import Msg
 from nats.errors import ConnectionClosedError
 
 from healthplane.runtime import metrics
+from healthplane.runtime.publish import write_frames, writes_frames
 
 Disposition = Literal["ack", "term", "nak"]
 
@@ -248,12 +249,25 @@ class PullLoop:
             self._buffer.clear()
 
     async def _settle(self, batch: list[Delivery]) -> None:
-        publish = self._nc.publish
+        """Every ack, term and nak of the batch as one write (the connection's outbound
+        buffer, flushed once) rather than one ``nc.publish`` per message."""
+        if not writes_frames(self._nc):
+            for d in batch:
+                await self._nc.publish(d.msg.reply, _settlement(d))
+            return
+        frames = []
         for d in batch:
             if d.disposition == "ack":
-                await publish(d.msg.reply, b"+ACK")
-            elif d.disposition == "term":
-                await publish(d.msg.reply, b"+TERM " + d.reject_reason.encode()[:200])
+                frames.append(f"PUB {d.msg.reply} 4\r\n+ACK\r\n".encode())
             else:
-                delay = msgspec.json.encode({"delay": int(d.nak_delay_s * 1e9)})
-                await publish(d.msg.reply, b"-NAK " + delay)
+                body = _settlement(d)
+                frames.append(f"PUB {d.msg.reply} {len(body)}\r\n".encode() + body + b"\r\n")
+        await write_frames(self._nc, b"".join(frames), len(frames))
+
+
+def _settlement(delivery: Delivery) -> bytes:
+    if delivery.disposition == "ack":
+        return b"+ACK"
+    if delivery.disposition == "term":
+        return b"+TERM " + delivery.reject_reason.encode()[:200]
+    return b"-NAK " + msgspec.json.encode({"delay": int(delivery.nak_delay_s * 1e9)})
