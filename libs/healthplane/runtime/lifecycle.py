@@ -9,15 +9,20 @@ from __future__ import annotations
 
 import asyncio
 import signal
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
+from prometheus_client import REGISTRY
+from prometheus_client.registry import Collector
 
 from healthplane import streams
 from healthplane.runtime import connect, logs, metrics
+from healthplane.runtime.processor import Core, Input, Processor
+
+S = TypeVar("S")
 
 
 @dataclass
@@ -73,3 +78,20 @@ async def until_stopped(ctx: ServiceContext, *runners: Any) -> None:
         runner.stop()
     await asyncio.gather(*tasks)
     waiter.cancel()
+
+
+def run_processor_service(args: Any, service: str, core: Callable[[ServiceContext], Core[S]], state_type: type[S],
+                          inputs: Sequence[Input], outputs: Sequence[str], *,
+                          series: Callable[[Callable[[], S]], Collector] | None = None) -> int:
+    """``healthplane service NAME`` for a service that is one Processor: build it, register its
+    state-derived metrics (``series``), run it until a signal arrives."""
+
+    async def serve(ctx: ServiceContext) -> None:
+        proc = Processor(nc=ctx.nc, js=ctx.js, service=service, core=core(ctx), state_type=state_type,
+                         inputs=inputs, outputs=outputs, batch=512, log=ctx.log)
+        if series is not None:
+            REGISTRY.register(series(lambda: proc.state))
+        await proc.start()
+        await until_stopped(ctx, proc)
+
+    return run_service(service, serve, nats_url=args.nats_url, creds=args.creds, metrics_port=args.metrics_port)
