@@ -238,6 +238,15 @@ def test_pol4_a_manual_cordon_is_halted_never_terminated() -> None:
     assert halted.type == "POLICY_HALTED" and "alice took the node out of service by hand" in halted.message
 
 
+def test_pol4_a_fault_evicted_provisioned_node_is_replaced_not_halted() -> None:
+    """Fault eviction's cordon (actor ``eviction``, EVI-5) is automation's: in replace mode the
+    instance is drained and replaced as reference 000 describes, never halted as manual."""
+    drive = _replace_pool()
+    drive.feed(hold("n0", "HOLD_CREATED", "fault-1", "eviction"), score("n0", 30, 100, at(1)))
+    assert [c.verb for c in drive.commands()] == ["drain", "replace"]
+    assert not [e for e in drive.events() if e.type == "POLICY_HALTED"]
+
+
 # ---------------------------------------------------------------------------- POL-6 in the fold
 
 
