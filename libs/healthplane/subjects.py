@@ -131,6 +131,12 @@ def snapshot(service: str, partition: int = 0) -> str:
     return f"{PREFIX}.snapshot.{encode_token(service)}.{partition}"
 
 
+def node_key(cluster: str, node_id: str) -> str:
+    """A node's key in a service's folded state (a dict key, never a subject): NUL cannot
+    occur in a cluster name or node id, so the pair is unambiguous."""
+    return f"{cluster}\x00{node_id}"
+
+
 def kv_node_key(cluster: str, node_id: str) -> str:
     """Key of a node in the ``substrate-nodes`` bucket."""
     return f"{encode_token(cluster)}.{encode_token(node_id)}"

@@ -19,6 +19,7 @@ import msgspec
 
 from healthplane import configstore, subjects, wire
 from healthplane.runtime.processor import Emit, Inbound, Input, Reject
+from healthplane.subjects import node_key
 from healthplane_eviction import core
 
 SERVICE = "eviction"
@@ -76,9 +77,6 @@ class EvictionState(msgspec.Struct):
     nodes: dict[str, Node] = {}
     config: EvictionConfig = EvictionConfig()
 
-
-def node_key(cluster: str, node_id: str) -> str:
-    return f"{cluster}\x00{node_id}"
 
 
 def status(node: Node) -> wire.NodeStatus:

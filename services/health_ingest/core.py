@@ -30,6 +30,7 @@ from typing import Final
 import msgspec
 
 from healthplane import wire
+from healthplane.subjects import node_key
 from healthplane_health_ingest.detectors import Detection, DetectorSpec, NodeFacts
 
 HARDWARE_XIDS: Final = frozenset({48, 63, 64, 74, 79, 92, 94, 95})
@@ -90,9 +91,6 @@ class IngestState(msgspec.Struct):
     # What detectors read from each node's latest resource report (POL-8).
     facts: dict[str, NodeFacts] = {}
 
-
-def node_key(cluster: str, node_id: str) -> str:
-    return f"{cluster}\x00{node_id}"
 
 
 # ---------------------------------------------------------------------------- findings

@@ -17,6 +17,7 @@ from prometheus_client import Counter
 
 from healthplane import configstore, subjects, wire
 from healthplane.runtime.processor import Emit, Inbound, Input, Reject
+from healthplane.subjects import node_key
 from healthplane_health_ingest import detectors
 from healthplane_health_ingest.core import (
     Change,
@@ -28,7 +29,6 @@ from healthplane_health_ingest.core import (
     health,
     miss_deadline,
     missed,
-    node_key,
     serviced,
 )
 

@@ -24,6 +24,7 @@ import msgspec
 
 from healthplane import wire
 from healthplane.config import ClusterConfig, NodeHealth
+from healthplane.subjects import node_key
 from healthplane_policy import breaker, rules
 from healthplane_policy.breaker import BreakerSettings, BreakerState
 from healthplane_policy.rules import Applied, RuleExpressionSpec, RuleSetSpec
@@ -178,9 +179,6 @@ class PolicyState(msgspec.Struct):
     fleet: dict[str, int] = {}  # cluster -> nodes
     automated: dict[str, set[str]] = {}  # cluster -> nodes automation holds out of service
 
-
-def node_key(cluster: str, node_id: str) -> str:
-    return f"{cluster}\x00{node_id}"
 
 
 def pool_key(node: Node) -> str:

@@ -68,9 +68,6 @@ class SchedulerState(msgspec.Struct, kw_only=True):
     config_version: int = 0
 
 
-def node_key(cluster: str, node_id: str) -> str:
-    return f"{cluster}\x00{node_id}"
-
 
 def job_key(cluster: str, job_id: str) -> str:
     return f"{cluster}\x00{job_id}"

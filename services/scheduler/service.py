@@ -22,6 +22,7 @@ from typing import Any, Final
 
 from healthplane import configstore, subjects, wire
 from healthplane.runtime.processor import Emit, Inbound, Input, Reject
+from healthplane.subjects import node_key
 from healthplane_scheduler.core import (
     ACTIVE,
     TERMINAL,
@@ -34,7 +35,6 @@ from healthplane_scheduler.core import (
     check_job,
     default_rejection,
     job_key,
-    node_key,
     parse_allocation_id,
     schedulable,
 )

@@ -88,7 +88,7 @@ class ScorerCore:
     def step(self, state: ScorerState, inbound: Inbound) -> tuple[ScorerState, Sequence[Emit]]:
         if inbound.stream == "HP_ASSESSMENTS":
             assessment = wire.decode(wire.Assessment, inbound.data)
-            if f"{assessment.cluster}\x00{assessment.node_id}" in state.gone:
+            if subjects.node_key(assessment.cluster, assessment.node_id) in state.gone:
                 return state, []
             node = self._node(state, assessment.cluster, assessment.node_id)
             node.conditions, node.assessed = assessment.conditions, True
@@ -97,7 +97,7 @@ class ScorerCore:
             return state, self._rescore(state, node, inbound) + self._view(state, node, inbound)
         if inbound.stream == "HP_NODE_EVENTS":
             event = wire.decode(wire.NodeEvent, inbound.data)
-            key = f"{event.cluster}\x00{event.node_id}"
+            key = subjects.node_key(event.cluster, event.node_id)
             if event.type in ("NODE_DEPROVISIONED", "NODE_REPLACED"):
                 # Decommissioned: the node leaves the state, with it every node series, and its
                 # view leaves HP_NODES ("its record is purged along with the instance").
@@ -125,7 +125,7 @@ class ScorerCore:
             return state, emits + self._view(state, node, inbound)
         if inbound.stream == "HP_RESOURCES":
             resources = wire.decode(wire.ResourceReport, inbound.data)
-            key = f"{resources.cluster}\x00{resources.node_id}"
+            key = subjects.node_key(resources.cluster, resources.node_id)
             if key in state.gone:
                 if resources.sent_at <= state.gone[key]:
                     return state, []
@@ -136,7 +136,7 @@ class ScorerCore:
             return state, self._view(state, node, inbound)
         if inbound.stream == "HP_ALLOCATIONS":
             alloc = wire.decode(wire.Allocation, inbound.data)
-            if f"{alloc.cluster}\x00{alloc.node_id}" in state.gone:
+            if subjects.node_key(alloc.cluster, alloc.node_id) in state.gone:
                 return state, []
             node = self._node(state, alloc.cluster, alloc.node_id)
             running = alloc.state in ("placed", "started")
@@ -161,7 +161,7 @@ class ScorerCore:
 
     @staticmethod
     def _node(state: ScorerState, cluster: str, node_id: str) -> NodeScore:
-        key = f"{cluster}\x00{node_id}"
+        key = subjects.node_key(cluster, node_id)
         node = state.nodes.get(key)
         if node is None:
             node = state.nodes[key] = NodeScore(cluster=cluster, node_id=node_id)
