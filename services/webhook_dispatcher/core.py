@@ -5,6 +5,7 @@ arrive as arguments (docs/webhooks.md explains the behaviour to operators)."""
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import re
 from collections import deque
@@ -116,6 +117,55 @@ def endpoint_label(url: str) -> str:
         host = f"[{host}]"
     netloc = f"{host}:{parts.port}" if parts.port is not None else host
     return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+
+
+def _environment(environ: Mapping[str, str], name: str) -> str:
+    """A proxy variable, the lower-case spelling first (as curl and urllib read them)."""
+    return environ.get(name.lower()) or environ.get(name.upper()) or ""
+
+
+def _bypassed(entry: str, host: str, port: int) -> bool:
+    """Whether one ``NO_PROXY`` entry covers ``host:port``: a name and its subdomains
+    (``example.com`` and ``.example.com`` both cover ``a.example.com``), an IP address, a
+    CIDR range (``10.0.0.0/8``), each optionally with ``:port``."""
+    entry = entry.strip().lower()
+    if entry.startswith("[") and "]" in entry:  # [v6] or [v6]:port
+        literal, _, rest = entry[1:].partition("]")
+        if rest.startswith(":") and rest[1:] != str(port):
+            return False
+        entry = literal
+    elif entry.count(":") == 1:  # name:port or v4:port (a bare v6 address has more colons)
+        entry, _, entry_port = entry.partition(":")
+        if entry_port != str(port):
+            return False
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        address = None
+    if address is not None:
+        try:
+            return address in ipaddress.ip_network(entry, strict=False)
+        except ValueError:
+            return False
+    name = entry.lstrip(".").removeprefix("*.")
+    return bool(name) and (host == name or host.endswith("." + name))
+
+
+def proxy_for(url: str, environ: Mapping[str, str]) -> str | None:
+    """The proxy deliveries to ``url`` go through, from the environment: ``HTTPS_PROXY`` or
+    ``HTTP_PROXY`` by the URL's scheme, else ``ALL_PROXY``; none where ``NO_PROXY`` covers
+    the host (``*`` covers every host). A proxy given without a scheme is ``http://``."""
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    proxy = _environment(environ, f"{scheme}_proxy") or _environment(environ, "all_proxy")
+    if not proxy:
+        return None
+    host = (parts.hostname or "").lower()
+    port = parts.port or (443 if scheme == "https" else 80)
+    for entry in _environment(environ, "no_proxy").split(","):
+        if entry.strip() == "*" or (entry.strip() and _bypassed(entry, host, port)):
+            return None
+    return proxy if "://" in proxy else f"http://{proxy}"
 
 
 def endpoints_from_config(config: ClusterConfig) -> list[Endpoint]:

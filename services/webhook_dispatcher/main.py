@@ -16,21 +16,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import functools
-import http.cookiejar
 import os
 import random
-import ssl
 import time
 from collections.abc import Callable
 from typing import Any, Literal
 
-import httpx
 from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from prometheus_client import Counter, Gauge, Histogram
 
-from healthplane import __version__, configstore, subjects, wire
+from healthplane import configstore, subjects, wire
 from healthplane.config import ConfigError
 from healthplane.runtime import metrics
 from healthplane.runtime.lifecycle import ServiceContext, run_service, until_stopped
@@ -52,10 +48,9 @@ from healthplane_webhook_dispatcher.core import (
     retry_after_seconds,
     scrub,
 )
-from healthplane_webhook_dispatcher.transport import StreamTransport
+from healthplane_webhook_dispatcher.send import EndpointSender
 
 CONSUMER = "webhook-dispatcher"
-KEEPALIVE_S = 5.0  # an idle connection older than this is not reused (httpx's default too)
 STREAM = "HP_NODE_EVENTS"
 
 Outcome = Literal["delivered", "failed", "rejected", "error"]
@@ -86,44 +81,6 @@ QUEUE_DEPTH = Gauge(
 )
 ENDPOINTS = Gauge("healthplane_webhook_endpoints", "Webhook endpoints in force")
 CONFIG_VERSION = Gauge("healthplane_webhook_config_version", "Version of the cluster config in force")
-
-
-@functools.cache
-def _tls_context() -> ssl.SSLContext:
-    """httpx's default verification (certifi, or SSL_CERT_FILE/SSL_CERT_DIR), built once:
-    each client building its own costs ~50 ms of blocked event loop."""
-    return httpx.create_ssl_context()
-
-
-class _NoCookies(http.cookiejar.CookieJar):
-    """Deliveries are stateless: a receiver's Set-Cookie never changes what later deliveries
-    carry (and httpx's cookie jar cost ~25 us on every answer)."""
-
-    def extract_cookies(self, response: Any, request: Any) -> None:
-        return None
-
-
-def endpoint_client(settings: Settings, *, transport: httpx.AsyncBaseTransport | None = None) -> httpx.AsyncClient:
-    """The httpx client of one endpoint, shared by its workers: HTTP/1.1 over asyncio
-    (transport.StreamTransport, one kept-alive connection per worker) in place of httpcore,
-    which cost ~1.2 ms of CPU per request (docs/webhooks.md, "The HTTP transport").
-    ``transport`` replaces it (the benchmark measures this client over no I/O at all)."""
-    client = httpx.AsyncClient(
-        transport=transport or StreamTransport(ssl_context=_tls_context(), limits=httpx.Limits(
-            max_connections=settings.concurrency, max_keepalive_connections=settings.concurrency,
-            keepalive_expiry=KEEPALIVE_S)),
-        verify=_tls_context(),  # for proxies taken from the environment (httpx's own transport)
-        timeout=httpx.Timeout(settings.timeout_s, connect=settings.connect_timeout_s),
-        follow_redirects=False,  # a signed POST is not re-sent somewhere else
-        headers={"User-Agent": f"healthplane-webhook-dispatcher/{__version__}"},
-        cookies=_NoCookies(),
-    )
-    # httpx's Accept, Accept-Encoding and Connection defaults say what HTTP/1.1 assumes
-    # anyway, and the answer's body is never used; the three cost ~35 us per request in
-    # httpx's header handling (docs/webhooks.md).
-    for name in ("Accept", "Accept-Encoding", "Connection"):
-        del client.headers[name]
-    return client
 
 
 class Pending:
@@ -165,10 +122,8 @@ class EndpointWorker:
         self._latency = LATENCY.labels(label)
         self._queue_full = DROPPED.labels(label, "queue_full")
         QUEUE_DEPTH.labels(label).set_function(lambda: len(self.queue))
-        # Parsed once: the URL is the endpoint's identity (a reload that changes it makes a new
-        # worker), and httpx parsing a string URL cost ~25-50 us a request.
-        self._url = httpx.URL(endpoint.url)
-        self.client = endpoint_client(settings)
+        # The URL is the endpoint's identity: a reload that changes it makes a new worker.
+        self.sender = EndpointSender(endpoint.url, settings)
 
     def start(self) -> None:
         self._tasks = [asyncio.create_task(self._work()) for _ in range(self._settings.concurrency)]
@@ -204,7 +159,7 @@ class EndpointWorker:
         if left:
             DROPPED.labels(self.endpoint.label, reason).inc(len(left))
             self._log.warning("webhook events dropped at close", reason=reason, dropped=len(left))
-        await self.client.aclose()
+        await self.sender.aclose()
 
     # ------------------------------------------------------------------ delivery
 
@@ -250,21 +205,20 @@ class EndpointWorker:
         headers["Content-Type"] = CONTENT_TYPE
         started = time.perf_counter()
         try:
-            response = await self.client.post(self._url, content=body, headers=headers)
+            status, retry_after = await self.sender.post(body, headers)
         except Exception as exc:  # no answer (httpx.HTTPError and anything odder): a failed
             # attempt, retried like the others; a worker never dies of a receiver.
             self._latency.observe(time.perf_counter() - started)
             DELIVERIES.labels(endpoint.label, "error").inc()
             return None, scrub(f"{type(exc).__name__}: {exc}".rstrip(": "), endpoint), None
         self._latency.observe(time.perf_counter() - started)
-        status = response.status_code
         verdict = judge(status)
         if verdict == "delivered":
             self.delivered += 1
             self._delivered.inc()
         else:
             DELIVERIES.labels(endpoint.label, "rejected" if verdict == "rejected" else "failed").inc()
-        return status, f"HTTP {status}", retry_after_seconds(response.headers.get("retry-after"))
+        return status, f"HTTP {status}", retry_after_seconds(retry_after)
 
     def _drop(self, pending: Pending, reason: DropReason, attempts: int, detail: str) -> None:
         DROPPED.labels(self.endpoint.label, reason).inc()

@@ -19,6 +19,8 @@ import pytest
 
 from healthplane.natsserver import free_port
 from healthplane.webhooks import signature_headers, verify
+from healthplane_webhook_dispatcher.core import Settings
+from healthplane_webhook_dispatcher.send import EndpointSender, endpoint_client
 from healthplane_webhook_dispatcher.transport import StreamTransport
 from tests.support.webhook_receiver import Receiver
 
@@ -517,3 +519,84 @@ async def test_basic_auth_from_userinfo_and_verify_on_the_receiver() -> None:
         assert verify(SECRET, received.headers, received.body)
     finally:
         await receiver.close()
+
+
+# ---------------------------------------------------------------------------- the dispatcher's sender
+
+NO_PROXY_ENV: dict[str, str] = {}
+
+
+async def test_direct_sends_byte_for_byte_what_the_client_would(servers: Callable[..., Awaitable[Awkward]]) -> None:
+    """WEB-2: with no proxy in the way, the dispatcher skips AsyncClient's per-request layer;
+    the receiver sees exactly the request AsyncClient sends over the same transport: Host,
+    User-Agent, userinfo as Basic auth, the signed headers, the body."""
+    server = await servers()
+    sender = EndpointSender(server.url().replace("http://", "http://hook:pw@"), Settings(), environ=NO_PROXY_ENV)
+    assert sender.transport is not None and sender.proxy is None
+    body, headers = signed("e1")
+    http = endpoint_client(Settings(), transport=sender.transport)
+    try:
+        assert await sender.post(body, headers) == (204, None)
+        assert (await http.post(sender.url, content=body, headers=headers)).status_code == 204
+    finally:
+        await sender.aclose()
+    (_, direct_head, direct_body), (_, client_head, client_body) = server.requests
+    assert direct_head == client_head and direct_body == client_body == body
+    assert b"\r\nAuthorization: Basic aG9vazpwdw==\r\n" in direct_head  # hook:pw
+    assert b"\r\nUser-Agent: healthplane-webhook-dispatcher/" in direct_head
+    assert server.connections == 1  # both went over the one pooled connection
+
+
+async def test_direct_keeps_the_read_timeout_and_answers_come_with_retry_after(
+        servers: Callable[..., Awaitable[Awkward]]) -> None:
+    """WEB-4 on the direct path: the attempt's timeout holds, and Retry-After reaches the
+    backoff."""
+
+    async def never_answers(peer: Peer) -> None:
+        await peer.request()
+        await asyncio.sleep(30)
+
+    slow = await servers(never_answers)
+    busy = await servers(lambda peer: answer_each(peer, b"HTTP/1.1 503 Busy\r\nRetry-After: 7\r\n"
+                                                  b"Content-Length: 4\r\n\r\nbusy"))
+    sender = EndpointSender(slow.url(), Settings(timeout_s=0.3), environ=NO_PROXY_ENV)
+    try:
+        started = time.monotonic()
+        with pytest.raises(httpx.ReadTimeout):
+            await sender.post(*signed("e2"))
+        assert 0.25 <= time.monotonic() - started < 2
+    finally:
+        await sender.aclose()
+    sender = EndpointSender(busy.url(), Settings(), environ=NO_PROXY_ENV)
+    try:
+        assert await sender.post(*signed("e3")) == (503, "7")
+        assert await sender.post(*signed("e4")) == (503, "7")
+        assert busy.connections == 1  # the body was read to the end: the connection is reused
+    finally:
+        await sender.aclose()
+
+
+async def test_a_proxy_from_the_environment_carries_the_deliveries(
+        servers: Callable[..., Awaitable[Awkward]]) -> None:
+    """An operator's HTTP_PROXY applies to deliveries (and NO_PROXY exempts): the request goes
+    to the proxy in absolute form, never straight to the endpoint."""
+    proxy, endpoint = await servers(), await servers()
+    environ = {"HTTP_PROXY": proxy.url().removesuffix("/hooks")}
+    sender = EndpointSender(endpoint.url(), Settings(), environ=environ)
+    try:
+        assert sender.transport is None and sender.proxy == environ["HTTP_PROXY"]
+        body, headers = signed("e5")
+        assert await sender.post(body, headers) == (204, None)
+    finally:
+        await sender.aclose()
+    [(_, head, received)] = proxy.requests
+    assert head.startswith(b"POST %b HTTP/1.1\r\n" % endpoint.url().encode()) and received == body
+    assert endpoint.requests == []
+
+    sender = EndpointSender(endpoint.url(), Settings(), environ={**environ, "NO_PROXY": "10.0.0.0/8,127.0.0.0/8"})
+    try:
+        assert sender.transport is not None
+        assert await sender.post(*signed("e6")) == (204, None)
+    finally:
+        await sender.aclose()
+    assert len(endpoint.requests) == 1 and len(proxy.requests) == 1

@@ -28,6 +28,7 @@ from healthplane_webhook_dispatcher.core import (
     event_type_of_subject,
     judge,
     plan_reload,
+    proxy_for,
     retry_after_seconds,
     scrub,
 )
@@ -217,3 +218,36 @@ def test_settings_from_environment() -> None:
     tuned = Settings.from_env({"HEALTHPLANE_WEBHOOK_QUEUE_SIZE": "64", "HEALTHPLANE_WEBHOOK_CONCURRENCY": "0",
                                "HEALTHPLANE_WEBHOOK_BACKOFF_BASE_SECONDS": "0.05"})
     assert tuned.queue_size == 64 and tuned.concurrency == 1 and tuned.backoff_base_s == 0.05
+
+
+@pytest.mark.parametrize(("url", "environ", "proxy"), [
+    ("http://hooks.example.com/x", {}, None),
+    ("http://hooks.example.com/x", {"HTTP_PROXY": "proxy.corp:3128"}, "http://proxy.corp:3128"),
+    ("http://hooks.example.com/x", {"HTTPS_PROXY": "http://p:1"}, None),  # by the URL's scheme
+    ("https://hooks.example.com/x", {"HTTPS_PROXY": "http://p:1", "HTTP_PROXY": "http://q:1"}, "http://p:1"),
+    ("https://hooks.example.com/x", {"ALL_PROXY": "http://all:1"}, "http://all:1"),
+    ("https://hooks.example.com/x", {"https_proxy": "http://lower:1", "HTTPS_PROXY": "http://upper:1"},
+     "http://lower:1"),  # the lower-case spelling first, as curl reads them
+    # NO_PROXY: names cover their subdomains, with or without the leading dot
+    ("https://hooks.example.com/x", {"HTTPS_PROXY": "http://p:1", "NO_PROXY": "example.com"}, None),
+    ("https://hooks.example.com/x", {"HTTPS_PROXY": "http://p:1", "NO_PROXY": ".example.com"}, None),
+    ("https://example.com/x", {"HTTPS_PROXY": "http://p:1", "NO_PROXY": ".example.com"}, None),
+    ("https://badexample.com/x", {"HTTPS_PROXY": "http://p:1", "NO_PROXY": "example.com"}, "http://p:1"),
+    ("https://HOOKS.example.com/x", {"HTTPS_PROXY": "http://p:1", "no_proxy": "other.org, Example.COM"}, None),
+    ("https://hooks.example.com/x", {"HTTPS_PROXY": "http://p:1", "NO_PROXY": "*"}, None),
+    # addresses and CIDR ranges, the way fleets write NO_PROXY
+    ("http://10.2.3.4:8080/x", {"HTTP_PROXY": "http://p:1", "NO_PROXY": "10.0.0.0/8"}, None),
+    ("http://192.168.1.1/x", {"HTTP_PROXY": "http://p:1", "NO_PROXY": "10.0.0.0/8"}, "http://p:1"),
+    ("http://127.0.0.1:9/x", {"HTTP_PROXY": "http://p:1", "NO_PROXY": "127.0.0.1"}, None),
+    ("http://[::1]:9/x", {"HTTP_PROXY": "http://p:1", "NO_PROXY": "::1"}, None),
+    ("http://[fd00::5]/x", {"HTTP_PROXY": "http://p:1", "NO_PROXY": "fd00::/8"}, None),
+    # an entry with a port covers that port only
+    ("http://hooks.example.com:8080/x", {"HTTP_PROXY": "http://p:1", "NO_PROXY": "example.com:8080"}, None),
+    ("http://hooks.example.com/x", {"HTTP_PROXY": "http://p:1", "NO_PROXY": "example.com:8080"}, "http://p:1"),
+    ("https://hooks.example.com/x", {"HTTPS_PROXY": "http://p:1", "NO_PROXY": "hooks.example.com:443"}, None),
+    ("http://[::1]:9/x", {"HTTP_PROXY": "http://p:1", "NO_PROXY": "[::1]:9"}, None),
+    ("http://[::1]:10/x", {"HTTP_PROXY": "http://p:1", "NO_PROXY": "[::1]:9"}, "http://p:1"),
+])
+def test_proxy_for_reads_the_environment_as_curl_does(url: str, environ: dict[str, str], proxy: str | None) -> None:
+    """Deliveries honour the operator's proxy variables (docs/webhooks.md)."""
+    assert proxy_for(url, environ) == proxy
