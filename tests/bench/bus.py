@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import time
 from collections.abc import Iterable
@@ -14,7 +15,7 @@ from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig
 
 from healthplane.natsserver import NatsServer
-from healthplane.runtime.processor import Processor
+from healthplane.runtime.processor import Inbound, Processor, settle_heap
 from healthplane.runtime.publish import Outbound, Publisher
 from healthplane.runtime.pull import Delivery, PullLoop
 
@@ -107,3 +108,24 @@ async def processor_rate(proc: Processor[Any], stream: str, count: int, meter: C
     proc.stop()
     await task
     return rate
+
+
+def core_cpu_per_record(core: Any, state: Any, inbounds: list[Inbound]) -> float:
+    """CPU microseconds per record of ``core.step`` alone over ``inbounds``: decoding, the
+    rules and building the output records, with no bus, no framework and no I/O around it
+    (the heap settled as a service settles it)."""
+    settle_heap()
+    try:
+        started = time.process_time()
+        for inbound in inbounds:
+            state, _ = core.step(state, inbound)
+        return (time.process_time() - started) / len(inbounds) * 1e6
+    finally:
+        gc.unfreeze()
+
+
+def ceiling_rate(raw_rate: float, core_us: float) -> float:
+    """Records per second of a service whose framework cost nothing: the baseline's receive
+    and ack plus the core's own work, one after the other on one core. Its ratio to the
+    baseline is the highest any implementation of the framework could reach with this core."""
+    return 1 / (1 / raw_rate + core_us / 1e6)

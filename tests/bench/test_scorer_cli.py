@@ -13,10 +13,17 @@ from nats.js import JetStreamContext
 
 from healthplane import subjects, wire
 from healthplane.natsserver import NatsServer
-from healthplane.runtime.processor import Processor
+from healthplane.runtime.processor import Inbound, Processor
 from healthplane_scorer.service import INPUTS, OUTPUTS, ScorerCore, ScorerState
 from tests.bench import harness
-from tests.bench.bus import CpuMeter, processor_rate, publish_all, raw_consume_rate
+from tests.bench.bus import (
+    CpuMeter,
+    ceiling_rate,
+    core_cpu_per_record,
+    processor_rate,
+    publish_all,
+    raw_consume_rate,
+)
 
 NODES = 100_000
 T0 = datetime(2026, 11, 30, 9, 0, tzinfo=UTC)
@@ -25,9 +32,10 @@ T0 = datetime(2026, 11, 30, 9, 0, tzinfo=UTC)
 async def test_scorer_throughput(nats_server: NatsServer, nc, js: JetStreamContext) -> None:  # type: ignore[no-untyped-def]
     condition = wire.Condition(type="disk_degraded", reason="SmartFailing", severity="critical",
                                message="SMART health check failing on /dev/sda", first_seen=T0)
-    await publish_all(nc, [(subjects.assessment("bench", f"cn-{i:06d}"), wire.encode(wire.Assessment(
+    payloads = [(subjects.assessment("bench", f"cn-{i:06d}"), wire.encode(wire.Assessment(
         node_id=f"cn-{i:06d}", cluster="bench", assessed_at=T0, report_sent_at=T0, health="DEGRADED",
-        conditions=[condition] if i % 10 == 0 else [], last_report_at=T0, interval_seconds=30))) for i in range(NODES)])
+        conditions=[condition] if i % 10 == 0 else [], last_report_at=T0, interval_seconds=30))) for i in range(NODES)]
+    await publish_all(nc, payloads)
     meter = CpuMeter(nats_server).start()
     raw = await raw_consume_rate(nc, js, "HP_ASSESSMENTS", NODES)
     raw_cpu = meter.per(NODES)
@@ -43,6 +51,12 @@ async def test_scorer_throughput(nats_server: NatsServer, nc, js: JetStreamConte
     # here: every node's first score and its first view).
     harness.record("scorer.client_cpu_per_assessment", proc_cpu[0], "us", baseline=raw_cpu[0])
     harness.record("scorer.server_cpu_per_assessment", proc_cpu[1], "us", baseline=raw_cpu[1])
+    # The core alone over the same assessments, and the rate a framework that cost nothing
+    # would reach with it.
+    core_us = core_cpu_per_record(ScorerCore(), ScorerState(), [
+        Inbound("HP_ASSESSMENTS", seq, subject, data, {}, T0, False) for seq, (subject, data) in enumerate(payloads, 1)])
+    harness.record("scorer.core_cpu_per_assessment", core_us, "us", baseline=raw_cpu[0])
+    harness.record("scorer.ceiling_free_framework", ceiling_rate(raw, core_us), "assessments/s", baseline=raw)
 
     # node list over the 100,000 views the scorer just wrote: the command as a user runs it,
     # start-up and imports included. Best of three: an absolute time on a shared machine.

@@ -15,7 +15,7 @@ from healthplane.runtime import logs
 from healthplane.runtime.lifecycle import ServiceContext
 from healthplane_substrate_bridge.main import Bridge
 from tests.bench import harness
-from tests.bench.bus import CpuMeter, publish_all
+from tests.bench.bus import CpuMeter, publish_all, raw_consume_rate
 from tests.support.records import resource_report
 
 NODES = 100_000
@@ -81,6 +81,12 @@ async def test_bridge_rate_and_sizing(nats_server: NatsServer, nc, js: JetStream
     # report to the bridge and takes its ack).
     harness.record("bridge.client_cpu_per_report", bridge_cpu[0], "us", baseline=raw_cpu[0])
     harness.record("bridge.server_cpu_per_report", bridge_cpu[1], "us", baseline=raw_cpu[1])
+    # The bridge must receive and ack each report as well as put it: the shared pull loop
+    # doing only that, and the rate of receive-ack-put one after the other with nothing else,
+    # are the highest any bridge could reach against this baseline.
+    consume = await raw_consume_rate(nc, js, "HP_RESOURCES", NODES)
+    harness.record("bridge.raw_consume_per_s", consume, "reports/s", baseline=raw)
+    harness.record("bridge.ceiling_consume_then_put", 1 / (1 / consume + 1 / raw), "reports/s", baseline=raw)
     harness.record("bridge.report_size_192c_8gpu_10ann", one_report, "bytes")
     harness.record("bridge.stored_bytes_per_report", per_report, "bytes")
     harness.record("bridge.reports_per_64MiB", 64 * MIB / per_report, "reports")
