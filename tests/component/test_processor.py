@@ -143,3 +143,44 @@ def test_replay_equals_live_state(nats_server: NatsServer, count: int, stops: li
         await admin.close()
 
     asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("snapshot_every", [10**9, 100])
+async def test_restart_does_not_put_replaced_outputs_back(nats_server: NatsServer, snapshot_every: int) -> None:
+    """REL-1 with an output stream that keeps the latest record per subject (assessments,
+    node views): after a crash, refolding inputs whose outputs later ones replaced emits
+    nothing, so the latest record of every subject stays the newest one. Found by the
+    1,000,000-report restart benchmark: every replaced assessment came back, stale, on top."""
+    suffix = f"latest{snapshot_every}"
+    inputs = [msgspec.json.encode({"key": f"k{i % 5}"}) for i in range(250)]
+    nc = await connect(nats_server.url, name="test", give_up_after=5)
+    js = nc.jetstream()
+    await streams.ensure(js)
+    await toy.ensure_toy_streams(js, suffix, duplicate_window=0.1, latest_per_key=True)
+    await _publish(js, inputs, suffix)
+
+    life = await connect(nats_server.url, name="life", give_up_after=5)
+    proc = toy.processor(life, life.jetstream(), suffix, snapshot_every=snapshot_every, batch=16)
+    await proc.start()
+    task = asyncio.create_task(proc.run())
+    async with asyncio.timeout(20):
+        while proc.positions.get(f"TOY_IN{suffix}", 0) < len(inputs):
+            await asyncio.sleep(0.01)
+    await life.close()  # a crash: no snapshot at the end
+    await asyncio.gather(task, return_exceptions=True)
+    stored = (await js.stream_info(f"TOY_OUT{suffix}")).state.last_seq
+    await asyncio.sleep(0.3)  # past the duplicate window: only the scan can stop a re-emit
+
+    again = toy.processor(nc, js, suffix, snapshot_every=snapshot_every, batch=16)
+    await again.start()
+    task = asyncio.create_task(again.run())
+    async with asyncio.timeout(20):
+        while again.positions.get(f"TOY_IN{suffix}", 0) < len(inputs):
+            await asyncio.sleep(0.01)
+    again.stop()
+    await task
+    assert again.state == toy.fold(inputs)
+    assert (await js.stream_info(f"TOY_OUT{suffix}")).state.last_seq == stored  # nothing emitted again
+    latest = {str(out["key"]): out["count"] for out in await _outputs(js, suffix)}
+    assert latest == {f"k{k}": 50 for k in range(5)}  # the newest count of each key, not an older one
+    await nc.close()

@@ -6,7 +6,9 @@ A service supplies a :class:`Core` — ``initial_state()`` and a pure
 1. **Start.** Load the latest snapshot (``HP_SNAPSHOTS``, one subject per service and
    partition); with none, start from the initial state at sequence 0.
 2. **Already emitted.** Read the headers of every output stream past the positions the
-   snapshot recorded and collect the causations this producer already wrote.
+   snapshot recorded and collect the causations this producer already wrote; from a stream
+   that keeps the latest record per subject, the latest input seen there covers every input
+   before it (:class:`EmittedBefore`).
 3. **Consume.** One consumer per input starts right after the snapshot's position; replay and
    live processing are the same path, so the state after a restart equals a full replay.
 4. **Emit.** Each output carries ``Hp-Producer``, ``Hp-Causation`` (input stream and sequence)
@@ -113,6 +115,43 @@ def message_id(producer: str, stream: str, seq: int, index: int) -> str:
     return f"{producer}:{stream}:{seq}:{index}"
 
 
+class EmittedBefore:
+    """The inputs whose outputs a restart found already in the output streams (REL-1): those
+    are refolded without emitting again.
+
+    Outputs are stored in input order, a batch's records in one write, and an input is acked
+    only after its outputs are stored. An output stream that keeps every record shows each
+    input's outputs (``inputs``). One that keeps only the latest record per subject (the
+    assessments, the node views) has dropped the outputs later ones replaced, so what it
+    shows is a high-water mark: every input of that stream up to the latest one seen there
+    (``through``) had its outputs stored. Re-emitting a replaced output would put an older
+    record back on top of its subject: the latest assessment of a node would go stale.
+    """
+
+    def __init__(self) -> None:
+        self.inputs: set[tuple[str, int]] = set()
+        self.through: dict[str, int] = {}
+
+    def add(self, stream: str, seq: int, *, superseding: bool) -> None:
+        if superseding:
+            if seq > self.through.get(stream, 0):
+                self.through[stream] = seq
+        else:
+            self.inputs.add((stream, seq))
+
+    def __bool__(self) -> bool:
+        return bool(self.inputs) or bool(self.through)
+
+    def __contains__(self, key: tuple[str, int]) -> bool:
+        return key in self.inputs or key[1] <= self.through.get(key[0], 0)
+
+    def passed(self, stream: str, seq: int) -> None:
+        """The fold has refolded this input: forget what is behind it."""
+        self.inputs.discard((stream, seq))
+        if seq >= self.through.get(stream, seq + 1):
+            del self.through[stream]
+
+
 def settle_heap() -> None:
     """Keep the cyclic garbage collector off the hot path of a service.
 
@@ -173,7 +212,7 @@ class Processor(Generic[S]):
         self._loops: list[PullLoop] = []
         self.state: S = core.initial_state()
         self.positions: dict[str, int] = {}
-        self._already_emitted: set[tuple[str, int]] = set()
+        self._already_emitted = EmittedBefore()
         self._since_snapshot = 0
         self._last_snapshot_at = time.monotonic()
         self._state_decoder = msgspec.json.Decoder(state_type)
@@ -311,24 +350,28 @@ class Processor(Generic[S]):
             self._since_snapshot = 0
             self._last_snapshot_at = time.monotonic()
 
-    async def _scan_emitted(self, from_positions: dict[str, int]) -> set[tuple[str, int]]:
-        found: set[tuple[str, int]] = set()
-
-        def note(msg: Msg) -> None:
-            headers = msg.headers or {}
-            if headers.get(PRODUCER_HEADER) != self.producer:
-                return
-            cause_stream, _, cause_seq = headers.get(CAUSATION_HEADER, "").rpartition(":")
-            if cause_seq.isdigit():
-                found.add((cause_stream, int(cause_seq)))
-
+    async def _scan_emitted(self, from_positions: dict[str, int]) -> EmittedBefore:
+        emitted = EmittedBefore()
         for stream in self._outputs:
             info = await self._js.stream_info(stream)
+            # A stream that keeps the latest record per subject has dropped the outputs that
+            # later ones replaced: the inputs behind those are known by the latest input seen.
+            superseding = (info.config.max_msgs_per_subject or 0) > 0
+
+            def note(msg: Msg, superseding: bool = superseding) -> None:
+                headers = msg.headers or {}
+                if headers.get(PRODUCER_HEADER) != self.producer:
+                    return
+                cause_stream, _, cause_seq = headers.get(CAUSATION_HEADER, "").rpartition(":")
+                if cause_seq.isdigit():
+                    emitted.add(cause_stream, int(cause_seq), superseding=superseding)
+
             await read_all(self._nc, self._js, stream, list(info.config.subjects or []),
                            start_seq=from_positions.get(stream, 0) + 1, headers_only=True, sink=note)
-        if found and self._log is not None:
-            self._log.info("outputs already in the streams", inputs=len(found))
-        return found
+        if emitted and self._log is not None:
+            self._log.info("outputs already in the streams", inputs=len(emitted.inputs),
+                           through=emitted.through)
+        return emitted
 
     # ------------------------------------------------------------------ the fold
 
@@ -362,7 +405,7 @@ class Processor(Generic[S]):
                     continue
                 positions[stream] = seq
                 if not wants_output:
-                    already_emitted.discard((stream, seq))
+                    already_emitted.passed(stream, seq)
                     metrics.DUPLICATES_SKIPPED.labels(self.service).inc()
                     continue
                 if outputs:
