@@ -129,20 +129,40 @@ def test_replay_equals_live_state(nats_server: NatsServer, count: int, stops: li
             await nc.close()
             await asyncio.sleep(0.12)
         nc = await connect(nats_server.url, name="last", give_up_after=5)
-        proc = toy.processor(nc, nc.jetstream(), suffix, snapshot_every=snapshot_every, batch=16)
-        await proc.start()
-        task = asyncio.create_task(proc.run())
-        async with asyncio.timeout(20):
-            while proc.positions.get(f"TOY_IN{suffix}", 0) < count:
-                await asyncio.sleep(0.01)
-        proc.stop()
-        await task
-        assert proc.state == toy.fold(inputs)
+        assert await _restart_to(nc, nc.jetstream(), suffix, count, snapshot_every) == toy.fold(inputs)
         _assert_exactly_once(await _outputs(js, suffix), inputs)
         await nc.close()
         await admin.close()
 
     asyncio.run(scenario())
+
+
+async def _fold_then_crash(url: str, suffix: str, count: int, snapshot_every: int, pairs: bool = False) -> None:
+    """A life of the toy service that folds ``count`` inputs and then dies: its connection
+    cut, no snapshot at the end."""
+    life = await connect(url, name="life", give_up_after=5)
+    proc = toy.processor(life, life.jetstream(), suffix, snapshot_every=snapshot_every, batch=16, pairs=pairs)
+    await proc.start()
+    task = asyncio.create_task(proc.run())
+    async with asyncio.timeout(20):
+        while proc.positions.get(f"TOY_IN{suffix}", 0) < count:
+            await asyncio.sleep(0.01)
+    await life.close()
+    await asyncio.gather(task, return_exceptions=True)
+
+
+async def _restart_to(nc, js: JetStreamContext, suffix: str, count: int, snapshot_every: int,  # type: ignore[no-untyped-def]
+                      pairs: bool = False) -> toy.ToyState:
+    """The next life: start, fold up to ``count`` inputs, stop cleanly; its state."""
+    again = toy.processor(nc, js, suffix, snapshot_every=snapshot_every, batch=16, pairs=pairs)
+    await again.start()
+    task = asyncio.create_task(again.run())
+    async with asyncio.timeout(20):
+        while again.positions.get(f"TOY_IN{suffix}", 0) < count:
+            await asyncio.sleep(0.01)
+    again.stop()
+    await task
+    return again.state
 
 
 @pytest.mark.parametrize("snapshot_every", [10**9, 100])
@@ -159,28 +179,37 @@ async def test_restart_does_not_put_replaced_outputs_back(nats_server: NatsServe
     await toy.ensure_toy_streams(js, suffix, duplicate_window=0.1, latest_per_key=True)
     await _publish(js, inputs, suffix)
 
-    life = await connect(nats_server.url, name="life", give_up_after=5)
-    proc = toy.processor(life, life.jetstream(), suffix, snapshot_every=snapshot_every, batch=16)
-    await proc.start()
-    task = asyncio.create_task(proc.run())
-    async with asyncio.timeout(20):
-        while proc.positions.get(f"TOY_IN{suffix}", 0) < len(inputs):
-            await asyncio.sleep(0.01)
-    await life.close()  # a crash: no snapshot at the end
-    await asyncio.gather(task, return_exceptions=True)
+    await _fold_then_crash(nats_server.url, suffix, len(inputs), snapshot_every=snapshot_every)
     stored = (await js.stream_info(f"TOY_OUT{suffix}")).state.last_seq
     await asyncio.sleep(0.3)  # past the duplicate window: only the scan can stop a re-emit
 
-    again = toy.processor(nc, js, suffix, snapshot_every=snapshot_every, batch=16)
-    await again.start()
-    task = asyncio.create_task(again.run())
-    async with asyncio.timeout(20):
-        while again.positions.get(f"TOY_IN{suffix}", 0) < len(inputs):
-            await asyncio.sleep(0.01)
-    again.stop()
-    await task
-    assert again.state == toy.fold(inputs)
+    assert await _restart_to(nc, js, suffix, len(inputs), snapshot_every=snapshot_every) == toy.fold(inputs)
     assert (await js.stream_info(f"TOY_OUT{suffix}")).state.last_seq == stored  # nothing emitted again
     latest = {str(out["key"]): out["count"] for out in await _outputs(js, suffix)}
     assert latest == {f"k{k}": 50 for k in range(5)}  # the newest count of each key, not an older one
+    await nc.close()
+
+
+async def test_a_write_cut_short_by_a_crash_is_completed_on_restart(nats_server: NatsServer) -> None:
+    """REL-1: a crash in the middle of writing a batch leaves the server a prefix of it, so the
+    last input found may have only some of its outputs stored (an event and not its
+    assessment). The restart emits the rest of that input's outputs, and nothing twice."""
+    suffix = "cut"
+    inputs = [msgspec.json.encode({"key": f"k{i % 3}"}) for i in range(10)]
+    nc = await connect(nats_server.url, name="test", give_up_after=5)
+    js = nc.jetstream()
+    await streams.ensure(js)
+    await toy.ensure_toy_streams(js, suffix, duplicate_window=0.1)
+    await _publish(js, inputs, suffix)
+
+    await _fold_then_crash(nats_server.url, suffix, len(inputs), snapshot_every=10**9, pairs=True)
+    # The cut: the server kept the last input's output and not its echo.
+    last = (await js.stream_info(f"TOY_OUT{suffix}")).state.last_seq
+    assert last == 2 * len(inputs)
+    await js.delete_msg(f"TOY_OUT{suffix}", last)
+    await asyncio.sleep(0.3)  # past the duplicate window
+
+    assert await _restart_to(nc, js, suffix, len(inputs), snapshot_every=10**9, pairs=True) == toy.fold(inputs)
+    outputs = [(out["cause"], bool(out.get("echo"))) for out in await _outputs(js, suffix)]
+    assert sorted(outputs) == sorted((seq, echo) for seq in range(1, len(inputs) + 1) for echo in (False, True))
     await nc.close()

@@ -28,8 +28,12 @@ _decode_input = msgspec.json.Decoder(ToyInput).decode
 
 
 class ToyCore:
-    def __init__(self, out_prefix: str = "toy.out") -> None:
+    """``pairs``: two outputs per input (an output and its echo), as a service that appends an
+    event and an assessment for one report."""
+
+    def __init__(self, out_prefix: str = "toy.out", pairs: bool = False) -> None:
         self.out_prefix = out_prefix
+        self.pairs = pairs
 
     def initial_state(self) -> ToyState:
         return ToyState()
@@ -42,7 +46,11 @@ class ToyCore:
         count = state.counts.get(item.key, 0) + 1
         new = ToyState(counts={**state.counts, item.key: count})
         payload = msgspec.json.encode({"key": item.key, "count": count, "cause": inbound.seq})
-        return new, [Emit(f"{self.out_prefix}.{item.key}", payload)]
+        out = [Emit(f"{self.out_prefix}.{item.key}", payload)]
+        if self.pairs:
+            out.append(Emit(f"{self.out_prefix}.{item.key}.echo", msgspec.json.encode(
+                {"key": item.key, "count": count, "cause": inbound.seq, "echo": True})))
+        return new, out
 
 
 def fold(inputs: Sequence[bytes]) -> ToyState:
@@ -65,9 +73,10 @@ async def ensure_toy_streams(js: JetStreamContext, suffix: str = "", duplicate_w
                         max_msgs_per_subject=1 if latest_per_key else -1)
 
 
-def processor(nc, js, suffix: str = "", snapshot_every: int = 200, batch: int = 50, log=None) -> Processor[ToyState]:  # type: ignore[no-untyped-def]
+def processor(nc, js, suffix: str = "", snapshot_every: int = 200, batch: int = 50, log=None,  # type: ignore[no-untyped-def]
+              pairs: bool = False) -> Processor[ToyState]:
     return Processor(
-        nc=nc, js=js, service=f"toy{suffix}", core=ToyCore(f"toy{suffix}.out"), state_type=ToyState,
+        nc=nc, js=js, service=f"toy{suffix}", core=ToyCore(f"toy{suffix}.out", pairs), state_type=ToyState,
         inputs=[Input(f"TOY_IN{suffix}")], outputs=[f"TOY_OUT{suffix}"], batch=batch,
         snapshot_every_inputs=snapshot_every, snapshot_every_s=3600, log=log,
     )

@@ -126,30 +126,65 @@ class EmittedBefore:
     shows is a high-water mark: every input of that stream up to the latest one seen there
     (``through``) had its outputs stored. Re-emitting a replaced output would put an older
     record back on top of its subject: the latest assessment of a node would go stale.
+
+    A crash can cut a batch's write short: the server then holds a prefix of it, and the one
+    input whose outputs straddle the cut is the latest input found. That input (``last``,
+    with the ids of its outputs found) is refolded with its outputs built, and those after
+    the last one found are emitted.
+
+    Not covered: a record the server refused while later records of the same batch were
+    stored (one stream unavailable, the others not), when the process dies before the retry
+    that follows stores it; the input is then taken as emitted.
     """
 
     def __init__(self) -> None:
         self.inputs: set[tuple[str, int]] = set()
         self.through: dict[str, int] = {}
+        self.last: dict[str, tuple[int, set[str]]] = {}
 
-    def add(self, stream: str, seq: int, *, superseding: bool) -> None:
+    def add(self, stream: str, seq: int, msg_id: str, *, superseding: bool) -> None:
         if superseding:
             if seq > self.through.get(stream, 0):
                 self.through[stream] = seq
         else:
             self.inputs.add((stream, seq))
+        last_seq, ids = self.last.get(stream, (0, set()))
+        if seq > last_seq:
+            self.last[stream] = (seq, {msg_id})
+        elif seq == last_seq:
+            ids.add(msg_id)
 
     def __bool__(self) -> bool:
-        return bool(self.inputs) or bool(self.through)
+        return bool(self.inputs) or bool(self.through) or bool(self.last)
 
     def __contains__(self, key: tuple[str, int]) -> bool:
-        return key in self.inputs or key[1] <= self.through.get(key[0], 0)
+        """Every output of this input is stored (the last input found may not be: False)."""
+        stream, seq = key
+        if seq == self.last.get(stream, (0, None))[0]:
+            return False
+        return key in self.inputs or seq <= self.through.get(stream, 0)
+
+    def stored_of(self, stream: str, seq: int) -> set[str] | None:
+        """The ids found of this input's outputs when it is the last input found."""
+        last_seq, ids = self.last.get(stream, (0, set()))
+        return ids if seq == last_seq else None
+
+    def behind(self, positions: dict[str, int]) -> EmittedBefore:
+        """Only what lies past ``positions`` (a restored snapshot's), which is all a refold
+        will ask about."""
+        kept = EmittedBefore()
+        kept.inputs = {(stream, seq) for stream, seq in self.inputs if seq > positions.get(stream, 0)}
+        kept.through = {stream: seq for stream, seq in self.through.items() if seq > positions.get(stream, 0)}
+        kept.last = {stream: last for stream, last in self.last.items() if last[0] > positions.get(stream, 0)}
+        return kept
 
     def passed(self, stream: str, seq: int) -> None:
         """The fold has refolded this input: forget what is behind it."""
         self.inputs.discard((stream, seq))
         if seq >= self.through.get(stream, seq + 1):
             del self.through[stream]
+        if seq >= self.last.get(stream, (seq + 1, None))[0]:
+            del self.last[stream]
 
 
 def settle_heap() -> None:
@@ -224,7 +259,7 @@ class Processor(Generic[S]):
 
     async def start(self) -> None:
         await self._restore()
-        self._already_emitted = await self._scan_emitted(self._snapshot_outputs)
+        self._already_emitted = (await self._scan_emitted(self._snapshot_outputs)).behind(self.positions)
         self._start_seq = {spec.stream: (await self._js.stream_info(spec.stream)).state.last_seq
                            for spec in self._inputs if not spec.after_others}
         for spec in self._inputs:
@@ -364,13 +399,14 @@ class Processor(Generic[S]):
                     return
                 cause_stream, _, cause_seq = headers.get(CAUSATION_HEADER, "").rpartition(":")
                 if cause_seq.isdigit():
-                    emitted.add(cause_stream, int(cause_seq), superseding=superseding)
+                    emitted.add(cause_stream, int(cause_seq), headers.get(MSG_ID_HEADER, ""),
+                                superseding=superseding)
 
             await read_all(self._nc, self._js, stream, list(info.config.subjects or []),
                            start_seq=from_positions.get(stream, 0) + 1, headers_only=True, sink=note)
         if emitted and self._log is not None:
-            self._log.info("outputs already in the streams", inputs=len(emitted.inputs),
-                           through=emitted.through)
+            self._log.info("outputs already in the streams", inputs=len(emitted.inputs), through=emitted.through,
+                           last={stream: seq for stream, (seq, _) in emitted.last.items()})
         return emitted
 
     # ------------------------------------------------------------------ the fold
@@ -408,11 +444,21 @@ class Processor(Generic[S]):
                     already_emitted.passed(stream, seq)
                     metrics.DUPLICATES_SKIPPED.labels(self.service).inc()
                     continue
+                stored = already_emitted.stored_of(stream, seq) if already_emitted else None
+                if stored is not None:
+                    already_emitted.passed(stream, seq)
                 if outputs:
                     causation = f"{stream}:{seq}"
+                    # A cut write stored a prefix: every output up to the last one found is in
+                    # (or was replaced by a later one on its subject).
+                    first = 0 if stored is None else max(
+                        (index + 1 for index, emit in enumerate(outputs)
+                         if (emit.msg_id or f"{producer}:{causation}:{index}") in stored), default=0)
                     for index, emit in enumerate(outputs):
-                        emits.append((emit, {**emit.headers, CAUSATION_HEADER: causation, PRODUCER_HEADER: producer,
-                                             MSG_ID_HEADER: emit.msg_id or f"{producer}:{causation}:{index}"}))
+                        if index >= first:
+                            emits.append((emit, {**emit.headers, CAUSATION_HEADER: causation,
+                                                 PRODUCER_HEADER: producer,
+                                                 MSG_ID_HEADER: emit.msg_id or f"{producer}:{causation}:{index}"}))
             await self._emit_all(emits)
             self.state = state
             acked = Counter(d.stream for d in batch if d.disposition == "ack")
