@@ -18,6 +18,7 @@ from healthplane.natsserver import NatsServer
 from healthplane.runtime.processor import Inbound, Processor, settle_heap
 from healthplane.runtime.publish import Outbound, Publisher
 from healthplane.runtime.pull import Delivery, PullLoop
+from tests.bench import harness
 
 WINDOW = 4096
 
@@ -129,3 +130,17 @@ def ceiling_rate(raw_rate: float, core_us: float) -> float:
     and ack plus the core's own work, one after the other on one core. Its ratio to the
     baseline is the highest any implementation of the framework could reach with this core."""
     return 1 / (1 / raw_rate + core_us / 1e6)
+
+
+def record_service_loop(service: str, record: str, rate: float, raw: float, cpu: tuple[float, float],
+                        raw_cpu: tuple[float, float], core_us: float) -> None:
+    """The figures of a service that folds one stream (health-ingest, scorer), against the
+    pull-loop baseline of the same run: its rate (target 0.5), where its time goes per
+    record (this process, the server) against the baseline's, its core alone (``core_us``,
+    from ``core_cpu_per_record``) and the ceiling that core leaves any framework."""
+    harness.record(f"{service}.{record}s_per_s_100k_nodes", rate, f"{record}s/s", baseline=raw,
+                   target="ratio >= 0.5")
+    harness.record(f"{service}.client_cpu_per_{record}", cpu[0], "us", baseline=raw_cpu[0])
+    harness.record(f"{service}.server_cpu_per_{record}", cpu[1], "us", baseline=raw_cpu[1])
+    harness.record(f"{service}.core_cpu_per_{record}", core_us, "us", baseline=raw_cpu[0])
+    harness.record(f"{service}.ceiling_free_framework", ceiling_rate(raw, core_us), f"{record}s/s", baseline=raw)

@@ -18,11 +18,11 @@ from healthplane_scorer.service import INPUTS, OUTPUTS, ScorerCore, ScorerState
 from tests.bench import harness
 from tests.bench.bus import (
     CpuMeter,
-    ceiling_rate,
     core_cpu_per_record,
     processor_rate,
     publish_all,
     raw_consume_rate,
+    record_service_loop,
 )
 
 NODES = 100_000
@@ -46,17 +46,11 @@ async def test_scorer_throughput(nats_server: NatsServer, nc, js: JetStreamConte
     rate = await processor_rate(proc, "HP_ASSESSMENTS", NODES, meter)
     proc_cpu = meter.reading
     raw = max(raw, await raw_consume_rate(nc, js, "HP_ASSESSMENTS", NODES))  # the better of before and after
-    harness.record("scorer.assessments_per_s_100k_nodes", rate, "assessments/s", baseline=raw, target="ratio >= 0.5")
-    # Per assessment, against the baseline's: this process, and the server (two appends each
-    # here: every node's first score and its first view).
-    harness.record("scorer.client_cpu_per_assessment", proc_cpu[0], "us", baseline=raw_cpu[0])
-    harness.record("scorer.server_cpu_per_assessment", proc_cpu[1], "us", baseline=raw_cpu[1])
-    # The core alone over the same assessments, and the rate a framework that cost nothing
-    # would reach with it.
+    # The core alone: decode, score, SCORE_CHANGED and the view built and encoded (two appends
+    # for every node here: its first score and its first view).
     core_us = core_cpu_per_record(ScorerCore(), ScorerState(), [
         Inbound("HP_ASSESSMENTS", seq, subject, data, {}, T0, False) for seq, (subject, data) in enumerate(payloads, 1)])
-    harness.record("scorer.core_cpu_per_assessment", core_us, "us", baseline=raw_cpu[0])
-    harness.record("scorer.ceiling_free_framework", ceiling_rate(raw, core_us), "assessments/s", baseline=raw)
+    record_service_loop("scorer", "assessment", rate, raw, proc_cpu, raw_cpu, core_us)
 
     # node list over the 100,000 views the scorer just wrote: the command as a user runs it,
     # start-up and imports included. Best of three: an absolute time on a shared machine.

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from healthplane.runtime.processor import EmittedBefore
+from nats.js.api import StreamConfig
+
+from healthplane.runtime.processor import EmittedBefore, drops_records
+from healthplane.streams import STREAMS
 
 
 def _scanned() -> EmittedBefore:
@@ -42,3 +45,15 @@ def test_rel1_a_snapshot_position_drops_what_lies_behind_it() -> None:
     kept = _scanned().behind({"IN": 9, "OTHER": 1})
     assert kept.inputs == {("OTHER", 2)} and kept.through == {} and set(kept.last) == {"OTHER"}
     assert not _scanned().behind({"IN": 9, "OTHER": 2})
+
+
+def test_rel1_every_healthplane_stream_is_read_as_one_that_may_drop_records() -> None:
+    """Replaced records (latest per subject) and aged-out ones (commands and directives keep 7
+    days, events 90) are gone from the streams; a restart must not take their inputs for
+    never emitted and issue an old command again."""
+    assert all(drops_records(stream.config(replicas=1)) for stream in STREAMS)
+    assert drops_records(StreamConfig(max_age=7 * 86400.0))
+    assert drops_records(StreamConfig(max_msgs_per_subject=1))
+    assert drops_records(StreamConfig(max_bytes=1 << 30))
+    assert not drops_records(StreamConfig(max_msgs_per_subject=-1, max_age=0, max_msgs=-1, max_bytes=-1))
+    assert not drops_records(StreamConfig())

@@ -7,8 +7,8 @@ A service supplies a :class:`Core` — ``initial_state()`` and a pure
    partition); with none, start from the initial state at sequence 0.
 2. **Already emitted.** Read the headers of every output stream past the positions the
    snapshot recorded and collect the causations this producer already wrote; from a stream
-   that keeps the latest record per subject, the latest input seen there covers every input
-   before it (:class:`EmittedBefore`).
+   with limits (which may have dropped replaced or aged-out records), the latest input seen
+   there covers every input before it (:class:`EmittedBefore`).
 3. **Consume.** One consumer per input starts right after the snapshot's position; replay and
    live processing are the same path, so the state after a restart equals a full replay.
 4. **Emit.** Each output carries ``Hp-Producer``, ``Hp-Causation`` (input stream and sequence)
@@ -35,7 +35,7 @@ import msgspec
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
-from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, StreamConfig
 from nats.js.errors import NotFoundError
 
 from healthplane import wire
@@ -121,11 +121,13 @@ class EmittedBefore:
 
     Outputs are stored in input order, a batch's records in one write, and an input is acked
     only after its outputs are stored. An output stream that keeps every record shows each
-    input's outputs (``inputs``). One that keeps only the latest record per subject (the
-    assessments, the node views) has dropped the outputs later ones replaced, so what it
-    shows is a high-water mark: every input of that stream up to the latest one seen there
-    (``through``) had its outputs stored. Re-emitting a replaced output would put an older
-    record back on top of its subject: the latest assessment of a node would go stale.
+    input's outputs (``inputs``). One with a limit may have dropped some: those that later
+    ones replaced (the latest assessment, the latest view of a node) or that aged out (the
+    7-day commands and directives, the 90-day events), so what it shows is a high-water
+    mark: every input of that stream up to the latest one seen there (``through``) had its
+    outputs stored. Re-emitting a replaced output would put an older record back on top of
+    its subject (a node's latest assessment gone stale); re-emitting an aged-out one would
+    replay an old command or directive after a restart without a snapshot.
 
     A crash can cut a batch's write short: the server then holds a prefix of it, and the one
     input whose outputs straddle the cut is the latest input found. That input (``last``,
@@ -134,7 +136,9 @@ class EmittedBefore:
 
     Not covered: a record the server refused while later records of the same batch were
     stored (one stream unavailable, the others not), when the process dies before the retry
-    that follows stores it; the input is then taken as emitted.
+    that follows stores it; the input is then taken as emitted. And a producer none of whose
+    outputs is left in any of its streams (all aged out) has no mark: a restart without a
+    snapshot then emits again what its old inputs cause.
     """
 
     def __init__(self) -> None:
@@ -185,6 +189,13 @@ class EmittedBefore:
             del self.through[stream]
         if seq >= self.last.get(stream, (seq + 1, None))[0]:
             del self.last[stream]
+
+
+def drops_records(config: StreamConfig) -> bool:
+    """Whether a stream may have dropped records a producer stored: any limit (records per
+    subject, age, count, bytes) does. Its outputs are then read as a high-water mark."""
+    return any((limit or 0) > 0 for limit in (
+        config.max_msgs_per_subject, config.max_age, config.max_msgs, config.max_bytes))
 
 
 def settle_heap() -> None:
@@ -389,9 +400,7 @@ class Processor(Generic[S]):
         emitted = EmittedBefore()
         for stream in self._outputs:
             info = await self._js.stream_info(stream)
-            # A stream that keeps the latest record per subject has dropped the outputs that
-            # later ones replaced: the inputs behind those are known by the latest input seen.
-            superseding = (info.config.max_msgs_per_subject or 0) > 0
+            superseding = drops_records(info.config)
 
             def note(msg: Msg, superseding: bool = superseding) -> None:
                 headers = msg.headers or {}
