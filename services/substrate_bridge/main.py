@@ -17,7 +17,7 @@ from typing import Any
 
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
-from nats.js.errors import NoKeysError, NotFoundError
+from nats.js.errors import NoKeysError
 from prometheus_client import REGISTRY, Counter
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
@@ -28,6 +28,7 @@ from healthplane.runtime import metrics
 from healthplane.runtime.lifecycle import ServiceContext, run_service, until_stopped
 from healthplane.runtime.publish import Outbound, Publisher, PublishError
 from healthplane.runtime.pull import Delivery, PullLoop
+from healthplane.runtime.replay import read_all
 from healthplane_substrate_bridge.core import decide_cap, registration_event, rejection_log
 
 SERVICE = "substrate-bridge"
@@ -99,6 +100,7 @@ class Bridge:
         self._js = ctx.js
         self._log = ctx.log
         self._known: set[str] = set()
+        self._registered: set[str] = set()  # NODE_REGISTERED subjects in HP_NODE_EVENTS
         self._rejections = rejection_log()
         self._sample_interval_s = sample_interval_s
         self._rejected = metrics.MESSAGES_REJECTED
@@ -114,7 +116,14 @@ class Bridge:
             self._known = set(await kv.keys())
         except NoKeysError:
             self._known = set()
-        self._log.info("bridge started", nodes=len(self._known))
+        # This service is the one writer of NODE_REGISTERED: read once what is there, and the
+        # set stays complete as it registers (a request per newcomer held a fleet coming up
+        # to ~4,600 registrations/s).
+        registered: set[str] = set()
+        await read_all(self._ctx.nc, self._js, "HP_NODE_EVENTS", "hp.event.*.*.NODE_REGISTERED",
+                       last_per_subject=True, headers_only=True, sink=lambda msg: registered.add(msg.subject))
+        self._registered = registered
+        self._log.info("bridge started", nodes=len(self._known), registered=len(registered))
 
     async def ensure_consumer(self) -> None:
         # A durable consumer: the KV is the bridge's state, so it resumes where it acked.
@@ -162,28 +171,19 @@ class Bridge:
 
     async def _register(self, newcomers: list[tuple[Delivery, wire.ResourceReport]]) -> None:
         """NODE_REGISTERED for nodes the bucket has not seen, unless the event stream already
-        has one (a put failed after registering, or the bucket lost the key). Checks and
-        appends are pipelined: a fleet coming up registers at bus speed."""
-        checks = await asyncio.gather(*(
-            self._already_registered(report) for _, report in newcomers))
+        has one (a put failed after registering, or the bucket lost the key)."""
         events: list[Outbound] = []
-        for (delivery, report), registered in zip(newcomers, checks, strict=True):
-            if registered:
+        for delivery, report in newcomers:
+            subject = subjects.event(report.cluster, report.node_id, "NODE_REGISTERED")
+            if subject in self._registered:
                 continue
             occurred_at = datetime.fromtimestamp(delivery.timestamp_ns / 1e9, UTC)
             event = registration_event(report, occurred_at)
-            subject = subjects.event(report.cluster, report.node_id, "NODE_REGISTERED")
             events.append((subject, wire.encode(event), {
                 "Nats-Msg-Id": event.id, "Hp-Producer": SERVICE,
                 "Hp-Causation": f"HP_RESOURCES:{delivery.stream_seq}"}))
         await self._publisher.store_all(events)
-
-    async def _already_registered(self, report: wire.ResourceReport) -> bool:
-        try:
-            await self._js.get_last_msg("HP_NODE_EVENTS", subjects.event(report.cluster, report.node_id, "NODE_REGISTERED"))
-        except NotFoundError:
-            return False
-        return True
+        self._registered.update(subject for subject, _, _ in events)
 
     def _on_rejected(self, delivery: Delivery, report: wire.ResourceReport, exc: Exception) -> None:
         delivery.nak(RETRY_DELAY_S)

@@ -128,6 +128,24 @@ async def test_registration_and_latest_wins(nats_server: NatsServer, js: JetStre
     await _until(updated)
     assert len(await _registrations(js)) == 2
 
+    # The bucket lost a node's key (purged by hand) while the bridge was down: its next report
+    # lands again and is not registered twice; the registration read at start says it exists.
+    assert bridges[-1].stop() == 0
+    await kv.purge(subjects.kv_node_key("default", "cn-042"))
+    restarted = _start(bridges, nats_server, tmp_path)
+    assert restarted.wait_for_line("bridge started")["registered"] == 2
+    await _publish(js, resource_report("cn-042", definition=None, cores=32))
+
+    async def back() -> bool:
+        try:
+            entry = await kv.get(subjects.kv_node_key("default", "cn-042"))
+        except Exception:
+            return False
+        return wire.decode(wire.ResourceReport, entry.value or b"").cores == 32
+
+    await _until(back)
+    assert len(await _registrations(js)) == 2
+
 
 async def test_cap_from_environment_is_clamped_and_logged(nats_server: NatsServer, js: JetStreamContext,
                                                           tmp_path: Path, bridges: list[BridgeProcess]) -> None:
