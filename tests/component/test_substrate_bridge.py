@@ -87,6 +87,15 @@ async def _until(predicate, timeout: float = 15.0) -> None:  # type: ignore[no-u
             await asyncio.sleep(0.05)
 
 
+async def _cores_are(kv, node_id: str, cores: int) -> bool:  # type: ignore[no-untyped-def]
+    """Whether the bucket holds a report of ``node_id`` with ``cores`` cores."""
+    try:
+        entry = await kv.get(subjects.kv_node_key("default", node_id))
+    except Exception:
+        return False
+    return wire.decode(wire.ResourceReport, entry.value or b"").cores == cores
+
+
 async def _registrations(js: JetStreamContext) -> list[wire.NodeEvent]:
     return [wire.decode(wire.NodeEvent, m.data) async for m in replay(js, "HP_NODE_EVENTS", "hp.event.*.*.NODE_REGISTERED")]
 
@@ -100,14 +109,7 @@ async def test_registration_and_latest_wins(nats_server: NatsServer, js: JetStre
     await _publish(js, resource_report("cn-042", definition=None, cores=96))
     kv = await js.key_value(streams.NODES_BUCKET)
 
-    async def landed() -> bool:
-        try:
-            entry = await kv.get(subjects.kv_node_key("default", "cn-042"))
-        except Exception:
-            return False
-        return wire.decode(wire.ResourceReport, entry.value or b"").cores == 96
-
-    await _until(landed)
+    await _until(lambda: _cores_are(kv, "cn-042", 96))
     stored = wire.decode(wire.ResourceReport, (await kv.get("default.10=2E0=2E0=2E42=2F9100")).value or b"")
     assert stored.provisioned is True and stored.node_id == "10.0.0.42/9100"
     events = await _registrations(js)
@@ -121,11 +123,7 @@ async def test_registration_and_latest_wins(nats_server: NatsServer, js: JetStre
     _start(bridges, nats_server, tmp_path)
     await _publish(js, resource_report("cn-042", definition=None, cores=64))
 
-    async def updated() -> bool:
-        entry = await kv.get(subjects.kv_node_key("default", "cn-042"))
-        return wire.decode(wire.ResourceReport, entry.value or b"").cores == 64
-
-    await _until(updated)
+    await _until(lambda: _cores_are(kv, "cn-042", 64))
     assert len(await _registrations(js)) == 2
 
     # The bucket lost a node's key (purged by hand) while the bridge was down: its next report
@@ -136,14 +134,7 @@ async def test_registration_and_latest_wins(nats_server: NatsServer, js: JetStre
     assert restarted.wait_for_line("bridge started")["registered"] == 2
     await _publish(js, resource_report("cn-042", definition=None, cores=32))
 
-    async def back() -> bool:
-        try:
-            entry = await kv.get(subjects.kv_node_key("default", "cn-042"))
-        except Exception:
-            return False
-        return wire.decode(wire.ResourceReport, entry.value or b"").cores == 32
-
-    await _until(back)
+    await _until(lambda: _cores_are(kv, "cn-042", 32))
     assert len(await _registrations(js)) == 2
 
 
