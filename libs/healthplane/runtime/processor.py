@@ -462,8 +462,8 @@ class Processor(Generic[S]):
                     # (or was replaced by a later one on its subject).
                     first = 0 if stored is None else max(
                         (index + 1 for index, emit in enumerate(outputs)
-                         if (emit.msg_id or f"{producer}:{causation}:{index}") in stored), default=0)
-                    for index, emit in enumerate(outputs):
+                         if (emit.msg_id or message_id(producer, stream, seq, index)) in stored), default=0)
+                    for index, emit in enumerate(outputs):  # message_id() inlined: every output passes here
                         if index >= first:
                             emits.append((emit, {**emit.headers, CAUSATION_HEADER: causation,
                                                  PRODUCER_HEADER: producer,
