@@ -6,9 +6,11 @@ Pure: no I/O, no clock, no logging. ``now`` is the stream time of the record bei
 One condition per type: its severity and reason are those of the worst finding of that type;
 its message names every finding behind that reason. Three kinds of finding:
 
-- **state** — raised while the report shows it (read-only mount, throttling, failing SMART
-  attribute, GPU correctable ECC while its volatile count since driver load is non-zero,
-  a failed collector);
+- **state** — raised while the report shows it (read-only mount, throttling, SMART health
+  failing or an NVMe critical warning, a failing SMART attribute, GPU correctable ECC while
+  its volatile count since driver load is non-zero, a failed collector). SMART follows the
+  drive's own verdict (ING-2a): a report with no verdict for a disk (smartctl failed on it)
+  keeps the last one, the first passing verdict clears it;
 - **climbing** — raised while a counter rises from one report to the next, cleared after
   ``quietReportsToClear`` reports in which it did not (EDAC CE, corrected MCE, GHES
   corrected/recoverable, non-hardware Xids, I/O errors). A counter that goes backwards
@@ -16,8 +18,7 @@ its message names every finding behind that reason. Three kinds of finding:
   false rise;
 - **sticky** — raised once and held until ``healthplane node service`` records service
   (NODE_SERVICED) or the device is replaced (another GPU UUID or disk serial): fatal MCE and
-  GHES, uncorrectable memory, hardware Xids, uncorrectable GPU ECC, row-remap failure, SMART
-  failing.
+  GHES, uncorrectable memory, hardware Xids, uncorrectable GPU ECC, row-remap failure.
 """
 
 from __future__ import annotations
@@ -77,6 +78,9 @@ class NodeState(msgspec.Struct):
     climbs: dict[str, Climb] = {}
     sticky: dict[str, Sticky] = {}
     conditions: dict[str, wire.Condition] = {}
+    # Disks whose latest SMART verdict was failing (ING-2a): a state, not a sticky fault.
+    # Disk name -> serial (a dict, not a set: its order survives a snapshot unchanged).
+    smart_failing: dict[str, str] = {}
     definition: str | None = None
     report_sent_at: datetime | None = None
 
@@ -180,16 +184,14 @@ def findings(node: NodeState, report: wire.HealthReport, config: IngestConfig) -
 
     # Disks.
     if signals.smart.status in ("ok", "failed"):
+        _fold_smart_verdicts(node, signals.smart)
         for disk in signals.smart.devices:
-            failing = disk.passed is False or bool(disk.critical_warning)
-            if failing:
-                _sticky(node, f"smart.{disk.name}", Finding("disk_degraded", "SmartFailing", "critical",
-                                                            f"SMART health check failing on {disk.name}"),
-                        disk.name, disk.serial or "")
             if disk.failing_now or disk.failed_in_past:
                 names = ", ".join(a.name for a in [*disk.failing_now, *disk.failed_in_past])
                 out.append(Finding("disk_degraded", "SmartAttributeFailing", "warning",
                                    f"SMART attributes failing on {disk.name}: {names}"))
+    out.extend(Finding("disk_degraded", "SmartFailing", "critical", f"SMART health check failing on {name}")
+               for name in sorted(node.smart_failing))
     if signals.ioerr.status == "ok":
         for counter in signals.ioerr.devices:
             if _climb(node, f"ioerr.{counter.name}", counter.count, quiet, baseline_zero=False):
@@ -259,6 +261,26 @@ def _xid_findings(node: NodeState, report: wire.HealthReport, quiet: int) -> lis
         else:
             out.append(Finding("gpu_xid_errors", "GpuXidHardware", "critical", f"{where}: Xid {latest}{suffix}"))
     return out
+
+
+def _fold_smart_verdicts(node: NodeState, smart: wire.SmartSignal) -> None:
+    """ING-2a: each disk's current verdict replaces its last; a disk without one keeps it.
+
+    Snapshots from before SMART was a state held it as a sticky fault: it becomes the disk's
+    last verdict here, so the next passing report clears it like any other."""
+    for key in [k for k in node.sticky if k.startswith("smart.")]:
+        node.smart_failing[key.removeprefix("smart.")] = node.sticky.pop(key).identity
+    for disk in smart.devices:
+        if disk.passed is None and disk.critical_warning is None:
+            continue
+        if disk.passed is False or bool(disk.critical_warning):
+            node.smart_failing[disk.name] = disk.serial or ""
+        else:
+            node.smart_failing.pop(disk.name, None)
+    if smart.status == "ok":  # a disk no longer listed has no verdict to keep
+        present = {disk.name for disk in smart.devices}
+        for name in [n for n in node.smart_failing if n not in present]:
+            del node.smart_failing[name]
 
 
 def _forget_replaced(node: NodeState, identities: Mapping[str, str]) -> None:

@@ -168,6 +168,42 @@ async def test_sticky_clears_only_on_service() -> None:
     assert await s.report() == []  # the counter did not rise again: stays clear
 
 
+async def test_smart_failing_clears_when_the_drive_passes_again() -> None:
+    # ING-2a: SMART is the drive's current verdict, not a sticky fault.
+    s = Scenario()
+    await s.report("smart-failing")
+    assert s.reason("disk_degraded") == ("SmartFailing", "critical")
+    assert await s.report() == []  # still failing: no change
+    assert await s.report("clear") == ["CONDITION_CLEARED disk_degraded"]
+    assert "disk_degraded" not in s.conditions
+
+
+async def test_smart_without_a_verdict_keeps_the_last_one() -> None:
+    # ING-2a: smartctl failing on the disk is no pass: the condition holds until a verdict.
+    s = Scenario()
+    await s.report("smart-failing")
+    report = await sim_report(s.node)
+    unreadable = msgspec.structs.replace(report.signals.smart, status="failed", reason="smartctl timed out",
+                                         devices=[wire.SmartDevice(name="/dev/nvme0", error="timed out")])
+    blind = msgspec.structs.replace(report, signals=msgspec.structs.replace(report.signals, smart=unreadable))
+    s.seq += 1
+    _, changes = assess(s.state, blind, s.now + timedelta(seconds=30), s.seq)
+    assert s.reason("disk_degraded") == ("SmartFailing", "critical")
+    assert [c.type for c in changes] == ["CONDITION_RAISED"]  # only collector_failed is new
+    s.now += timedelta(seconds=30)
+    assert "CONDITION_CLEARED disk_degraded" in await s.report("clear")
+
+
+def test_smart_sticky_from_an_old_snapshot_clears_on_a_pass() -> None:
+    # ING-2a on upgrade: a snapshot that held SmartFailing as sticky clears on the next pass.
+    from healthplane_health_ingest.core import Finding, NodeState, Sticky, _fold_smart_verdicts
+
+    node = NodeState(cluster="c", node_id="n1", sticky={"smart./dev/sda": Sticky(
+        Finding("disk_degraded", "SmartFailing", "critical", "x"), "/dev/sda", "S1")})
+    _fold_smart_verdicts(node, wire.SmartSignal(status="ok", devices=[wire.SmartDevice(name="/dev/sda", passed=True)]))
+    assert node.sticky == {} and node.smart_failing == {}
+
+
 async def test_gpu_replacement_clears_its_sticky_faults() -> None:
     s = Scenario()
     await s.report("ecc-uncorrectable", gpu=1)
