@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 from typing import Final
 
+from healthplane.cli.common import one_of
+
 FAULTS: Final = (
     "xid:<N>", "ecc-correctable", "ecc-uncorrectable", "row-remap-failure", "edac-ce", "edac-ue",
     "mce-corrected", "mce-fatal", "hw-error-corrected", "hw-error-fatal", "smart-failing",
@@ -20,9 +22,9 @@ def add_collector_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--state-dir", default="/var/lib/healthplane/collector", help="keeps the kmsg cursor")
     parser.add_argument("--node-id", help="node id (default: config node-id, else the hostname)")
     parser.add_argument("--cluster", help="cluster (default: config cluster, else 'default')")
-    parser.add_argument("--gpu-source", choices=["auto", "nvml", "nvidia-smi"], default="auto")
+    parser.add_argument("--gpu-source", **one_of(["auto", "nvml", "nvidia-smi"]), default="auto")
     parser.add_argument("--once", action="store_true", help="print one health report and exit, without NATS")
-    parser.add_argument("-o", "--output", choices=["text", "json"], default="json")
+    parser.add_argument("-o", "--output", **one_of(["text", "json"]), default="json")
     parser.add_argument("--nats-url", help="NATS server (env HEALTHPLANE_NATS_URL)")
     parser.add_argument("--creds", help="NATS credentials file")
     parser.add_argument("--metrics-port", type=int, default=0)
@@ -55,17 +57,17 @@ def add_work_arguments(actions: argparse._SubParsersAction[argparse.ArgumentPars
     submit.add_argument("--cluster", default="default")
     submit.add_argument("--steps", type=int, default=1, help="steps per job, each one allocation (default 1)")
     submit.add_argument("--duration", type=float, default=60.0, help="seconds each step runs (default 60)")
-    submit.add_argument("--retry-on", action="append", choices=["node"], default=[],
+    submit.add_argument("--retry-on", action="append", **one_of(["node"]), default=[],
                         help="the step may be moved when its node is evicted (retry.on: [node])")
     submit.add_argument("--retry-attempts", type=int, default=0, help="retry.attempts of each step (default 0)")
-    submit.add_argument("--restart", choices=["never", "on-node-fault"], default="never",
+    submit.add_argument("--restart", **one_of(["never", "on-node-fault"]), default="never",
                         help="policy.restart: on-node-fault requeues the step when its node faults or is lost")
     submit.add_argument("--definition", help="run only on nodes of this provisioner definition")
     submit.add_argument("--count", type=int, default=1, help="how many such jobs (default 1)")
-    submit.add_argument("-o", "--output", choices=["text", "json"], default="text")
+    submit.add_argument("-o", "--output", **one_of(["text", "json"]), default="text")
     jobs = actions.add_parser("jobs", help="jobs and the state of their allocations")
     jobs.add_argument("--cluster", default="default")
-    jobs.add_argument("-o", "--output", choices=["text", "json"], default="text")
+    jobs.add_argument("-o", "--output", **one_of(["text", "json"]), default="text")
     provider = actions.add_parser("provider", help="how the simulated provisioner answers terminations")
     answer = provider.add_subparsers(dest="provider_answer", required=True, metavar="ANSWER")
     reject = answer.add_parser("reject", help="refuse every termination of NODE until `accept`")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 
 from nats.aio.client import Client as NATS
@@ -21,6 +21,19 @@ class CommandFailed(Exception):
     def __init__(self, message: str, code: int = EXIT_REFUSED) -> None:
         super().__init__(message)
         self.code = code
+
+
+def one_of(choices: Sequence[str]) -> dict[str, object]:
+    """``add_argument`` keywords for an enumerated value accepted in any case and held in its
+    canonical form (EVT-1: ``--type score_changed`` is ``SCORE_CHANGED``, ``--effect CORDON``
+    is ``cordon``); anything else is argparse's usage error listing the choices."""
+    canonical = {choice.casefold(): choice for choice in choices}
+
+    def convert(text: str) -> str:
+        return canonical.get(text.casefold(), text)
+
+    convert.__name__ = "value"  # argparse names the converter in its error messages
+    return {"type": convert, "choices": list(choices)}
 
 
 def fail(exc: CommandFailed) -> int:

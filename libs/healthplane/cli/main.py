@@ -8,7 +8,7 @@ import sys
 from collections.abc import Sequence
 
 from healthplane import __version__, registry
-from healthplane.cli.common import EXIT_USAGE
+from healthplane.cli.common import EXIT_USAGE, one_of
 from healthplane.runtime.connect import DEFAULT_URL
 
 
@@ -18,7 +18,7 @@ def _connection_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def _output_flag(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("-o", "--output", choices=["text", "json"], default="text")
+    parser.add_argument("-o", "--output", **one_of(["text", "json"]), default="text")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -36,7 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--data-dir", default=".healthplane", help="store and stack.json (default ./.healthplane)")
 
     service = commands.add_parser("service", help="run one service (production entry point)")
-    service.add_argument("name", choices=registry.SERVICE_NAMES, metavar="NAME",
+    service.add_argument("name", **one_of(registry.SERVICE_NAMES), metavar="NAME",
                          help=", ".join(registry.SERVICE_NAMES))
     service.add_argument("--config", help="service config file")
     service.add_argument("--metrics-port", type=int, default=0, help="Prometheus port (0 = any free, logged)")

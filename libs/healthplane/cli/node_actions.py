@@ -32,6 +32,7 @@ from healthplane.cli.common import (
     CommandFailed,
     fail,
     nats_client,
+    one_of,
 )
 from healthplane.cli.node_cmd import find_node
 from healthplane.runtime.publish import Publisher
@@ -63,7 +64,7 @@ def add_arguments(actions: Any) -> None:
         parser.add_argument("--cluster")
         parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
                             help=f"seconds to wait for the outcome (default {DEFAULT_TIMEOUT_S:g})")
-        parser.add_argument("-o", "--output", choices=["text", "json"], default="text")
+        parser.add_argument("-o", "--output", **one_of(["text", "json"]), default="text")
         parser.add_argument("--nats-url")
         parser.add_argument("--creds")
         return parser
@@ -86,11 +87,11 @@ def add_arguments(actions: Any) -> None:
     release.add_argument("hold_ids", nargs="*", metavar="HOLD_ID")
     release.add_argument("--all", action="store_true", help="every matching hold (with --node: that node's)")
     release.add_argument("--node")
-    release.add_argument("--effect", choices=["cordon", "evict", "deprovision"])
+    release.add_argument("--effect", **one_of(["cordon", "evict", "deprovision"]))
     release.add_argument("--yes", action="store_true")
     release.add_argument("--cluster")
     release.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S)
-    release.add_argument("-o", "--output", choices=["text", "json"], default="text")
+    release.add_argument("-o", "--output", **one_of(["text", "json"]), default="text")
     release.add_argument("--nats-url")
     release.add_argument("--creds")
 

@@ -22,7 +22,7 @@ from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 
 from healthplane import subjects, wire
-from healthplane.cli.common import EXIT_USAGE, CommandFailed, fail, nats_client
+from healthplane.cli.common import EXIT_USAGE, CommandFailed, fail, nats_client, one_of
 from healthplane.runtime.replay import read_all, read_payloads, start_of_last
 
 DEFAULT_PAGE_SIZE = 50
@@ -39,13 +39,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     events.add_argument("node")
     events.add_argument("--cluster")
     events.add_argument("--since", help="24h, 30m, 7d or an RFC 3339 time")
-    events.add_argument("--type", action="append", default=[], choices=wire.EVENT_TYPES, metavar="TYPE",
+    events.add_argument("--type", action="append", default=[], **one_of(wire.EVENT_TYPES), metavar="TYPE",
                         help="only this type (repeatable)")
     events.add_argument("--latest", action="store_true", help="the newest page (no page token)")
     events.add_argument("--page-size", type=int, default=DEFAULT_PAGE_SIZE)
     events.add_argument("--page-token")
     for sub in (listing, show, events):
-        sub.add_argument("-o", "--output", choices=["text", "json"], default="text")
+        sub.add_argument("-o", "--output", **one_of(["text", "json"]), default="text")
         sub.add_argument("--nats-url")
         sub.add_argument("--creds")
     from healthplane.cli import node_actions

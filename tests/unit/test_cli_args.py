@@ -1,0 +1,49 @@
+"""The CLI's enumerated values (EVT-1): accepted in any case, held in their canonical form."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Iterator
+
+import pytest
+
+from healthplane.cli.main import build_parser
+
+
+def _choice_actions(parser: argparse.ArgumentParser) -> Iterator[tuple[argparse.ArgumentParser, argparse.Action]]:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                yield from _choice_actions(sub)
+        elif action.choices is not None:
+            yield parser, action
+
+
+@pytest.mark.parametrize(("argv", "field", "held"), [
+    (["node", "events", "n1", "--type", "score_changed"], "type", ["SCORE_CHANGED"]),
+    (["node", "events", "n1", "--type", "Hold_Created", "--type", "NODE_CORDONED"], "type",
+     ["HOLD_CREATED", "NODE_CORDONED"]),
+    (["node", "hold", "release", "--all", "--effect", "CORDON"], "effect", "cordon"),
+    (["node", "list", "-o", "JSON"], "output", "json"),
+    (["service", "Health-Ingest"], "name", "health-ingest"),
+])
+def test_enumerated_values_in_any_case(argv: list[str], field: str, held: object) -> None:
+    # EVT-1: the reference's own lower-case form (`--type score_changed`) is accepted.
+    assert getattr(build_parser().parse_args(argv), field) == held
+
+
+def test_every_enumerated_flag_accepts_any_case() -> None:
+    # EVT-1: "every enumerated CLI value" — no flag added later may forget it.
+    found = list(_choice_actions(build_parser()))
+    assert len(found) >= 10
+    for _parser, action in found:
+        assert action.type is not None, f"{action.option_strings or action.dest} takes its choices in one case only"
+        for choice in action.choices:  # type: ignore[union-attr]
+            assert action.type(choice.swapcase()) == choice  # type: ignore[operator]
+
+
+def test_an_unknown_value_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as stopped:
+        build_parser().parse_args(["node", "events", "n1", "--type", "bogus"])
+    assert stopped.value.code == 2
+    assert "invalid choice: 'bogus'" in capsys.readouterr().err
