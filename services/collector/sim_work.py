@@ -16,13 +16,12 @@ import json
 import math
 import re
 import secrets
-import sys
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 from healthplane import subjects, wire
-from healthplane.cli.common import EXIT_RETRY, EXIT_USAGE, CommandFailed, fail, nats_client
+from healthplane.cli.common import EXIT_RETRY, EXIT_USAGE, CommandFailed, decoded, fail, nats_client
 from healthplane.runtime.publish import Publisher, PublishError
 from healthplane.runtime.replay import read_all
 
@@ -174,15 +173,9 @@ async def _jobs(args: argparse.Namespace) -> int:
         msgs = await read_all(nc, nc.jetstream(), "HP_ALLOCATIONS",
                               [f"{subjects.PREFIX}.job.{cluster}.*", f"{subjects.PREFIX}.alloc.{cluster}.*.*"],
                               last_per_subject=True)
-    jobs, allocations = [], []
-    for msg in msgs:
-        try:
-            if msg.subject.startswith(f"{subjects.PREFIX}.job."):
-                jobs.append(wire.decode(wire.Job, msg.data))
-            else:
-                allocations.append(wire.decode(wire.Allocation, msg.data))
-        except wire.WireError as exc:
-            print(f"healthplane: skipped {msg.subject}: {exc}", file=sys.stderr)
+    job_prefix = f"{subjects.PREFIX}.job."
+    jobs = [job for _, job in decoded(wire.Job, (m for m in msgs if m.subject.startswith(job_prefix)))]
+    allocations = [a for _, a in decoded(wire.Allocation, (m for m in msgs if not m.subject.startswith(job_prefix)))]
     entries = listing(jobs, allocations)
     if args.output == "json":
         print(json.dumps([e.to_json() for e in entries], indent=2))

@@ -23,7 +23,6 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from healthplane import configstore, streams, subjects, wire
-from healthplane.config import ConfigError
 from healthplane.runtime import metrics
 from healthplane.runtime.lifecycle import ServiceContext, run_service, until_stopped
 from healthplane.runtime.publish import Outbound, Publisher, PublishError
@@ -63,26 +62,20 @@ GAUGES = BucketGauges()
 REGISTRY.register(GAUGES)
 
 
-def _configured_cap(applied: wire.ConfigEnvelope | None) -> int | None:
+def _configured_cap(applied: configstore.InForce | None) -> int | None:
     """The cap from the environment (an unvalidated path) or else the applied config."""
     from_env = os.environ.get("HEALTHPLANE_NODES_BUCKET_MAX_BYTES")
     if from_env:
         return int(from_env)
-    if applied is None:
-        return None
-    try:
-        config = configstore.decode_config(applied)
-    except ConfigError:
-        # An old config that no longer validates: take the raw value and clamp it.
-        raw = applied.config.get("substrate", {}).get("nodesBucketMaxBytes")
-        return int(raw) if raw is not None else None
-    return config.substrate.nodes_bucket_max_bytes
+    return applied.config.substrate.nodes_bucket_max_bytes if applied else None
 
 
 async def apply_cap(js: JetStreamContext, log: Any) -> None:
     """Resize the bucket in place to the configured cap (BRG-1) and log the cap in force."""
-    found = await configstore.latest(js)
-    decision = decide_cap(_configured_cap(found[0] if found else None))
+    found = await configstore.read(js)
+    for record in found.skipped:
+        log.warning("config record skipped", seq=record.seq, reason=record.reason)
+    decision = decide_cap(_configured_cap(found.in_force))
     info = await js.stream_info(BUCKET_STREAM)
     if decision.in_force is not None and info.config.max_bytes != decision.in_force:
         info.config.max_bytes = decision.in_force

@@ -247,13 +247,16 @@ class Dispatcher:
     async def start(self) -> None:
         """Endpoints first, then events: nothing is acked before the config is known."""
         await self.ensure_consumer()
-        found = await configstore.latest(self._js)
-        if found is not None:
-            self.apply_config(found[0])
+        found = await configstore.read(self._js)
+        for record in found.skipped:
+            self._log.warning("config record skipped", seq=record.seq, reason=record.reason)
+        if found.in_force is not None:
+            self.apply_config(found.in_force.envelope)
         else:
             self._log.info("no cluster config applied yet; no webhook endpoints")
-        start = ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=found[1] + 1) \
-            if found is not None else ConsumerConfig(deliver_policy=DeliverPolicy.ALL)
+        # From past the newest record, valid or not: the skipped ones were named once already.
+        start = ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=found.last_seq + 1) \
+            if found.last_seq else ConsumerConfig(deliver_policy=DeliverPolicy.ALL)
         self._config_sub = await self._js.subscribe(subjects.CONFIG, stream=configstore.STREAM,
                                                     ordered_consumer=True, config=start, cb=self._on_config)
 

@@ -62,8 +62,8 @@ def test_up_starts_answers_and_ctrl_c_leaves_nothing(tmp_path: Path) -> None:
             js = nc.jetstream()
             for definition in streams.STREAMS:
                 await js.stream_info(definition.name)
-            applied = await configstore.latest(js)
-            assert applied is not None and applied[0].version == 1
+            applied = (await configstore.read(js)).in_force
+            assert applied is not None and applied.envelope.version == 1
             await nc.close()
 
         asyncio.run(check())

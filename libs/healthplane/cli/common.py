@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
+from typing import TypedDict, TypeVar
 
 from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
 
+from healthplane import wire
 from healthplane.runtime.connect import connect
+
+R = TypeVar("R", bound=wire.Record)
 
 EXIT_OK, EXIT_REFUSED, EXIT_USAGE, EXIT_RETRY = 0, 1, 2, 3
 CONNECT_TIMEOUT_S = 5.0
@@ -23,7 +28,12 @@ class CommandFailed(Exception):
         self.code = code
 
 
-def one_of(choices: Sequence[str]) -> dict[str, object]:
+class Choices(TypedDict):
+    type: Callable[[str], str]
+    choices: list[str]
+
+
+def one_of(choices: Sequence[str]) -> Choices:
     """``add_argument`` keywords for an enumerated value accepted in any case and held in its
     canonical form (EVT-1: ``--type score_changed`` is ``SCORE_CHANGED``, ``--effect CORDON``
     is ``cordon``); anything else is argparse's usage error listing the choices."""
@@ -34,6 +44,24 @@ def one_of(choices: Sequence[str]) -> dict[str, object]:
 
     convert.__name__ = "value"  # argparse names the converter in its error messages
     return {"type": convert, "choices": list(choices)}
+
+
+def warn(message: str) -> None:
+    print(f"healthplane: warning: {message}", file=sys.stderr)
+
+
+def decoded(kind: type[R], messages: Iterable[Msg]) -> list[tuple[Msg, R]]:
+    """Each message with its record; one that is not a ``kind`` (any client that may publish
+    on the subject could have appended it) is named on stderr, once, and skipped, so one bad
+    record never hides the others or ends a read in a traceback (REL-3)."""
+    out = []
+    for msg in messages:
+        try:
+            out.append((msg, wire.decode(kind, msg.data)))
+        except wire.WireError as exc:
+            meta = msg.metadata
+            warn(f"{meta.stream} record {meta.sequence.stream} ({msg.subject}) skipped: {exc}")
+    return out
 
 
 def fail(exc: CommandFailed) -> int:

@@ -10,7 +10,7 @@ from typing import Any
 import yaml
 
 from healthplane import configstore
-from healthplane.cli.common import EXIT_RETRY, CommandFailed, fail, nats_client
+from healthplane.cli.common import EXIT_RETRY, CommandFailed, fail, nats_client, warn
 from healthplane.config import ConfigError, load_cluster_config
 
 SECRET_MASK = "********"
@@ -40,7 +40,7 @@ async def _apply(args: argparse.Namespace) -> int:
         return fail(CommandFailed(str(exc)))
     try:
         async with nats_client(args) as nc:
-            version = await configstore.apply(nc.jetstream(), config)
+            version = await configstore.apply(nc.jetstream(), config, on_skipped=lambda r: warn(r.line()))
     except configstore.ConfigConflict as exc:
         return fail(CommandFailed(str(exc), EXIT_RETRY))
     except CommandFailed as exc:
@@ -61,12 +61,14 @@ def masked(config: dict[str, Any]) -> dict[str, Any]:
 async def _show(args: argparse.Namespace) -> int:
     try:
         async with nats_client(args) as nc:
-            found = await configstore.latest(nc.jetstream())
+            found = await configstore.read(nc.jetstream())
     except CommandFailed as exc:
         return fail(exc)
-    if found is None:
-        return fail(CommandFailed("no config applied yet; services use the built-in defaults"))
-    envelope, _ = found
+    for record in found.skipped:
+        warn(record.line())
+    if found.in_force is None:
+        return fail(CommandFailed("no valid config applied yet; services use the built-in defaults"))
+    envelope = found.in_force.envelope
     shown = {
         "version": envelope.version,
         "appliedAt": envelope.applied_at.isoformat().replace("+00:00", "Z"),

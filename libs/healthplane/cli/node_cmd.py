@@ -22,7 +22,15 @@ from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 
 from healthplane import subjects, wire
-from healthplane.cli.common import EXIT_USAGE, CommandFailed, fail, nats_client, one_of
+from healthplane.cli.common import (
+    EXIT_USAGE,
+    CommandFailed,
+    decoded,
+    fail,
+    nats_client,
+    one_of,
+    warn,
+)
 from healthplane.runtime.replay import read_all, read_payloads, start_of_last
 
 DEFAULT_PAGE_SIZE = 50
@@ -82,15 +90,16 @@ def _print(args: argparse.Namespace, data: Callable[[], Any], text: Callable[[],
 
 async def find_node(nc: NATS, js: JetStreamContext, node_id: str, cluster: str | None) -> wire.NodeView:
     subject = subjects.node_view(cluster, node_id) if cluster else subjects.node_view_in_any_cluster(node_id)
-    found = await read_all(nc, js, "HP_NODES", subject, last_per_subject=True)
+    found = [view for _, view in decoded(wire.NodeView, await read_all(nc, js, "HP_NODES", subject,
+                                                                       last_per_subject=True))]
     if not found:
         where = f" in cluster {cluster}" if cluster else ""
         raise CommandFailed(f"node {node_id} not found{where}")
     if len(found) > 1:
-        clusters = ", ".join(sorted(wire.decode(wire.NodeView, m.data).cluster for m in found))
+        clusters = ", ".join(sorted(view.cluster for view in found))
         raise CommandFailed(f"node {node_id} exists in several clusters ({clusters}); name one with --cluster",
                             EXIT_USAGE)
-    return wire.decode(wire.NodeView, found[0].data)
+    return found[0]
 
 
 # ---------------------------------------------------------------------------- list
@@ -111,10 +120,23 @@ class ListRow(msgspec.Struct, rename="camel"):
 _decode_row = msgspec.json.Decoder(ListRow).decode
 
 
+def _is_view(payload: bytes) -> bool:
+    try:
+        wire.decode(wire.NodeView, payload)
+    except wire.WireError as exc:
+        warn(f"HP_NODES record skipped: {exc}")
+        return False
+    return True
+
+
 async def _list(nc: NATS, js: JetStreamContext, args: argparse.Namespace) -> int:
     # Payloads only, no per-message Msg: at 100,000 nodes the read is most of the command.
     payloads = await read_payloads(nc, js, "HP_NODES", subjects.node_views(args.cluster), last_per_subject=True)
-    rows = list(map(_decode_row, payloads))
+    try:
+        rows = list(map(_decode_row, payloads))
+    except msgspec.DecodeError:  # rare: only then pay for knowing which records are bad
+        payloads = [p for p in payloads if _is_view(p)]
+        rows = list(map(_decode_row, payloads))
     order = list_order(rows)
     if args.output == "json":
         # The stored views are already the JSON shape: no decode, no re-encode.
@@ -259,11 +281,12 @@ async def _events(nc: NATS, js: JetStreamContext, view: wire.NodeView, args: arg
     messages = await read_all(nc, js, "HP_NODE_EVENTS", filters, start_seq=start_seq,
                               start_time=since if start_seq is None else None,
                               limit=None if since is not None else args.page_size + 1)
+    found = decoded(wire.NodeEvent, messages)
     if since is not None:
-        messages = [m for m in messages if wire.decode(wire.NodeEvent, m.data).occurred_at >= since]
-    page, rest = messages[:args.page_size], messages[args.page_size:]
-    next_token = None if args.latest or not rest else _token(rest[0].metadata.sequence.stream)
-    events = [wire.decode(wire.NodeEvent, m.data) for m in page]
+        found = [(m, e) for m, e in found if e.occurred_at >= since]
+    page, rest = found[:args.page_size], found[args.page_size:]
+    next_token = None if args.latest or not rest else _token(rest[0][0].metadata.sequence.stream)
+    events = [e for _, e in page]
     if args.output == "json":
         print(json.dumps({"events": [wire.to_builtins(e) for e in events], "nextPageToken": next_token}, indent=2))
         return 0

@@ -70,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
             nats_url = server.url
         try:
             asyncio.run(_prepare(nats_url, config))
-        except (ConnectionError, streams.StreamConflict) as exc:
+        except (ConnectionError, streams.StreamConflict, configstore.ConfigConflict) as exc:
             raise CannotStart(str(exc)) from exc
 
         log_dir = data_dir / "logs"
@@ -117,7 +117,8 @@ async def _prepare(nats_url: str, config: ClusterConfig) -> None:
     try:
         js = nc.jetstream()
         await streams.ensure(js)
-        await configstore.apply(js, config, actor="healthplane-up")
+        await configstore.apply(js, config, actor="healthplane-up", on_skipped=lambda record: print(
+            f"healthplane up: warning: {record.line()}", file=sys.stderr))
     finally:
         await nc.close()
 
