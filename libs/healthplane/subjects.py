@@ -155,9 +155,12 @@ def node_view_in_any_cluster(node_id: str) -> str:
     return f"{PREFIX}.node.*.{encode_token(node_id)}"
 
 
-def node_events(cluster: str, node_id: str) -> str:
-    """Every event of one node (the per-node filter the CLI replays)."""
-    return f"{PREFIX}.event.{encode_token(cluster)}.{encode_token(node_id)}.*"
+def node_events(cluster: str | None, node_id: str, event_type: str | None = None) -> str:
+    """Every event of one node (the per-node filter the CLI replays), or those of one type;
+    ``cluster=None`` is any cluster (a decommissioned node has no view to name its cluster)."""
+    where = encode_token(cluster) if cluster is not None else "*"
+    kind = encode_token(event_type) if event_type else "*"
+    return f"{PREFIX}.event.{where}.{encode_token(node_id)}.{kind}"
 
 
 @dataclass(frozen=True, slots=True)

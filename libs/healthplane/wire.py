@@ -68,6 +68,14 @@ ConditionType = Literal[
     "telemetry_stale",
 ]
 CONDITION_TYPES: Final[tuple[str, ...]] = ConditionType.__args__  # type: ignore[attr-defined]
+_ACRONYMS: Final = {"gpu": "GPU", "smart": "SMART", "ecc": "ECC", "xid": "Xid"}
+
+
+def condition_title(condition_type: str) -> str:
+    """The one spelling of a condition (or fault class) in text: ``gpu_xid_errors`` and
+    ``GPU_XID_ERRORS`` are "GPU Xid Errors", ``disk_degraded`` is "Disk Degraded"."""
+    return " ".join(_ACRONYMS.get(word, word.capitalize()) for word in condition_type.lower().split("_"))
+
 
 SEVERITY_LEVEL: Final[dict[str, int]] = {"info": 1, "warning": 2, "critical": 3}
 
@@ -249,6 +257,7 @@ class GpuDevice(Record, frozen=True, kw_only=True):
     uuid: str | None = None
     serial: str | None = None
     name: str | None = None
+    memory_bytes: int | None = None  # total framebuffer, as the driver reports it
     ecc: GpuEcc
     throttle: GpuThrottle
     row_remap: GpuRowRemap | None = None
@@ -429,6 +438,9 @@ class NodeView(Record, frozen=True, kw_only=True):
     holds: list[Hold]
     jobs: int = 0
     definition: str | None = None
+    # The node's own report interval: a reader can tell a view gone stale (no report folded
+    # for several intervals while the node is not OFFLINE: the pipeline is behind or down).
+    report_interval_seconds: int | None = None
 
 
 # ---------------------------------------------------------------------------- commands

@@ -4,9 +4,14 @@ Every signal is read concurrently and bounded by its timeout; a signal that rais
 is reported ``failed`` with the reason and never stops the others (COL-4, COL-12). The
 kernel ring buffer is read continuously; a machine check, hardware error record, EDAC UE or
 Xid triggers an out-of-band report at once (COL-2), bursts coalesced within 100 ms. That
-report refreshes the fast signals and reuses the last SMART and GPU readings: smartctl can
-take seconds per disk and would delay the one report that must be quick; the next scheduled
-report reads them again.
+report refreshes the fast signals and reuses the last SMART reading: smartctl can take
+seconds per disk and would delay the one report that must be quick; the next scheduled report
+reads it again.
+
+The resource report (COL-11) goes out at start (not ready), whenever it changes, and at once
+when udev says a block or PCI device was added or removed (:class:`Hotplug`, fed by
+``udev.py``): that re-reads the inventory and the device's signal first. Its GPUs are the PCI
+list merged with the latest GPU signal (``resources.merge_gpus``).
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -26,6 +31,7 @@ from healthplane import __version__, subjects, wire
 from healthplane_collector import edac, ioerr, mounts, smart
 from healthplane_collector.gpu_nvml import NvmlUnavailable, read_gpu_nvml
 from healthplane_collector.gpu_smi import read_gpu_smi
+from healthplane_collector.hotplug import Reprobe
 from healthplane_collector.inventory import Inventory, InventoryError, read_inventory
 from healthplane_collector.kmsg import KmsgTally, MalformedRecord, is_out_of_band, parse_record
 from healthplane_collector.kmsg_reader import (
@@ -37,6 +43,7 @@ from healthplane_collector.kmsg_reader import (
     resume_point,
     save_cursor,
 )
+from healthplane_collector.resources import merge_gpus
 
 GpuSource = Literal["auto", "nvml", "nvidia-smi"]
 SignalName = Literal["edac", "smart", "ioerr", "kmsg", "mounts", "gpu"]
@@ -92,11 +99,14 @@ def build_report(settings: Settings, hostname: str, signals: Mapping[str, Any], 
     )
 
 
-def build_resource_report(settings: Settings, inventory: Inventory, ready: bool, sent_at: datetime) -> wire.ResourceReport:
+def build_resource_report(settings: Settings, inventory: Inventory, ready: bool, sent_at: datetime,
+                          gpu: wire.GpuSignal | None = None) -> wire.ResourceReport:
+    """The resource report; its GPUs carry what ``gpu`` (the latest GPU signal) read of them."""
+    devices = merge_gpus(inventory.gpus, gpu.devices if gpu is not None else ())
     return wire.ResourceReport(
         node_id=settings.node_id, cluster=settings.cluster, hostname=inventory.hostname, sent_at=sent_at,
         ready=ready and not settings.maintenance, cores=inventory.cores, memory_bytes=inventory.memory_bytes,
-        devices=list(inventory.gpus), annotations=dict(settings.annotations), definition=settings.definition,
+        devices=list(devices), annotations=dict(settings.annotations), definition=settings.definition,
         provisioned=settings.provisioned, health_reporting=not settings.health_disabled,
     )
 
@@ -259,8 +269,8 @@ class KmsgWatcher:
         return reading
 
 
-async def _wait_any(stopping: asyncio.Event, other: asyncio.Event, within_s: float | None) -> None:
-    waits = [asyncio.create_task(stopping.wait()), asyncio.create_task(other.wait())]
+async def _wait_any(stopping: asyncio.Event, *others: asyncio.Event | None, within_s: float | None) -> None:
+    waits = [asyncio.create_task(event.wait()) for event in (stopping, *others) if event is not None]
     try:
         await asyncio.wait(waits, timeout=within_s, return_when=asyncio.FIRST_COMPLETED)
     finally:
@@ -311,8 +321,9 @@ class Collector:
             return min(self.settings.signal_timeout_s, self.OUT_OF_BAND_GPU_TIMEOUT_S)
         return self.settings.signal_timeout_s
 
-    async def collect(self, trigger: wire.ReportTrigger, now: datetime | None = None) -> wire.HealthReport:
-        names = self.FAST if trigger == "kmsg" and all(n in self.last for n in self.SLOW) else self.FAST + self.SLOW
+    async def probe(self, names: Iterable[str], trigger: wire.ReportTrigger = "scheduled") -> None:
+        """Read these signals now; the readings replace the last ones."""
+        names = tuple(names)
         if self.sources.in_memory:
             readings = [await bounded(n, lambda n=n: self.sources.read(n), None) for n in names]  # type: ignore[misc]
         else:
@@ -320,6 +331,16 @@ class Collector:
                 *(bounded(n, lambda n=n: self.sources.read(n), self._timeout(n, trigger)) for n in names)  # type: ignore[misc]
             )
         self.last.update(zip(names, readings, strict=True))
+
+    def resource_report(self, ready: bool, sent_at: datetime) -> wire.ResourceReport | None:
+        """From the last inventory and GPU reading; None while the inventory is unreadable."""
+        if self.inventory is None:
+            return None
+        return build_resource_report(self.settings, self.inventory, ready, sent_at, self.last.get("gpu"))
+
+    async def collect(self, trigger: wire.ReportTrigger, now: datetime | None = None) -> wire.HealthReport:
+        names = self.FAST if trigger == "kmsg" and all(n in self.last for n in self.SLOW) else self.FAST + self.SLOW
+        await self.probe(names, trigger)
         inventory = self.inventory
         kmsg = (self.kmsg.signal(gpus_by_pci(self.last["gpu"], inventory)) if self.kmsg is not None
                 else wire.KmsgSignal(status="unavailable", reason="no kernel ring buffer in this source"))
@@ -329,10 +350,28 @@ class Collector:
                             inventory.boot_id if inventory else None)
 
 
+class Hotplug:
+    """Devices added or removed that the agent has not handled yet (udev calls ``add``)."""
+
+    def __init__(self) -> None:
+        self.pending = asyncio.Event()
+        self._reprobe: Reprobe | None = None
+
+    def add(self, reprobe: Reprobe) -> None:
+        self._reprobe = reprobe if self._reprobe is None else self._reprobe.union(reprobe)
+        self.pending.set()
+
+    def take(self) -> Reprobe | None:
+        reprobe, self._reprobe = self._reprobe, None
+        self.pending.clear()
+        return reprobe
+
+
 async def run_agent(collector: Collector, publish: Callable[[str, bytes], Awaitable[None]],
-                    stopping: asyncio.Event, out_of_band: asyncio.Event, log: Any) -> None:
-    """Resource report at start (not ready) and on change; health reports on the interval and
-    out of band. Publishing failures are logged; the next report supersedes."""
+                    stopping: asyncio.Event, out_of_band: asyncio.Event, log: Any,
+                    hotplug: Hotplug | None = None) -> None:
+    """Resource report at start (not ready), on change and on hotplug; health reports on the
+    interval and out of band. Publishing failures are logged; the next report supersedes."""
     settings = collector.settings
 
     async def send(subject: str, record: wire.Record) -> None:
@@ -346,33 +385,50 @@ async def run_agent(collector: Collector, publish: Callable[[str, bytes], Awaita
 
     resource_subject = subjects.resource(settings.cluster, settings.node_id)
     report_subject = subjects.report(settings.cluster, settings.node_id)
-    inventory = collector.refresh_inventory()
-    if inventory is None:
+    collector.refresh_inventory()
+    await collector.probe(("gpu",))  # so that the first resource report names the GPUs' models
+    resources = collector.resource_report(False, datetime.now(UTC))
+    if resources is None:
         log.error("inventory unreadable; resource report withheld", reason=collector.inventory_error)
     else:
-        await send(resource_subject, build_resource_report(settings, inventory, False, datetime.now(UTC)))
+        await send(resource_subject, resources)
     first = True
     last_resources: wire.ResourceReport | None = None
     next_due = time.monotonic()
     while not stopping.is_set():
-        trigger: wire.ReportTrigger = "start" if first else "scheduled"
-        if not first and out_of_band.is_set():
-            await asyncio.sleep(OUT_OF_BAND_COALESCE_S)
-            out_of_band.clear()
-            trigger = "kmsg"
+        if not first and hotplug is not None and hotplug.pending.is_set():
+            await asyncio.sleep(OUT_OF_BAND_COALESCE_S)  # a card's functions, a disk's partitions
+            reprobe = hotplug.take()
+            if reprobe is not None:
+                await collector.probe(sorted(reprobe.signals))
+                collector.refresh_inventory()
+                resources = collector.resource_report(True, datetime.now(UTC))
+                log.info("device added or removed; resource report sent", devices=list(reprobe.devices),
+                         reprobed=sorted(reprobe.signals), sent=resources is not None)
+                if resources is not None:  # at once, changed or not (COL-11)
+                    await send(resource_subject, resources)
+                    last_resources = resources
         else:
-            next_due = time.monotonic() + settings.interval_s
-        if not settings.health_disabled:  # disabled: resource reports only (COL-1)
-            report = await collector.collect(trigger)
-            await send(report_subject, report)
-        inventory = collector.refresh_inventory()
-        if inventory is not None:
-            resources = build_resource_report(settings, inventory, True, datetime.now(UTC))
-            if last_resources is None or _resources_changed(last_resources, resources):
+            trigger: wire.ReportTrigger = "start" if first else "scheduled"
+            if not first and out_of_band.is_set():
+                await asyncio.sleep(OUT_OF_BAND_COALESCE_S)
+                out_of_band.clear()
+                trigger = "kmsg"
+            else:
+                next_due = time.monotonic() + settings.interval_s
+            if not settings.health_disabled:  # disabled: resource reports only (COL-1)
+                report = await collector.collect(trigger)
+                await send(report_subject, report)
+            elif trigger != "kmsg":
+                await collector.probe(("gpu",))  # the resource report's GPU details stay current
+            collector.refresh_inventory()
+            resources = collector.resource_report(True, datetime.now(UTC))
+            if resources is not None and (last_resources is None or _resources_changed(last_resources, resources)):
                 await send(resource_subject, resources)
                 last_resources = resources
-        first = False
-        await _wait_any(stopping, out_of_band, within_s=max(0.0, next_due - time.monotonic()))
+            first = False
+        await _wait_any(stopping, out_of_band, hotplug.pending if hotplug else None,
+                        within_s=max(0.0, next_due - time.monotonic()))
 
 
 def _resources_changed(before: wire.ResourceReport, after: wire.ResourceReport) -> bool:

@@ -167,6 +167,7 @@ def _read_device(nvml: Any, index: int) -> wire.GpuDevice:
     uuid = call("nvmlDeviceGetUUID", nvml.nvmlDeviceGetUUID, handle, optional=True)
     serial = call("nvmlDeviceGetSerial", nvml.nvmlDeviceGetSerial, handle, optional=True)
     name = call("nvmlDeviceGetName", nvml.nvmlDeviceGetName, handle, optional=True)
+    memory = call("nvmlDeviceGetMemoryInfo", nvml.nvmlDeviceGetMemoryInfo, handle, optional=True)
 
     ecc_mode = call("nvmlDeviceGetEccMode", nvml.nvmlDeviceGetEccMode, handle, optional=True)
     mode = nvml_ecc_mode(None if ecc_mode is None else int(ecc_mode[0]))
@@ -240,6 +241,7 @@ def _read_device(nvml: Any, index: int) -> wire.GpuDevice:
         uuid=None if uuid is None else _text(uuid),
         serial=None if serial is None else _text(serial),
         name=None if name is None else _text(name),
+        memory_bytes=None if memory is None else int(memory.total),
         ecc=ecc_reading(mode, volatile, aggregate),
         throttle=wire.GpuThrottle() if mask is None else throttle_from_mask(int(mask)),
         row_remap=row_remap,

@@ -4,8 +4,9 @@ Every layout FORMATS.md §8 shows is read: ``clocks_event_reasons`` (R535+) and
 ``clocks_throttle_reasons`` (older), a whole reasons block of ``N/A`` (vGPU), ECC counters
 per memory location as ``sram_*``/``dram_*`` (with SRAM uncorrectable split into
 ``_parity``/``_secded`` on newer drivers) or the oldest ``single_bit``/``double_bit`` blocks,
-``remapped_rows`` as a block or ``N/A``. Values carry units (``45 C``), booleans are
-``Yes``/``No``, anything unsupported is ``N/A``.
+``remapped_rows`` as a block or ``N/A``. Values carry units (``45 C``, ``81920 MiB``), booleans
+are ``Yes``/``No``, anything unsupported is ``N/A``. ``product_name`` and
+``fb_memory_usage/total`` (MiB) are what the resource report's GPU entries carry (COL-11).
 
 The COL-9 throttling rule and the COL-10 ECC rule are shared with NVML (``gpu_nvml``).
 """
@@ -88,6 +89,19 @@ def _count(where: str, text: str | None) -> int | None:
         return int(number)
     except ValueError:
         raise GpuSmiParseError(f"{where}: {text.strip()!r} is not a number") from None
+
+
+_MEMORY_UNITS: Final = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
+
+
+def _memory_bytes(where: str, text: str | None) -> int | None:
+    """``"81920 MiB"`` → bytes; ``N/A`` → None; a number without a known unit raises."""
+    if text is None or _absent(text):
+        return None
+    parts = text.split()
+    if len(parts) == 2 and parts[0].isdigit() and parts[1] in _MEMORY_UNITS:
+        return int(parts[0]) * _MEMORY_UNITS[parts[1]]
+    raise GpuSmiParseError(f"{where}: {text.strip()!r} is not an amount of memory")
 
 
 def _yes_no(where: str, text: str | None) -> bool | None:
@@ -226,6 +240,10 @@ def _gpu(index: int, gpu: ET.Element) -> wire.GpuDevice:
         uuid=_opt_text(gpu, "uuid"),
         serial=_opt_text(gpu, "serial"),
         name=_opt_text(gpu, "product_name"),
+        # The GPU's own block: each MIG device under mig_devices has one of its own.
+        memory_bytes=_memory_bytes(
+            f"{where}/fb_memory_usage/total", gpu.findtext("fb_memory_usage/total")
+        ),
         ecc=gpu_ecc(where, gpu),
         throttle=gpu_throttle(where, gpu),
         row_remap=gpu_row_remap(where, gpu),

@@ -15,7 +15,15 @@ from healthplane import wire
 from healthplane.config import CollectorConfig, ConfigError, load_collector_config
 from healthplane.runtime import logs, metrics
 from healthplane.runtime.connect import connect
-from healthplane_collector.agent import Collector, HostSources, KmsgWatcher, Settings, run_agent
+from healthplane_collector import udev
+from healthplane_collector.agent import (
+    Collector,
+    HostSources,
+    Hotplug,
+    KmsgWatcher,
+    Settings,
+    run_agent,
+)
 from healthplane_collector.inventory import InventoryError, read_inventory
 
 SERVICE = "collector"
@@ -70,6 +78,8 @@ async def _serve(settings: Settings, nats_url: str | None, creds: str | None, me
         kmsg.failure = f"cannot open {kmsg.path}: {exc.strerror or exc}"
     collector.kmsg = kmsg
     kmsg_task = asyncio.create_task(kmsg.run(stopping))
+    hotplug = Hotplug()
+    watcher = udev.watch(settings.root, hotplug.add, log)
     nc = await connect(nats_url, name=f"healthplane-collector-{settings.node_id}", creds=creds, log=log)
     js = nc.jetstream()
 
@@ -79,9 +89,11 @@ async def _serve(settings: Settings, nats_url: str | None, creds: str | None, me
     log.info("collector started", interval_s=settings.interval_s, health_disabled=settings.health_disabled,
              backlog_skipped=kmsg.backlog_skipped)
     try:
-        await run_agent(collector, publish, stopping, out_of_band, log)
+        await run_agent(collector, publish, stopping, out_of_band, log, hotplug)
     finally:
         stopping.set()
+        if watcher is not None:
+            watcher.detach()
         await kmsg_task
         await nc.drain()
     return 0

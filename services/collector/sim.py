@@ -35,6 +35,7 @@ from healthplane_collector.kmsg import (
 )
 
 SIGNALS: Final = ("edac", "smart", "ioerr", "kmsg", "mounts", "gpu")
+SIM_GPU_MEMORY_BYTES: Final = 143_771_336_704  # an H200's framebuffer, as NVML reports it
 
 
 class FaultError(ValueError):
@@ -99,8 +100,8 @@ class SimNode:
     def _build_inventory(self) -> Inventory:
         return Inventory(
             hostname=self.node_id, cores=192, memory_bytes=2_164_663_517_184, boot_id=self.boot_id,
-            gpus=tuple(wire.ResourceDevice(kind="gpu", vendor="nvidia", index=g.index, pci_bus_id=g.pci_bus_id,
-                                           uuid=g.uuid, model="NVIDIA H200", memory_bytes=143_771_336_704)
+            # What sysfs would list; the GPU signal names them (uuid, model, memory), as on a node.
+            gpus=tuple(wire.ResourceDevice(kind="gpu", vendor="nvidia", index=g.index, pci_bus_id=g.pci_bus_id)
                        for g in self.hardware.gpus),
         )
 
@@ -140,6 +141,7 @@ class SimNode:
             return wire.GpuSignal(status="ok", source="nvml", driver_version="570.86.15", devices=[
                 wire.GpuDevice(
                     index=g.index, pci_bus_id=g.pci_bus_id, uuid=g.uuid, name="NVIDIA H200",
+                    memory_bytes=SIM_GPU_MEMORY_BYTES,
                     ecc=wire.GpuEcc(status="ok",
                                     volatile=wire.EccCounts(corrected=g.ecc_volatile[0], uncorrected=g.ecc_volatile[1]),
                                     aggregate=wire.EccCounts(corrected=g.ecc_aggregate[0], uncorrected=g.ecc_aggregate[1])),

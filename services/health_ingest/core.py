@@ -441,7 +441,7 @@ def missed(node: NodeState, now: datetime) -> list[Change]:
 
 
 def _condition_message(kind: str, change: wire.ConditionChange) -> str:
-    label = change.type.replace("_", " ").title()
+    label = wire.condition_title(change.type)
     if kind == "CONDITION_CLEARED":
         return f"{label} cleared"
     if change.previous_severity:

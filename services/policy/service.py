@@ -32,7 +32,7 @@ EVENT_TYPES = (
 INPUTS = (
     Input("HP_NODE_EVENTS", tuple(f"hp.event.*.*.{t}" for t in EVENT_TYPES)),
     Input("HP_NODES"),
-    Input("HP_ALLOCATIONS"),
+    Input("HP_ALLOCATIONS", ("hp.alloc.>",)),  # not the reference scheduler's hp.job records
     Input("HP_RESOURCES"),
     Input("HP_COMMANDS", ("hp.outcome.>", "hp.provision.>", "hp.policy.>")),
     Input("HP_CONFIG"),

@@ -49,6 +49,7 @@ class NodeScore(msgspec.Struct):
     holds: dict[str, wire.Hold] = {}
     health: str = "UNKNOWN"
     last_report_at: datetime | None = None
+    report_interval_s: int | None = None
     allocations: list[str] = []  # placed or started here: the view's job count
     view_digest: int = 0
 
@@ -94,6 +95,7 @@ class ScorerCore:
             node.conditions, node.assessed = assessment.conditions, True
             node.definition = assessment.definition or node.definition
             node.health, node.last_report_at = assessment.health, assessment.last_report_at or assessment.assessed_at
+            node.report_interval_s = assessment.interval_seconds or node.report_interval_s
             return state, self._rescore(state, node, inbound) + self._view(state, node, inbound)
         if inbound.stream == "HP_NODE_EVENTS":
             event = wire.decode(wire.NodeEvent, inbound.data)
@@ -227,5 +229,5 @@ def node_view(state: ScorerState, node: NodeScore) -> wire.NodeView:
         attributed_failures=wire.AttributedFailures(count=node.tally.count, last=node.tally.last_failure_at,
                                                     by_fault=dict(node.tally.by_fault)),
         holds=sorted(node.holds.values(), key=lambda h: h.created_at), jobs=len(node.allocations),
-        definition=node.definition,
+        definition=node.definition, report_interval_seconds=node.report_interval_s,
     )

@@ -100,6 +100,8 @@ async def test_show_reads_like_the_reference(nats_server: NatsServer, fleet: Non
         "Node:      node-02 (compute-2, cluster default)",
         "Status:    Ready",
         "Health:    Degraded (last reported 2026-08-05T14:05:02Z)",
+        # Issue 15.6: a view months old on a node not OFFLINE says so, never just "Degraded".
+        shown.stdout.splitlines()[3],
         "Score:     55/100 (penalties: cluster)",
         "  -40  SmartFailing",
         "  -5   attributed job failures",
@@ -109,6 +111,8 @@ async def test_show_reads_like_the_reference(nats_server: NatsServer, fleet: Non
         "Attributed job failures: 1 (last 2026-08-05T14:02:02Z)",
         "  Disk Degraded: 1",
     ]
+    assert shown.stdout.splitlines()[3].startswith("Stale:     this view is ")
+    assert "(30s report interval): health-ingest or the scorer is not folding reports" in shown.stdout
     unscored = cli(nats_server, "show", "node-03").stdout.splitlines()
     assert unscored[2:4] == ["Health:    Unknown", "Score:     not yet scored"]
     document = json.loads(cli(nats_server, "show", "node-02", "-o", "json").stdout)

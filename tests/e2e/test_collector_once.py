@@ -1,15 +1,25 @@
 """`healthplane collector --once -o json` on this machine: every signal's status is honest
 (COL-4): unavailable only where the machine lacks the hardware or tool, never "ok" with
-nothing behind it."""
+nothing behind it. And the collector's resource report on a fixture tree (COL-11)."""
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
+from nats.js import JetStreamContext
+
+from healthplane import subjects, wire
+from healthplane.natsserver import NatsServer
+from tests.unit.collector.test_inventory import machine, pci_device
+
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "collector" / "nvidia_smi"
 
 
 def test_once_on_this_machine_is_honest(tmp_path: Path) -> None:
@@ -36,3 +46,51 @@ def test_once_on_this_machine_is_honest(tmp_path: Path) -> None:
     else:
         assert signals["kmsg"]["backlogSkipped"] is False  # --once reads the whole buffer
     assert report["trigger"] == "start" and report["intervalSeconds"] == 30
+
+
+@pytest.mark.nats
+async def test_resource_report_names_the_gpus_the_driver_reads_COL_11(
+        nats_server: NatsServer, js: JetStreamContext, tmp_path: Path) -> None:
+    """COL-11: the collector as a process on a fixture tree with two NVIDIA GPUs on the PCI bus
+    and nvidia-smi printing the A100 capture (FORMATS §8) for one of them. Its resource report
+    gives that one its uuid, model and memoryBytes and lists the other without them. With
+    ``--root`` a fixture tree, udev is not watched: one log line says so, the agent carries on."""
+    root = machine(tmp_path / "root")
+    pci_device(root, "0000:01:00.0", "0x10de", "0x030200")  # the A100 nvidia-smi reads
+    pci_device(root, "0000:41:00.0", "0x10de", "0x030200")  # on the bus, unseen by the driver
+    (tmp_path / "bin").mkdir()
+    smi = tmp_path / "bin" / "nvidia-smi"
+    smi.write_text(f"#!/bin/sh\n/bin/cat {FIXTURES / 'a100_535_mig.xml'}\n")
+    smi.chmod(0o755)
+    config = tmp_path / "collector.yaml"
+    config.write_text(json.dumps({"config": {"node-id": "gpu-node-7", "cluster": "lab",
+                                             "health": {"report-interval-seconds": 3600}}}))
+    resources = await js.subscribe(subjects.resource("lab", "gpu-node-7"))
+    log = tmp_path / "collector.log"
+    with log.open("ab") as stderr:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "healthplane.cli", "collector", "--root", str(root), "--state-dir",
+             str(tmp_path / "state"), "--gpu-source", "nvidia-smi", "--config", str(config)],
+            env={**os.environ, "HEALTHPLANE_NATS_URL": nats_server.url, "HEALTHPLANE_LOG_FORMAT": "json",
+                 "PATH": str(tmp_path / "bin")},  # nvidia-smi only: no smartctl
+            stdout=subprocess.DEVNULL, stderr=stderr)
+    try:
+        starting = wire.decode(wire.ResourceReport, (await resources.next_msg(timeout=30)).data)
+        ready = wire.decode(wire.ResourceReport, (await resources.next_msg(timeout=30)).data)
+    finally:
+        process.terminate()  # SIGTERM
+        process.wait(20)
+
+    assert process.returncode == 0
+    assert (starting.ready, ready.ready) == (False, True)
+    for report in (starting, ready):
+        seen, unseen = (wire.to_builtins(d) for d in report.devices)
+        assert seen == {"kind": "gpu", "vendor": "nvidia", "index": 0, "pciBusId": "0000:01:00.0",
+                        "uuid": "GPU-513536b6-7d19-9063-b049-1e69664bb298", "model": "NVIDIA A100-SXM4-80GB",
+                        "memoryBytes": 81920 * 1024 * 1024}
+        assert unseen == {"kind": "gpu", "vendor": "nvidia", "index": 1, "pciBusId": "0000:41:00.0",
+                          "uuid": None, "model": None, "memoryBytes": None}
+    udev_lines = [json.loads(line) for line in log.read_text().splitlines() if "udev" in line]
+    assert [line["event"] for line in udev_lines] == [
+        "udev unavailable; devices added or removed are seen at the next cycle"]
+    assert str(root) in udev_lines[0]["reason"]

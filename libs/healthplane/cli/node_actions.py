@@ -33,9 +33,8 @@ from healthplane.cli.common import (
     fail,
     nats_client,
     one_of,
-    warn,
 )
-from healthplane.cli.node_cmd import find_node
+from healthplane.cli.node_cmd import find_node, views_of
 from healthplane.runtime.publish import Publisher
 from healthplane.runtime.replay import read_payloads
 
@@ -199,13 +198,7 @@ async def send(nc: NATS, commands: list[wire.Command], wait_s: float) -> dict[st
 
 async def _views(nc: NATS, js: JetStreamContext, cluster: str | None) -> list[wire.NodeView]:
     payloads = await read_payloads(nc, js, "HP_NODES", subjects.node_views(cluster), last_per_subject=True)
-    views = []
-    for payload in payloads:
-        try:
-            views.append(wire.decode(wire.NodeView, payload))
-        except wire.WireError as exc:
-            warn(f"HP_NODES record skipped: {exc}")
-    return sorted(views, key=lambda v: (v.cluster, v.node_id))
+    return sorted(views_of(payloads), key=lambda v: (v.cluster, v.node_id))
 
 
 async def _target(nc: NATS, js: JetStreamContext, node_id: str, cluster: str | None) -> tuple[str, str]:

@@ -13,7 +13,7 @@ import base64
 import json
 import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -77,11 +77,11 @@ async def _run(args: argparse.Namespace) -> int:
         js = nc.jetstream()
         if args.node_command == "list":
             return await _list(nc, js, args)
+        if args.node_command == "events":
+            return await _events(nc, js, args)
         view = await find_node(nc, js, args.node, args.cluster)
-        if args.node_command == "show":
-            _print(args, lambda: wire.to_builtins(view), lambda: show_text(view))
-            return 0
-        return await _events(nc, js, view, args)
+        _print(args, lambda: wire.to_builtins(view), lambda: show_text(view))
+        return 0
 
 
 def _print(args: argparse.Namespace, data: Callable[[], Any], text: Callable[[], str]) -> None:
@@ -120,13 +120,19 @@ class ListRow(msgspec.Struct, rename="camel"):
 _decode_row = msgspec.json.Decoder(ListRow).decode
 
 
+def views_of(payloads: Iterable[bytes]) -> list[wire.NodeView]:
+    """The node views among ``payloads``; one that is not is named on stderr and skipped."""
+    views = []
+    for payload in payloads:
+        try:
+            views.append(wire.decode(wire.NodeView, payload))
+        except wire.WireError as exc:
+            warn(f"HP_NODES record skipped: {exc}")
+    return views
+
+
 def _is_view(payload: bytes) -> bool:
-    try:
-        wire.decode(wire.NodeView, payload)
-    except wire.WireError as exc:
-        warn(f"HP_NODES record skipped: {exc}")
-        return False
-    return True
+    return bool(views_of([payload]))
 
 
 async def _list(nc: NATS, js: JetStreamContext, args: argparse.Namespace) -> int:
@@ -193,19 +199,48 @@ def list_text(views: list[ListRow], order: list[int] | None = None) -> str:
 
 
 def _time(value: datetime | None) -> str:
-    return value.astimezone(UTC).isoformat().replace("+00:00", "Z") if value else "-"
+    """Text shows whole seconds, as the references print them; JSON keeps full precision."""
+    return value.astimezone(UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z") if value else "-"
 
 
-def _label(condition_type: str) -> str:
-    return condition_type.replace("_", " ").title().replace("Gpu", "GPU")
+def _span(seconds: float) -> str:
+    whole = int(seconds)
+    if whole < 60:
+        return f"{whole}s"
+    minutes, secs = divmod(whole, 60)
+    if minutes < 60:
+        return f"{minutes}m {secs:02d}s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h {minutes:02d}m" if hours < 48 else f"{hours // 24}d {hours % 24}h"
 
 
-def show_text(view: wire.NodeView) -> str:
+# A view older than this many of the node's intervals, on a node not OFFLINE, means nothing
+# has folded its reports (health-ingest's own heartbeat rule would otherwise have made it so).
+STALE_AFTER_INTERVALS = 3
+
+
+def staleness(view: wire.NodeView, now: datetime) -> str | None:
+    """Why this view may no longer be true, or ``None``: a stale view must not look healthy."""
+    if view.last_reported_at is None or view.status == "OFFLINE":
+        return None
+    age = (now - view.last_reported_at).total_seconds()
+    interval = view.report_interval_seconds or 30
+    if age <= max(15, STALE_AFTER_INTERVALS * interval):
+        return None
+    return (f"this view is {_span(age)} old ({interval}s report interval): health-ingest or the scorer "
+            "is not folding reports; check that they run and their consumer lag")
+
+
+def show_text(view: wire.NodeView, now: datetime | None = None) -> str:
+    now = now or datetime.now(UTC)
     lines = [f"Node:      {view.node_id} ({view.hostname or 'hostname unknown'}, cluster {view.cluster})",
              f"Status:    {_status(view.status)}"]
     health = view.health.capitalize()
     lines.append(f"Health:    {health} (last reported {_time(view.last_reported_at)})" if view.last_reported_at
                  else f"Health:    {health}")
+    stale = staleness(view, now)
+    if stale:
+        lines.append(f"Stale:     {stale}")
     if view.score is None:
         lines.append("Score:     not yet scored")
     else:
@@ -216,14 +251,14 @@ def show_text(view: wire.NodeView) -> str:
     if view.conditions:
         lines.append("Conditions:")
         for c in view.conditions:
-            lines.append(f"  {_label(c.type)} [{c.severity.capitalize()}] {c.message}")
+            lines.append(f"  {wire.condition_title(c.type)} [{c.severity.capitalize()}] {c.message}")
             noun = "observation" if c.observations == 1 else "observations"
             lines.append(f"    first seen {_time(c.first_seen)}, {c.observations} {noun}")
     failures = view.attributed_failures
     if failures.count:
         lines.append(f"Attributed job failures: {failures.count} (last {_time(failures.last)})")
         for fault, count in sorted(failures.by_fault.items()):
-            lines.append(f"  {_label(fault.lower())}: {count}")
+            lines.append(f"  {wire.condition_title(fault)}: {count}")
     if view.holds:
         lines.append("Holds:")
         for hold in view.holds:
@@ -265,13 +300,37 @@ def _from_token(token: str) -> int:
         raise CommandFailed(f"--page-token {token!r} is not a token this command gave", EXIT_USAGE) from exc
 
 
-async def _events(nc: NATS, js: JetStreamContext, view: wire.NodeView, args: argparse.Namespace) -> int:
+def detail(event: wire.NodeEvent) -> str:
+    """The DETAIL column, worded as the reference's example: a raised condition by what was
+    found ("1 uncorrectable GPU ECC error(s) on GPU 0"), everything else by its message."""
+    change = event.condition
+    if event.type == "CONDITION_RAISED" and change is not None:
+        return change.message + (f" (was {change.previous_severity})" if change.previous_severity else "")
+    return event.message
+
+
+async def _history_cluster(nc: NATS, js: JetStreamContext, node_id: str, cluster: str | None) -> str | None:
+    """The node's cluster from its view; a node decommissioned since (its view removed) still
+    has its history: read it in the named cluster, or in any."""
+    try:
+        return (await find_node(nc, js, node_id, cluster)).cluster
+    except CommandFailed as exc:
+        if exc.code == EXIT_USAGE:
+            raise
+        if await read_all(nc, js, "HP_NODE_EVENTS", subjects.node_events(cluster, node_id), limit=1,
+                          headers_only=True):
+            return cluster
+        raise
+
+
+async def _events(nc: NATS, js: JetStreamContext, args: argparse.Namespace) -> int:
     if args.page_size < 1:
         raise CommandFailed("--page-size must be at least 1", EXIT_USAGE)
     if args.latest and args.page_token:
         raise CommandFailed("--latest and --page-token cannot be combined", EXIT_USAGE)
-    filters = ([subjects.event(view.cluster, view.node_id, t) for t in dict.fromkeys(args.type)]
-               or [subjects.node_events(view.cluster, view.node_id)])
+    cluster = await _history_cluster(nc, js, args.node, args.cluster)
+    filters = ([subjects.node_events(cluster, args.node, t) for t in dict.fromkeys(args.type)]
+               or [subjects.node_events(cluster, args.node)])
     since = parse_since(args.since, datetime.now(UTC)) if args.since else None
     start_seq = _from_token(args.page_token) if args.page_token else None
     if args.latest:
@@ -290,7 +349,7 @@ async def _events(nc: NATS, js: JetStreamContext, view: wire.NodeView, args: arg
     if args.output == "json":
         print(json.dumps({"events": [wire.to_builtins(e) for e in events], "nextPageToken": next_token}, indent=2))
         return 0
-    rows = [("TIME", "TYPE", "DETAIL")] + [(_time(e.occurred_at), e.type, e.message) for e in events]
+    rows = [("TIME", "TYPE", "DETAIL")] + [(_time(e.occurred_at), e.type, detail(e)) for e in events]
     width = [max(len(r[i]) for r in rows) for i in range(2)]
     for row in rows:
         print(f"{row[0]:<{width[0]}} | {row[1]:<{width[1]}} | {row[2]}")

@@ -2,8 +2,11 @@
 
 Starts a JetStream nats-server on loopback (unless ``--nats-url``), creates the streams,
 applies the config, starts every built service as its own process, prints what runs where
-and writes ``DATA_DIR/stack.json``. Ctrl-C (or SIGTERM) stops the services, then the server,
-and leaves no process behind.
+and writes ``DATA_DIR/stack.json``. A service that dies is restarted like systemd's
+``Restart=on-failure`` (``healthplane.supervise``): with a growing delay, on the same metrics
+port, its restart count in ``stack.json``; after repeated fast failures ``up`` gives up on it
+with one line and keeps the rest running. Ctrl-C (or SIGTERM) stops the services, then the
+server, and leaves no process behind.
 """
 
 from __future__ import annotations
@@ -17,13 +20,21 @@ import subprocess
 import sys
 import time
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from healthplane import configstore, registry, streams
 from healthplane.config import ClusterConfig, ConfigError, load_cluster_config
 from healthplane.natsserver import NatsServer, NatsServerError, free_port
 from healthplane.runtime.connect import connect
+from healthplane.supervise import (
+    GiveUp,
+    LeaveStopped,
+    Restart,
+    RestartPolicy,
+    after_exit,
+    exit_reason,
+)
 
 STOP_GRACE_S = 10.0
 
@@ -35,8 +46,17 @@ class CannotStart(RuntimeError):
 @dataclass
 class Child:
     name: str
+    command: list[str]
+    port: int
     process: subprocess.Popen[bytes]
-    metrics_url: str | None
+    restarts: int = 0
+    state: str = "running"  # running | restarting | failed | stopped
+    failures_at: list[float] = field(default_factory=list)
+    restart_at: float | None = None
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/metrics"
 
 
 def _fail(message: str) -> int:
@@ -82,24 +102,16 @@ def run(args: argparse.Namespace) -> int:
             children.append(_start_child("sim", fleet, nats_url, log_dir))
         _check_alive(children, log_dir)
 
-        stack = {
-            "natsUrl": nats_url,
-            "natsServerPid": server.process.pid if server and server.process else None,
-            "services": [
-                {"name": c.name, "pid": c.process.pid, "metricsUrl": c.metrics_url} for c in children
-            ],
-        }
-        (data_dir / "stack.json").write_text(json.dumps(stack, indent=2) + "\n", encoding="utf-8")
+        def write_stack() -> None:
+            _write_stack(data_dir, nats_url, server, children)
+
+        write_stack()
         _print_table(nats_url, server, children, data_dir, simulated=0 if args.no_sim else args.nodes)
 
         while not stop_requested:
             time.sleep(0.2)
-            for child in children:
-                code = child.process.poll()
-                if code is not None and not getattr(child, "reported", False):
-                    child.reported = True  # type: ignore[attr-defined]
-                    print(f"healthplane up: {child.name} exited with {code}; see {log_dir / child.name}.log",
-                          file=sys.stderr)
+            if any([_supervise(child, nats_url, log_dir, time.monotonic()) for child in children]):
+                write_stack()
         print("\nstopping…", file=sys.stderr)
         return 0
     except (CannotStart, NatsServerError) as exc:
@@ -123,15 +135,69 @@ async def _prepare(nats_url: str, config: ClusterConfig) -> None:
         await nc.close()
 
 
+RESTART_POLICY = RestartPolicy()
+
+
+def _supervise(child: Child, nats_url: str, log_dir: Path, now: float) -> bool:
+    """One look at ``child``: restart it when it died and its delay has passed; True when
+    what ``stack.json`` says of it changed."""
+    log = log_dir / f"{child.name}.log"
+    if child.state == "restarting" and child.restart_at is not None and now >= child.restart_at:
+        child.process = _spawn(child.name, child.command, child.port, nats_url, log_dir)
+        child.restarts += 1
+        child.state, child.restart_at = "running", None
+        print(f"healthplane up: {child.name} restarted (pid {child.process.pid}, restart {child.restarts})",
+              file=sys.stderr)
+        return True
+    code = child.process.poll() if child.state == "running" else None
+    if code is None:
+        return False
+    decision = after_exit(RESTART_POLICY, code, child.failures_at, now)
+    if code != 0:
+        child.failures_at.append(now)
+    match decision:
+        case Restart(delay_s):
+            child.state, child.restart_at = "restarting", now + delay_s
+            print(f"healthplane up: {child.name} {exit_reason(code)}; restarting in {delay_s:g}s; see {log}",
+                  file=sys.stderr)
+        case GiveUp(reason):
+            child.state = "failed"
+            print(f"healthplane up: {child.name} {exit_reason(code)} and {reason}; not restarting it; see {log}",
+                  file=sys.stderr)
+        case LeaveStopped(reason):
+            child.state = "stopped"
+            print(f"healthplane up: {child.name} {reason}; not restarted; see {log}", file=sys.stderr)
+    return True
+
+
+def _write_stack(data_dir: Path, nats_url: str, server: NatsServer | None, children: list[Child]) -> None:
+    stack = {
+        "natsUrl": nats_url,
+        "natsServerPid": server.process.pid if server and server.process else None,
+        "services": [
+            {"name": c.name, "pid": c.process.pid, "metricsUrl": c.metrics_url, "state": c.state,
+             "restarts": c.restarts} for c in children
+        ],
+    }
+    # Replaced whole, never half-written: a reader polling it sees the old or the new one.
+    staged = data_dir / "stack.json.new"
+    staged.write_text(json.dumps(stack, indent=2) + "\n", encoding="utf-8")
+    staged.replace(data_dir / "stack.json")
+
+
 def _start_service(name: str, nats_url: str, log_dir: Path) -> Child:
     return _start_child(name, ["service", name], nats_url, log_dir)
 
 
 def _start_child(name: str, command: list[str], nats_url: str, log_dir: Path) -> Child:
     port = free_port()
+    return Child(name, command, port, _spawn(name, command, port, nats_url, log_dir))
+
+
+def _spawn(name: str, command: list[str], port: int, nats_url: str, log_dir: Path) -> subprocess.Popen[bytes]:
     env = {**os.environ, "HEALTHPLANE_NATS_URL": nats_url, "HEALTHPLANE_LOG_FORMAT": "json"}
     with open(log_dir / f"{name}.log", "ab") as log_file:
-        process = subprocess.Popen(
+        return subprocess.Popen(
             [sys.executable, "-m", "healthplane.cli", *command, "--metrics-port", str(port)],
             stdout=log_file,
             stderr=subprocess.STDOUT,
@@ -139,7 +205,6 @@ def _start_child(name: str, command: list[str], nats_url: str, log_dir: Path) ->
             env=env,
             start_new_session=True,  # Ctrl-C reaches us only; we stop children in order
         )
-    return Child(name, process, f"http://127.0.0.1:{port}/metrics")
 
 
 def _check_alive(children: list[Child], log_dir: Path, timeout_s: float = 60.0) -> None:
@@ -152,7 +217,7 @@ def _check_alive(children: list[Child], log_dir: Path, timeout_s: float = 60.0) 
             if child.process.poll() is not None:
                 raise CannotStart(f"{child.name} exited at start; see {log_dir / child.name}.log")
             try:
-                with urllib.request.urlopen(child.metrics_url or "", timeout=1) as answer:
+                with urllib.request.urlopen(child.metrics_url, timeout=1) as answer:
                     if answer.status == 200:
                         waiting.remove(child)
             except OSError:
@@ -177,12 +242,13 @@ def _stop_all(children: list[Child]) -> None:
 
 def _print_table(nats_url: str, server: NatsServer | None, children: list[Child], data_dir: Path,
                  simulated: int) -> None:
-    rows = [("nats-server", str(server.process.pid) if server and server.process else "-", nats_url)]
-    rows += [(c.name, str(c.process.pid), c.metrics_url or "-") for c in children]
+    rows = [("nats-server", str(server.process.pid) if server and server.process else "-", "-", nats_url)]
+    rows += [(c.name, str(c.process.pid), str(c.restarts), c.metrics_url) for c in children]
     width = max(len(r[0]) for r in rows)
-    print(f"{'SERVICE':<{width}}  {'PID':>7}  ENDPOINT")
-    for name, pid, endpoint in rows:
-        print(f"{name:<{width}}  {pid:>7}  {endpoint}")
+    print(f"{'SERVICE':<{width}}  {'PID':>7}  RESTARTS  ENDPOINT")
+    for name, pid, restarts, endpoint in rows:
+        print(f"{name:<{width}}  {pid:>7}  {restarts:>8}  {endpoint}")
+    print("a service that dies is restarted (its restarts are counted in stack.json)")
     if simulated:
         print(f"simulated fleet: {simulated} nodes, the last {simulated // 2} provisioned by the control plane "
               f"(inject faults with `healthplane sim inject sim-000 --fault xid:79 --gpu 0`)")

@@ -41,7 +41,8 @@ async def connect(
             log.warning("nats error", error=str(exc) or type(exc).__name__)
 
     async def on_disconnected() -> None:
-        if log is not None:
+        # nats-py calls this on our own close() too: a clean stop is not worth a warning.
+        if log is not None and not client.is_closed:
             log.warning("nats disconnected", url=url)
 
     async def on_reconnected() -> None:

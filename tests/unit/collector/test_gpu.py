@@ -37,6 +37,7 @@ T4 = "t4_515_throttle_reasons.xml"
 P4 = "p4_vgpu_513_na.xml"
 
 ZERO = wire.EccCounts(corrected=0, uncorrected=0)
+MIB = 1 << 20
 ECC_ZERO = wire.GpuEcc(status="ok", volatile=ZERO, aggregate=ZERO)
 
 
@@ -76,6 +77,7 @@ def only_device(xml: str) -> wire.GpuDevice:
                 uuid="GPU-c5533cd4-5a60-059e-348d-b6d7466932e4",
                 serial=None,
                 name="NVIDIA L4",
+                memory_bytes=None,  # the FORMATS excerpt has no fb_memory_usage
                 ecc=ECC_ZERO,
                 throttle=wire.GpuThrottle(reasons=["GpuIdle"], thermal=False, power_brake=False),
                 row_remap=wire.GpuRowRemap(
@@ -93,6 +95,7 @@ def only_device(xml: str) -> wire.GpuDevice:
                 uuid="GPU-513536b6-7d19-9063-b049-1e69664bb298",
                 serial="1650522003820",
                 name="NVIDIA A100-SXM4-80GB",
+                memory_bytes=81920 * MIB,  # the GPU's, not a MIG device's 19968 MiB
                 ecc=ECC_ZERO,
                 throttle=wire.GpuThrottle(),
                 row_remap=None,  # N/A while MIG is enabled
@@ -108,6 +111,7 @@ def only_device(xml: str) -> wire.GpuDevice:
                 uuid="GPU-d37e67a5-91dd-3774-a5cb-99096249601a",
                 serial="0000000000000",
                 name="Tesla T4",
+                memory_bytes=15360 * MIB,
                 ecc=ECC_ZERO,
                 throttle=wire.GpuThrottle(),
                 row_remap=None,  # pre-Ampere: page retirement, no row remapping
@@ -123,6 +127,7 @@ def only_device(xml: str) -> wire.GpuDevice:
                 uuid="GPU-1b1ea7c7-1c4b-ed49-1c72-26c65f2dd207",
                 serial=None,  # N/A
                 name="GRID P4-1Q",
+                memory_bytes=1024 * MIB,  # the vGPU's share
                 ecc=wire.GpuEcc(status="unavailable", reason="ECC not supported"),
                 throttle=wire.GpuThrottle(),  # the whole reasons block is N/A
                 row_remap=None,
@@ -385,6 +390,8 @@ def test_row_remap_block_read() -> None:
         (edited(L4, {"remapped_rows/remapped_row_pending": "Perhaps"}), "neither Yes nor No"),
         (edited(L4, {"ecc_mode/current_ecc": "Sideways"}), "current_ecc"),
         (edited(L4, {"pci/pci_bus_id": "the bus"}), "not a PCI bus id"),
+        (edited(T4, {"fb_memory_usage/total": "15 GB"}), "fb_memory_usage/total: '15 GB' is not an amount"),
+        (edited(T4, {"fb_memory_usage/total": "lots MiB"}), "is not an amount of memory"),
     ],
 )
 def test_col12_garbage_raises_with_a_clear_reason(xml: str, message: str) -> None:
@@ -532,6 +539,7 @@ class FakeGpu:
     reasons: int | Callable[[], int] = 0x1
     remapped: tuple[int, int, int, int] | int = (0, 0, 0, 0)
     lost_on: str | None = None  # the call that raises GPU is lost
+    memory_total: int | None = 85_520_809_984  # an H100 80GB HBM3's, in bytes; None: NotSupported
 
 
 @dataclass
@@ -574,6 +582,13 @@ class FakeNvml:
         def remapped(g: FakeGpu) -> Any:
             return g.remapped if isinstance(g.remapped, tuple) else -g.remapped
 
+        def memory_info(g: FakeGpu) -> Any:
+            if g.memory_total is None:
+                return -pynvml.NVML_ERROR_NOT_SUPPORTED
+            memory = pynvml.c_nvmlMemory_t()
+            memory.total, memory.free, memory.used = g.memory_total, g.memory_total, 0
+            return memory
+
         patches: dict[str, Any] = {
             "nvmlInit": init,
             "nvmlShutdown": shutdown,
@@ -590,6 +605,7 @@ class FakeNvml:
             "nvmlDeviceGetName": device_call(
                 "nvmlDeviceGetName", lambda g: b"NVIDIA H100 80GB HBM3"
             ),
+            "nvmlDeviceGetMemoryInfo": device_call("nvmlDeviceGetMemoryInfo", memory_info),
             "nvmlDeviceGetEccMode": device_call("nvmlDeviceGetEccMode", ecc_mode),
             "nvmlDeviceGetTotalEccErrors": device_call(
                 "nvmlDeviceGetTotalEccErrors",
@@ -633,7 +649,8 @@ def test_nvml_reads_every_device(fake_nvml: Callable[..., FakeNvml]) -> None:
             reasons=0x48,
             remapped=(2, 1, 1, 0),
         ),
-        FakeGpu("00000000:86:00.0", ecc_mode=(0, 0), remapped=pynvml.NVML_ERROR_NOT_SUPPORTED),
+        FakeGpu("00000000:86:00.0", ecc_mode=(0, 0), remapped=pynvml.NVML_ERROR_NOT_SUPPORTED,
+                memory_total=None),
     )
     signal = read_gpu_nvml()
     assert signal.status == "ok"
@@ -645,6 +662,7 @@ def test_nvml_reads_every_device(fake_nvml: Callable[..., FakeNvml]) -> None:
         uuid="GPU-00000000:3B:00.0",
         serial=None,
         name="NVIDIA H100 80GB HBM3",
+        memory_bytes=85_520_809_984,
         ecc=wire.GpuEcc(
             status="ok",
             volatile=wire.EccCounts(corrected=4, uncorrected=0),
@@ -657,6 +675,7 @@ def test_nvml_reads_every_device(fake_nvml: Callable[..., FakeNvml]) -> None:
         temperature_c=41,
     )
     assert (second.index, second.pci_bus_id, second.row_remap) == (1, "0000:86:00.0", None)
+    assert second.memory_bytes is None  # COL-11: not read, so not claimed
     assert second.ecc == wire.GpuEcc(status="unavailable", reason="ECC disabled")
     assert nvml.shutdowns == 1
 
