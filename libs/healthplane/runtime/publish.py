@@ -19,6 +19,7 @@ import re
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Final
 
 import msgspec
 from nats.aio.client import Client as NATS
@@ -27,13 +28,30 @@ from nats.errors import ConnectionClosedError
 from nats.protocol.parser import AWAITING_CONTROL_LINE, Parser
 
 
-class PublishError(RuntimeError):
-    """JetStream did not store a record; ``code``/``err_code`` are the server's when it said why."""
+# JetStream's answers that the same record will never be stored, however often it is sent
+# (nats-server's jetstream_errors_generated.go): retrying them wedges the writer.
+PERMANENT_ERR_CODES: Final = frozenset({
+    10054,  # message size exceeds maximum allowed
+    10056,  # stream name in subject does not match request
+    10060,  # expected stream does not match
+    10071,  # wrong last sequence (an expected-sequence header that no longer holds)
+})
 
-    def __init__(self, message: str, code: int | None = None, err_code: int | None = None) -> None:
+
+class PublishError(RuntimeError):
+    """JetStream did not store a record; ``code``/``err_code`` are the server's when it said why.
+
+    ``permanent``: sending the same record again cannot succeed (the server's error code says
+    so, or the record itself is unsendable: not a subject, larger than the server takes);
+    ``index``: which record of a batch, when the batch was refused for one of them."""
+
+    def __init__(self, message: str, code: int | None = None, err_code: int | None = None, *,
+                 permanent: bool = False, index: int | None = None) -> None:
         super().__init__(message)
         self.code = code
         self.err_code = err_code
+        self.permanent = permanent or err_code in PERMANENT_ERR_CODES
+        self.index = index
 
 
 @dataclass(frozen=True, slots=True)
@@ -288,9 +306,10 @@ class Publisher:
         """Store every record, in order, and return their acks; raise :class:`PublishError`
         naming the first record JetStream did not store (or did not ack in time)."""
         acks: list[Ack] = []
-        for (subject, _, _), outcome in zip(records, await self.store_each(records), strict=True):
+        for index, ((subject, _, _), outcome) in enumerate(zip(records, await self.store_each(records), strict=True)):
             if isinstance(outcome, PublishError):
-                raise PublishError(f"{subject}: {outcome}", outcome.code, outcome.err_code) from outcome
+                raise PublishError(f"{subject}: {outcome}", outcome.code, outcome.err_code,
+                                   permanent=outcome.permanent, index=index) from outcome
             acks.append(outcome)
         return acks
 
@@ -343,10 +362,10 @@ class Publisher:
         payload_bytes = 0
         for index, (subject, payload, headers) in enumerate(records):
             if not subject or not _UNSAFE_IN_SUBJECT.isdisjoint(subject):
-                raise PublishError(f"{subject!r} is not a subject")
+                raise PublishError(f"{subject!r} is not a subject", permanent=True, index=index)
             if len(payload) > max_payload:
                 raise PublishError(f"{subject}: payload of {len(payload)} bytes exceeds the server's "
-                                   f"{max_payload}")
+                                   f"{max_payload}", permanent=True, index=index)
             payload_bytes += len(payload)
             if headers:
                 block = header_block(headers)
