@@ -27,7 +27,6 @@ from nats.aio.msg import Msg
 from nats.errors import ConnectionClosedError
 from nats.protocol.parser import AWAITING_CONTROL_LINE, Parser
 
-
 # JetStream's answers that the same record will never be stored, however often it is sent
 # (nats-server's jetstream_errors_generated.go): retrying them wedges the writer.
 PERMANENT_ERR_CODES: Final = frozenset({
