@@ -44,6 +44,7 @@ class StreamDef:
     max_age: float = 0.0  # seconds, 0 = forever
     max_msgs_per_subject: int = -1
     max_msgs: int = -1
+    max_bytes: int = -1
     description: str = ""
 
     def config(self, replicas: int) -> StreamConfig:
@@ -55,6 +56,7 @@ class StreamDef:
             max_age=self.max_age,
             max_msgs_per_subject=self.max_msgs_per_subject,
             max_msgs=self.max_msgs,
+            max_bytes=self.max_bytes,
             storage=StorageType.FILE,
             num_replicas=replicas,
             discard=DiscardPolicy.OLD,
@@ -87,6 +89,9 @@ STREAMS: Final[tuple[StreamDef, ...]] = (
               description="history of applied cluster configs"),
     StreamDef("HP_SNAPSHOTS", ("hp.snapshot.>",), max_msgs_per_subject=1,
               description="latest snapshot per service and partition"),
+    # Bounded in bytes as well as age: a peer that floods garbage fills it, never the disk.
+    StreamDef("HP_DEAD_LETTERS", ("hp.dead.>",), max_age=30 * DAY, max_bytes=256 * 1024 * 1024,
+              description="inputs a service could not process, with the error (30 days)"),
 )
 STREAMS_BY_NAME: Final = {s.name: s for s in STREAMS}
 
@@ -94,7 +99,7 @@ STREAMS_BY_NAME: Final = {s.name: s for s in STREAMS}
 _IMMUTABLE: Final = ("retention", "storage")
 # Fields we own and converge on; everything else the server fills in is left alone.
 _COMPARED: Final = (
-    "subjects", "retention", "storage", "max_age", "max_msgs_per_subject", "max_msgs",
+    "subjects", "retention", "storage", "max_age", "max_msgs_per_subject", "max_msgs", "max_bytes",
     "num_replicas", "duplicate_window", "allow_direct", "discard",
 )
 

@@ -193,3 +193,23 @@ def parse_kv_node_key(key: str) -> tuple[str, str]:
     if not sep or "." in node:
         raise SubjectError(f"not a node key: {key!r}")
     return decode_token(cluster), decode_token(node)
+
+
+def dead_letter(service: str, input_stream: str) -> str:
+    """``hp.dead.{service}.{input stream}``: an input ``service`` could not process."""
+    return f"{PREFIX}.dead.{encode_token(service)}.{encode_token(input_stream)}"
+
+
+def dead_letters(service: str | None = None) -> str:
+    return f"{PREFIX}.dead.{encode_token(service)}.*" if service else f"{PREFIX}.dead.>"
+
+
+def matches(pattern: str, subject: str) -> bool:
+    """NATS subject matching: ``*`` is one token, a final ``>`` one or more."""
+    wanted, tokens = pattern.split("."), subject.split(".")
+    for index, token in enumerate(wanted):
+        if token == ">":
+            return index == len(wanted) - 1 and len(tokens) > index
+        if index >= len(tokens) or (token != "*" and token != tokens[index]):
+            return False
+    return len(tokens) == len(wanted)

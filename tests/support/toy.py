@@ -31,9 +31,13 @@ class ToyCore:
     """``pairs``: two outputs per input (an output and its echo), as a service that appends an
     event and an assessment for one report."""
 
-    def __init__(self, out_prefix: str = "toy.out", pairs: bool = False) -> None:
+    def __init__(self, out_prefix: str = "toy.out", pairs: bool = False, *, raises_on: str | None = None,
+                 oversized_on: str | None = None, stray_on: str | None = None) -> None:
         self.out_prefix = out_prefix
         self.pairs = pairs
+        # Keys that play a broken service: the core raises after changing the state in place,
+        # emits an output larger than any server takes, or one on a subject no stream takes.
+        self.raises_on, self.oversized_on, self.stray_on = raises_on, oversized_on, stray_on
 
     def initial_state(self) -> ToyState:
         return ToyState()
@@ -44,19 +48,28 @@ class ToyCore:
         except msgspec.DecodeError as exc:
             raise Reject(str(exc)) from exc
         count = state.counts.get(item.key, 0) + 1
+        if item.key == self.raises_on:
+            state.counts[item.key] = 10**6  # half a change: only a rebuild undoes it
+            raise RuntimeError(f"cannot fold {item.key}")
         new = ToyState(counts={**state.counts, item.key: count})
         payload = msgspec.json.encode({"key": item.key, "count": count, "cause": inbound.seq})
-        out = [Emit(f"{self.out_prefix}.{item.key}", payload)]
+        if item.key == self.oversized_on:
+            payload += b" " * (9 * 1024 * 1024)  # past the 8 MiB our servers take
+        subject = f"nowhere.{item.key}" if item.key == self.stray_on else f"{self.out_prefix}.{item.key}"
+        out = [Emit(subject, payload)]
         if self.pairs:
             out.append(Emit(f"{self.out_prefix}.{item.key}.echo", msgspec.json.encode(
                 {"key": item.key, "count": count, "cause": inbound.seq, "echo": True})))
         return new, out
 
 
-def fold(inputs: Sequence[bytes]) -> ToyState:
-    """The state a full replay must reach: the pure fold of every input."""
+def fold(inputs: Sequence[bytes], without: Sequence[int] = ()) -> ToyState:
+    """The state a full replay must reach: the pure fold of every input (but the sequences
+    in ``without``: dead-lettered)."""
     core, state = ToyCore(), ToyState()
     for seq, data in enumerate(inputs, 1):
+        if seq in without:
+            continue
         try:
             state, _ = core.step(state, Inbound("TOY_IN", seq, "", data, {}, None, True))  # type: ignore[arg-type]
         except Reject:
@@ -74,9 +87,9 @@ async def ensure_toy_streams(js: JetStreamContext, suffix: str = "", duplicate_w
 
 
 def processor(nc, js, suffix: str = "", snapshot_every: int = 200, batch: int = 50, log=None,  # type: ignore[no-untyped-def]
-              pairs: bool = False) -> Processor[ToyState]:
+              pairs: bool = False, core: ToyCore | None = None) -> Processor[ToyState]:
     return Processor(
-        nc=nc, js=js, service=f"toy{suffix}", core=ToyCore(f"toy{suffix}.out", pairs), state_type=ToyState,
+        nc=nc, js=js, service=f"toy{suffix}", core=core or ToyCore(f"toy{suffix}.out", pairs), state_type=ToyState,
         inputs=[Input(f"TOY_IN{suffix}")], outputs=[f"TOY_OUT{suffix}"], batch=batch,
         snapshot_every_inputs=snapshot_every, snapshot_every_s=3600, log=log,
     )

@@ -60,3 +60,13 @@ def test_every_builder_yields_one_token_per_part() -> None:
 def test_decode_refuses_what_encode_cannot_produce(bad: str) -> None:
     with pytest.raises(subjects.SubjectError):
         subjects.decode_token(bad)
+
+
+@pytest.mark.parametrize(("pattern", "subject", "matched"), [
+    ("hp.report.>", "hp.report.c.n", True), ("hp.report.>", "hp.report", False),
+    ("hp.event.*.*.X", "hp.event.c.n.X", True), ("hp.event.*.*.X", "hp.event.c.n.Y", False),
+    ("hp.config", "hp.config", True), ("hp.config", "hp.config.x", False), ("hp.*", "hp.a.b", False),
+])
+def test_subject_matching_as_nats_does(pattern: str, subject: str, matched: bool) -> None:
+    # Issue 16.2: an output no stream's subjects match is refused for good, not retried.
+    assert subjects.matches(pattern, subject) is matched

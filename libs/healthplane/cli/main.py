@@ -60,6 +60,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     policy_cmd.add_arguments(policy)
 
+    dead = commands.add_parser("dead-letters", help="inputs the services set aside: list, replay")
+    from healthplane.cli import dead_letters_cmd
+
+    dead_letters_cmd.add_arguments(dead)
+
     config = commands.add_parser("config", help="validate, apply and show the cluster config")
     config_commands = config.add_subparsers(dest="config_command", required=True, metavar="ACTION")
     validate = config_commands.add_parser("validate", help="check a config file")
@@ -99,6 +104,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from healthplane.cli import policy_cmd as policy_commands
 
             return policy_commands.run(args)
+        if args.command == "dead-letters":
+            from healthplane.cli import dead_letters_cmd as dead_letters
+
+            return dead_letters.run(args)
         if args.command == "config":
             from healthplane.cli import config_cmd
 

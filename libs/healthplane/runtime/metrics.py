@@ -31,10 +31,21 @@ EMITTED = Counter(
     "Records this service appended (after de-duplication)",
     ["service", "stream"],
 )
+DEAD_LETTERS = Counter(
+    "healthplane_dead_letters_total",
+    "Inputs set aside in HP_DEAD_LETTERS (malformed, the core raised, or an output refused for good)",
+    ["service", "reason"],
+)
 DUPLICATES_SKIPPED = Counter(
     "healthplane_records_duplicate_skipped_total",
     "Outputs not emitted again after a restart because the stream already had them (REL-1)",
     ["service"],
+)
+FAST_PATH_ENABLED = Gauge(
+    "healthplane_fast_path_enabled",
+    "1 when this nats-py fast path passed its start-up self-test on the latest connection that "
+    "tried it, 0 when it fell back to nats-py's public path (runtime/nats_internals.py)",
+    ["path"],
 )
 
 

@@ -18,6 +18,16 @@ A service supplies a :class:`Core` — ``initial_state()`` and a pure
 5. **Ack.** Inputs are acked only after every output of their batch is stored (the batch's
    acks, too, go out as one write).
 6. **Snapshot** every ``snapshot_every`` inputs or seconds, and on a clean stop.
+
+**What cannot be processed is set aside, never retried forever and never lost**
+(``runtime.deadletters``): a malformed input (the core raised :class:`Reject` or a decode
+error, before changing the state), an input on which the core raised anything else, and an
+input one of whose outputs JetStream refuses for good (``PublishError.permanent``, or a
+subject none of the output streams takes) is written to ``HP_DEAD_LETTERS`` with the error,
+counted and logged, and acked. A core that raised, or a fold whose outputs cannot be stored,
+may have left the state half-changed, so the processor then rebuilds in place: it reloads
+the snapshot and replays, passing over every input it dead-lettered, exactly as a restart
+would. Transient errors (no ack in time, a stream leader moving) are retried.
 """
 
 from __future__ import annotations
@@ -38,9 +48,9 @@ from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, StreamConfig
 from nats.js.errors import NotFoundError
 
-from healthplane import wire
+from healthplane import subjects, wire
 from healthplane.config import ConfigError
-from healthplane.runtime import metrics, snapshots
+from healthplane.runtime import deadletters, metrics, snapshots
 from healthplane.runtime.publish import Ack, Outbound, Publisher, PublishError
 from healthplane.runtime.pull import Delivery, PullLoop
 from healthplane.runtime.replay import read_all
@@ -54,8 +64,14 @@ GEN0_THRESHOLD = 20_000
 
 
 class Reject(Exception):
-    """Raised by a core for an input it cannot fold (malformed, wrong shape). The input is
-    terminated, logged and counted; later inputs go on (REL-3)."""
+    """Raised by a core for an input it cannot fold (malformed, wrong shape), before it changes
+    the state. The input is dead-lettered, terminated, logged and counted; later inputs go on
+    (REL-3)."""
+
+
+class _Rebuild(Exception):
+    """The state may be half-changed (a core raised, an output was refused for good): rebuild
+    it from the snapshot and a replay that passes over the dead-lettered inputs."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -265,11 +281,19 @@ class Processor(Generic[S]):
         self._stopping = asyncio.Event()
         self._caught_up: dict[str, bool] = {}
         self.tick_every_s = 1.0
+        self._dead: set[tuple[str, int]] = set()
+        self._output_subjects: list[str] = []
+        self._rebuilding = False
+        self._stopping_requested = False
+        self.rebuilds = 0
 
     # ------------------------------------------------------------------ start
 
     async def start(self) -> None:
         await self._restore()
+        self._dead = await deadletters.skipped_inputs(self._nc, self._js, self.service, self.producer)
+        self._output_subjects = [subject for stream in self._outputs
+                                 for subject in (await self._js.stream_info(stream)).config.subjects or []]
         self._already_emitted = (await self._scan_emitted(self._snapshot_outputs)).behind(self.positions)
         self._start_seq = {spec.stream: (await self._js.stream_info(spec.stream)).state.last_seq
                            for spec in self._inputs if not spec.after_others}
@@ -288,6 +312,23 @@ class Processor(Generic[S]):
 
     async def run(self) -> None:
         """Process until :meth:`stop`; then snapshot and return."""
+        while await self._run_until_stopped_or_rebuilt():
+            await self._rebuild()
+        await self.snapshot()
+        gc.unfreeze()  # what start() set aside may be collected again (a test process goes on)
+
+    async def _rebuild(self) -> None:
+        self.rebuilds += 1
+        if self._log is not None:
+            self._log.warning("rebuilding the state from the snapshot, without the dead-lettered inputs",
+                              dead_letters=len(self._dead))
+        self._loops = []
+        self.state, self.positions = self._core.initial_state(), {}
+        await self.start()
+        self._rebuilding = False
+
+    async def _run_until_stopped_or_rebuilt(self) -> bool:
+        """True when the loops stopped for a rebuild, False on :meth:`stop`."""
         later = [loop for loop, spec in zip(self._loops, self._inputs, strict=True) if spec.after_others]
         # Each of these returns once its loops have drained after stop().
         tasks: list[asyncio.Task[Any]] = [asyncio.create_task(loop.run()) for loop in self._loops
@@ -297,21 +338,26 @@ class Processor(Generic[S]):
         ticking = asyncio.create_task(self._tick_forever()) if hasattr(self._core, "tick") else None
         stop = asyncio.create_task(self._stopping.wait())
         watched = [*tasks, stop] + ([ticking] if ticking else [])
-        done, _ = await asyncio.wait(watched, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait(watched, return_when=asyncio.FIRST_COMPLETED)
         self._stopping.set()
         for loop in self._loops:
             loop.stop()
         if ticking is not None:
             ticking.cancel()
-        await asyncio.gather(*tasks, *([ticking] if ticking else []), return_exceptions=True)
-        for task in done:
-            if task is not stop and not task.cancelled() and task.exception() is not None:
-                raise task.exception()  # type: ignore[misc]
+        results = await asyncio.gather(*tasks, *([ticking] if ticking else []), return_exceptions=True)
         stop.cancel()
-        await self.snapshot()
-        gc.unfreeze()  # what start() set aside may be collected again (a test process goes on)
+        failures: list[BaseException] = [r for r in results if isinstance(r, BaseException)
+                                         and not isinstance(r, asyncio.CancelledError)]
+        if any(isinstance(f, _Rebuild) for f in failures) and not self._stopping_requested:
+            self._stopping.clear()
+            return True
+        for failure in failures:
+            if not isinstance(failure, _Rebuild):
+                raise failure
+        return False
 
     def stop(self) -> None:
+        self._stopping_requested = True
         self._stopping.set()
 
     async def _start_after_others(self, loops: list[PullLoop]) -> None:
@@ -331,6 +377,8 @@ class Processor(Generic[S]):
             if not all(self._caught_up.values()):
                 continue
             async with self._lock:
+                if self._rebuilding:
+                    continue
                 state, emits = tick(self.state, datetime.now(UTC))
                 await self._emit_all([(e, _tick_headers(e, self.producer)) for e in emits])
                 self.state = state
@@ -422,18 +470,27 @@ class Processor(Generic[S]):
 
     async def _handle(self, batch: list[Delivery]) -> None:
         async with self._lock:
+            if self._rebuilding:  # another loop's batch set it off: this one is folded after
+                for delivery in batch:
+                    delivery.nak(0.0)
+                return
             emits: list[tuple[Emit, dict[str, str]]] = []
+            malformed: list[Delivery] = []
             state = self.state
             step = self._core.step
             positions = self.positions
             already_emitted = self._already_emitted
             producer = self.producer
+            dead = self._dead
             for delivery in batch:
                 stream, seq = delivery.stream, delivery.stream_seq
                 caught_up = delivery.pending == 0
                 self._caught_up[stream] = caught_up
                 if seq <= positions.get(stream, 0):
                     continue  # redelivered after we folded it; the ack was lost
+                if dead and (stream, seq) in dead:
+                    positions[stream] = seq  # set aside before: a replay passes over it
+                    continue
                 msg = delivery.msg
                 wants_output = not already_emitted or (stream, seq) not in already_emitted
                 inbound = Inbound(stream, seq, msg.subject, msg.data, msg.headers or {},  # positional: cheaper
@@ -442,12 +499,15 @@ class Processor(Generic[S]):
                     state, outputs = step(state, inbound)
                 except (Reject, wire.WireError, ConfigError) as exc:  # a record that cannot be folded
                     self._reject(delivery, str(exc), "malformed")
+                    malformed.append(delivery)
                     positions[stream] = seq
                     continue
                 except Exception as exc:
-                    self._reject(delivery, f"{type(exc).__name__}: {exc}", "error")
-                    positions[stream] = seq
-                    continue
+                    # The core may have changed the state halfway: set the input aside and
+                    # rebuild (this batch's other inputs are folded again by the replay).
+                    await self._dead_letter(delivery, "error", f"{type(exc).__name__}: {exc}")
+                    self._rebuilding = True
+                    raise _Rebuild from exc
                 positions[stream] = seq
                 if not wants_output:
                     already_emitted.passed(stream, seq)
@@ -468,7 +528,9 @@ class Processor(Generic[S]):
                             emits.append((emit, {**emit.headers, CAUSATION_HEADER: causation,
                                                  PRODUCER_HEADER: producer,
                                                  MSG_ID_HEADER: emit.msg_id or f"{producer}:{causation}:{index}"}))
-            await self._emit_all(emits)
+            for delivery in malformed:
+                await self._dead_letter(delivery, "malformed", delivery.reject_reason)
+            await self._emit_all(emits, {(d.stream, d.stream_seq): d for d in batch})
             self.state = state
             acked = Counter(d.stream for d in batch if d.disposition == "ack")
             for stream, count in acked.items():  # one label lookup per stream and batch
@@ -480,6 +542,54 @@ class Processor(Generic[S]):
         ):
             await self.snapshot()
 
+    def _stored_anywhere(self, subject: str) -> bool:
+        return any(subjects.matches(pattern, subject) for pattern in self._output_subjects)
+
+    async def _set_aside(self, refused: Outbound, why: str, emits: list[tuple[Emit, dict[str, str]]],
+                         inputs: dict[tuple[str, int], Delivery]) -> list[tuple[Emit, dict[str, str]]]:
+        """An output JetStream will never store: dead-letter its cause, then rebuild; a tick's
+        output (no input behind it) is dead-lettered itself and the rest goes on."""
+        subject, payload, headers = refused
+        cause_stream, _, cause_seq = (headers or {}).get(CAUSATION_HEADER, "").rpartition(":")
+        cause = inputs.get((cause_stream, int(cause_seq))) if cause_seq.isdigit() else None
+        if cause is not None:
+            await self._dead_letter(cause, "refused", f"output {subject}: {why}")
+            self._rebuilding = True
+            raise _Rebuild
+        await self._store_dead_letter(deadletters.record(
+            service=self.service, producer=self.producer, input_stream="tick", input_seq=int(time.time() * 1000),
+            input_subject=subject, payload=payload, reason="refused", error=why,
+            max_payload=self._nc.max_payload), "refused", why)
+        return [(e, h) for e, h in emits if h is not headers]
+
+    async def _dead_letter(self, delivery: Delivery, reason: deadletters.Reason, why: str) -> None:
+        self._dead.add((delivery.stream, delivery.stream_seq))
+        await self._store_dead_letter(deadletters.record(
+            service=self.service, producer=self.producer, input_stream=delivery.stream,
+            input_seq=delivery.stream_seq, input_subject=delivery.msg.subject, payload=delivery.msg.data or b"",
+            reason=reason, error=why, max_payload=self._nc.max_payload), reason, why)
+
+    async def _store_dead_letter(self, record: Outbound, reason: str, why: str) -> None:
+        """Retried until stored: a dead letter is the one record of that input there is."""
+        delay = 0.2
+        while True:
+            try:
+                await self._publisher.store_all([record])
+                break
+            except PublishError as exc:
+                if self._nc.is_closed:
+                    raise
+                if self._log is not None:
+                    self._log.warning("dead letter not stored, retrying", error=str(exc), retry_in_s=delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+        metrics.DEAD_LETTERS.labels(self.service, reason).inc()
+        if self._log is not None and reason != "malformed":  # malformed inputs are logged as rejected
+            headers = record[2] or {}
+            self._log.error("input set aside as a dead letter", stream=headers.get(deadletters.INPUT_STREAM),
+                            seq=headers.get(deadletters.INPUT_SEQ), subject=headers.get(deadletters.INPUT_SUBJECT),
+                            reason=reason, error=deadletters.one_line(why))
+
     def _reject(self, delivery: Delivery, why: str, kind: str) -> None:
         delivery.term(why)
         metrics.MESSAGES_REJECTED.labels(self.service, delivery.stream, kind).inc()
@@ -487,14 +597,17 @@ class Processor(Generic[S]):
             self._log.warning("input rejected", stream=delivery.stream, seq=delivery.stream_seq,
                               subject=delivery.msg.subject, reason=why)
 
-    async def _emit_all(self, emits: list[tuple[Emit, dict[str, str]]]) -> None:
+    async def _emit_all(self, emits: list[tuple[Emit, dict[str, str]]],
+                        inputs: dict[tuple[str, int], Delivery] | None = None) -> None:
         """Store every output, in order, each batch of records as one write with its acks
-        awaited together; on failure retry the same records (same ids) until stored."""
+        awaited together; on a transient failure retry the same records (same ids) until
+        stored. An output refused for good sets aside the input that caused it (``inputs``)
+        and rebuilds; a tick's is itself set aside and dropped."""
         delay = 0.2
         while True:
             acks: list[Ack] = []
+            records: list[Outbound] = []
             try:
-                records: list[Outbound] = []
                 for emit, headers in emits:
                     if emit.purge_stream is not None:
                         acks += await self._publisher.store_all(records)  # what came before lands first
@@ -506,6 +619,10 @@ class Processor(Generic[S]):
             except PublishError as exc:
                 if self._nc.is_closed:
                     raise
+                refused = records[exc.index] if exc.index is not None and exc.index < len(records) else None
+                if refused is not None and (exc.permanent or (exc.code == 503 and not self._stored_anywhere(refused[0]))):
+                    emits = await self._set_aside(refused, str(exc), emits, inputs or {})
+                    continue
                 if self._log is not None:
                     self._log.warning("emit failed, retrying", error=str(exc), retry_in_s=delay)
                 await asyncio.sleep(delay)

@@ -1,0 +1,106 @@
+"""Dead letters: inputs a service could not process, kept with why (``HP_DEAD_LETTERS``).
+
+An input lands here when its service's core raised on it (a bug, or a record no rule
+foresaw), when it is malformed, or when an output it caused is one JetStream refuses for good
+(too large, a subject no stream takes). The service records it, counts it
+(``healthplane_dead_letters_total{service,reason}``), acks it and goes on with the next
+input: one bad record never wedges a service (REL-3).
+
+A dead letter is the input itself: its payload, byte for byte, as the message body (so
+``healthplane dead-letters replay`` can send it again once the bug is fixed), and what
+happened in headers (``Hp-Dead-*``). On subject ``hp.dead.{service}.{input stream}``, with a
+deterministic ``Nats-Msg-Id`` so a retry never records one twice. A service reads its own
+dead letters at start and skips those inputs while it replays: its state is that of a
+replay without them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Final, Literal
+
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext
+
+from healthplane import __version__, subjects
+from healthplane.runtime.replay import read_all
+
+STREAM: Final = "HP_DEAD_LETTERS"
+Reason = Literal["malformed", "error", "refused"]
+# Room left in a message for the headers: an input as large as the server takes still fits,
+# its payload cut short and marked so (a truncated dead letter cannot be replayed).
+HEADROOM_BYTES: Final = 4096
+ERROR_CHARS: Final = 500
+
+SERVICE, PRODUCER, INPUT_STREAM, INPUT_SEQ, INPUT_SUBJECT = (
+    "Hp-Dead-Service", "Hp-Producer", "Hp-Dead-Stream", "Hp-Dead-Seq", "Hp-Dead-Subject")
+REASON, ERROR, VERSION, TRUNCATED = "Hp-Dead-Reason", "Hp-Dead-Error", "Hp-Service-Version", "Hp-Dead-Truncated"
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter:
+    """One dead letter as read back."""
+
+    id: int  # its sequence in HP_DEAD_LETTERS
+    service: str
+    producer: str
+    input_stream: str
+    input_seq: int
+    input_subject: str
+    reason: str
+    error: str
+    service_version: str
+    recorded_at: datetime | None
+    payload: bytes
+    truncated: bool
+
+    def to_json(self) -> dict[str, object]:
+        return {"id": self.id, "service": self.service, "inputStream": self.input_stream,
+                "inputSeq": self.input_seq, "inputSubject": self.input_subject, "reason": self.reason,
+                "error": self.error, "serviceVersion": self.service_version,
+                "recordedAt": self.recorded_at.isoformat().replace("+00:00", "Z") if self.recorded_at else None,
+                "bytes": len(self.payload), "truncated": self.truncated}
+
+
+def one_line(text: str) -> str:
+    return " ".join(text.split())[:ERROR_CHARS]
+
+
+def record(*, service: str, producer: str, input_stream: str, input_seq: int, input_subject: str,
+           payload: bytes, reason: Reason, error: str, max_payload: int) -> tuple[str, bytes, dict[str, str]]:
+    """The dead letter of one input: (subject, body, headers), ready to store."""
+    headers = {
+        SERVICE: service, PRODUCER: producer, INPUT_STREAM: input_stream, INPUT_SEQ: str(input_seq),
+        INPUT_SUBJECT: input_subject, REASON: reason, ERROR: one_line(error) or reason, VERSION: __version__,
+        "Nats-Msg-Id": f"dead:{producer}:{input_stream}:{input_seq}",
+    }
+    room = max(0, max_payload - HEADROOM_BYTES)
+    if len(payload) > room:
+        payload, headers[TRUNCATED] = payload[:room], "true"
+    return subjects.dead_letter(service, input_stream), payload, headers
+
+
+def parse(msg: Msg) -> DeadLetter:
+    headers: Mapping[str, str] = msg.headers or {}
+    meta = msg.metadata
+    seq = headers.get(INPUT_SEQ, "0")
+    return DeadLetter(
+        id=meta.sequence.stream, service=headers.get(SERVICE, "?"), producer=headers.get(PRODUCER, ""),
+        input_stream=headers.get(INPUT_STREAM, "?"), input_seq=int(seq) if seq.isdigit() else 0,
+        input_subject=headers.get(INPUT_SUBJECT, ""), reason=headers.get(REASON, "?"),
+        error=headers.get(ERROR, ""), service_version=headers.get(VERSION, "?"), recorded_at=meta.timestamp,
+        payload=msg.data or b"", truncated=headers.get(TRUNCATED) == "true")
+
+
+async def read(nc: NATS, js: JetStreamContext, service: str | None = None,
+               headers_only: bool = False) -> list[DeadLetter]:
+    return [parse(m) for m in await read_all(nc, js, STREAM, subjects.dead_letters(service), headers_only=headers_only)]
+
+
+async def skipped_inputs(nc: NATS, js: JetStreamContext, service: str, producer: str) -> set[tuple[str, int]]:
+    """The inputs ``producer`` dead-lettered: a replay passes over them."""
+    return {(d.input_stream, d.input_seq) for d in await read(nc, js, service, headers_only=True)
+            if d.producer == producer}
