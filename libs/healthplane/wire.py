@@ -589,6 +589,9 @@ class Snapshot(Record, frozen=True, kw_only=True):
     taken_at: datetime
     positions: dict[str, int]  # input stream -> last sequence folded into the state
     outputs: dict[str, int] = {}  # output stream -> its last sequence when this was taken
+    # "input stream producer" -> the highest lease revision folded from that writer: a lower
+    # one after it comes from a holder fenced off since (runtime/lease.py)
+    lease_revisions: dict[str, int] = {}
     slot: int
     chunks: int
     size: int

@@ -4,8 +4,10 @@ Replicas are warm standbys: only the lease holder consumes and appends, so SCORE
 the node views have one writer and every replica does not each need a full consumer of its
 own. A standby takes the lease within its TTL when the holder dies, then restores the latest
 snapshot and replays what came after it. A holder that loses the lease (a partition longer
-than the TTL) stops its Processor before anything else can be written and goes back to
-waiting.
+than the TTL, or an event loop frozen past it) is fenced off: its Processor asks the lease
+before every write (``Lease.fence``), stops before writing anything more, snapshot included,
+and the replica goes back to waiting. Every output carries the lease revision it was written
+under.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from prometheus_client import REGISTRY
 
 from healthplane.runtime.lease import Lease
 from healthplane.runtime.lifecycle import ServiceContext, run_service
-from healthplane.runtime.processor import Processor
+from healthplane.runtime.processor import LeaseLost, Processor
 from healthplane_scorer.metrics import NodeSeries
 from healthplane_scorer.service import INPUTS, OUTPUTS, SERVICE, ScorerCore, ScorerState
 
@@ -44,14 +46,17 @@ def main(args: argparse.Namespace) -> int:
                 leading.clear()
                 lost.clear()
                 proc = Processor(nc=ctx.nc, js=ctx.js, service=SERVICE, core=ScorerCore(), state_type=ScorerState,
-                                 inputs=INPUTS, outputs=OUTPUTS, batch=512, log=ctx.log)
-                await proc.start()
-                active[:] = [proc]
-                running = asyncio.create_task(proc.run())
-                await _first(lost, ctx.stopping, done=running)
-                active.clear()
-                proc.stop()
-                await running
+                                 inputs=INPUTS, outputs=OUTPUTS, batch=512, log=ctx.log, fence=lease.fence)
+                try:
+                    await proc.start()
+                    active[:] = [proc]
+                    running = asyncio.create_task(proc.run())
+                    await _first(lost, ctx.stopping, done=running)
+                    active.clear()
+                    proc.stop()
+                    await running
+                except LeaseLost:
+                    active.clear()
                 if not ctx.stopping.is_set():
                     ctx.log.warning("lease lost: stopped appending, waiting to lead again")
         finally:

@@ -36,15 +36,16 @@ def at(minutes: float) -> datetime:
 
 @asynccontextmanager
 async def policy_service(server: NatsServer, js: JetStreamContext, log: Path, metrics_port: int = 0) -> AsyncIterator[subprocess.Popen[bytes]]:
+    earlier = _read(log).count("service started")  # a restart appends to the same log
     process = subprocess.Popen(
         [sys.executable, "-m", "healthplane.cli", "service", "policy", "--metrics-port", str(metrics_port)],
         env={**os.environ, "HEALTHPLANE_NATS_URL": server.url, "HEALTHPLANE_LOG_FORMAT": "json"},
         stdout=subprocess.DEVNULL, stderr=open(log, "ab"))
     try:
         async def started() -> bool:
-            return "service started" in _read(log)
+            return _read(log).count("service started") > earlier
 
-        await until(started)
+        await until(started, timeout=60)  # a loaded machine starts a Python process slowly
         await settled(js)  # what was published before the start (config, fleet) is folded first
         yield process
     finally:

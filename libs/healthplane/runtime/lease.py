@@ -1,12 +1,25 @@
 """Leader election among replicas: a lease in the ``healthplane-leases`` KV bucket.
 
 The bucket's TTL expires a lease whose holder stopped renewing; renewal is a compare-and-set
-on the revision the holder last wrote, so two replicas can never both believe they hold it.
+on the revision the holder last wrote, so two replicas never both *renew* it. That alone
+does not stop two from *writing*: a holder learns it lost the lease only at its next attempt,
+and one whose event loop stalled (a GC pause, a slow disk, SIGSTOP) wakes up past the TTL,
+after a standby has taken over, still believing it leads.
+
+So the lease is also a **fence** (:meth:`Lease.fence`): a writer asks before each write, and
+the answer is the revision only while the last successful renewal, timed on the monotonic
+clock from *before* its request was sent, is younger than the TTL minus a margin. The key
+cannot have expired on the server before that (it lives TTL from its write, which came
+after the request was sent), so a holder that gets a revision is still the holder. Writers
+stamp it on their outputs (``Hp-Lease-Rev``); a new holder's revision is always higher (the
+bucket's sequence), and readers that fold those outputs pass over a lower revision after a
+higher one, which covers the last window: a write queued in the client before the stall.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -16,15 +29,21 @@ from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError, NotFound
 from healthplane.streams import LEASE_TTL_S as TTL_S
 from healthplane.streams import LEASES_BUCKET as BUCKET
 
+HEADER = "Hp-Lease-Rev"
+
 
 class Lease:
     def __init__(self, js: JetStreamContext, name: str, holder: str, *, ttl_s: float = TTL_S,
                  on_change: Callable[[bool], None] | None = None, log: Any = None) -> None:
         self._js, self.name, self.holder = js, name, holder
         self._renew_every_s = ttl_s / 3
+        # The fence closes this long before the key can expire: time for the renewal's own
+        # round trip and for clocks that do not tick at quite the same rate.
+        self._valid_for_s = ttl_s - max(1.0, ttl_s / 5)
         self._on_change = on_change
         self._log = log
         self._revision: int | None = None
+        self._renewed_at: float | None = None  # monotonic, taken before the request was sent
         self.is_leader = False
 
     def _set(self, leader: bool) -> None:
@@ -39,11 +58,13 @@ class Lease:
         """One round: renew the lease we hold, or take it when it is free."""
         kv = await self._js.key_value(BUCKET)
         value = self.holder.encode()
+        sent_at = time.monotonic()
         try:
             if self._revision is not None:
                 self._revision = await kv.update(self.name, value, last=self._revision)
             else:
                 self._revision = await kv.create(self.name, value)
+            self._renewed_at = sent_at
         except (KeyWrongLastSequenceError, KeyNotFoundError, NotFoundError):
             self._revision = None
         except Exception as exc:  # the bus is down: we cannot prove we still hold it
@@ -52,6 +73,20 @@ class Lease:
             self._revision = None
         self._set(self._revision is not None)
         return self.is_leader
+
+    def fence(self) -> int | None:
+        """The lease's revision while this holder may still write; ``None`` once it may not
+        (never held, lost, or not renewed within the TTL minus the margin)."""
+        if self._revision is None or self._renewed_at is None:
+            return None
+        if time.monotonic() - self._renewed_at >= self._valid_for_s:
+            if self._log is not None:
+                self._log.warning("lease not renewed in time: writes fenced off", lease=self.name,
+                                  since_renewal_s=round(time.monotonic() - self._renewed_at, 2))
+            self._revision = None
+            self._set(False)
+            return None
+        return self._revision
 
     async def run(self, stopping: asyncio.Event) -> None:
         while not stopping.is_set():

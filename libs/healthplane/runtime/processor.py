@@ -36,7 +36,7 @@ import asyncio
 import gc
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Generic, Protocol, TypeVar, cast
@@ -50,7 +50,7 @@ from nats.js.errors import NotFoundError
 
 from healthplane import subjects, wire
 from healthplane.config import ConfigError
-from healthplane.runtime import deadletters, metrics, snapshots
+from healthplane.runtime import deadletters, lease, metrics, snapshots
 from healthplane.runtime.publish import Ack, Outbound, Publisher, PublishError
 from healthplane.runtime.pull import Delivery, PullLoop
 from healthplane.runtime.replay import read_all
@@ -67,6 +67,11 @@ class Reject(Exception):
     """Raised by a core for an input it cannot fold (malformed, wrong shape), before it changes
     the state. The input is dead-lettered, terminated, logged and counted; later inputs go on
     (REL-3)."""
+
+
+class LeaseLost(Exception):
+    """The fence closed (``fence`` answered ``None``): this replica may no longer write, so the
+    processor stops without writing anything more, snapshot included."""
 
 
 class _Rebuild(Exception):
@@ -257,6 +262,7 @@ class Processor(Generic[S]):
         snapshot_every_inputs: int = 5000,
         snapshot_every_s: float = 10.0,
         log: Any = None,
+        fence: Callable[[], int | None] | None = None,
     ) -> None:
         self._nc, self._js = nc, js
         self.service, self.partition = service, partition
@@ -286,6 +292,9 @@ class Processor(Generic[S]):
         self._rebuilding = False
         self._stopping_requested = False
         self.rebuilds = 0
+        # A replica behind a lease: asked before every write, stamped on every output.
+        self._fence = fence
+        self._lease_revisions: dict[str, int] = {}
 
     # ------------------------------------------------------------------ start
 
@@ -323,7 +332,7 @@ class Processor(Generic[S]):
             self._log.warning("rebuilding the state from the snapshot, without the dead-lettered inputs",
                               dead_letters=len(self._dead))
         self._loops = []
-        self.state, self.positions = self._core.initial_state(), {}
+        self.state, self.positions, self._lease_revisions = self._core.initial_state(), {}, {}
         await self.start()
         self._rebuilding = False
 
@@ -387,6 +396,7 @@ class Processor(Generic[S]):
         return f"{self.producer}-{spec.stream}".replace(".", "_")
 
     async def _create_consumer(self, spec: Input) -> None:
+        self._write_allowed()  # the durable is shared by the replicas: only the holder may reset it
         name = self._consumer_name(spec)
         try:
             await self._js.delete_consumer(spec.stream, name)
@@ -424,6 +434,7 @@ class Processor(Generic[S]):
         manifest, state_json = found
         self.state = self._state_decoder.decode(state_json)
         self.positions = dict(manifest.positions)
+        self._lease_revisions = dict(manifest.lease_revisions)
         self._snapshot_outputs = dict(manifest.outputs)
         self._slot = manifest.slot
         if self._log is not None:
@@ -432,6 +443,8 @@ class Processor(Generic[S]):
 
     async def snapshot(self) -> None:
         async with self._lock:
+            if self._fence is not None and self._fence() is None:
+                return  # a fenced-off holder must not overwrite the new holder's snapshot
             outputs = {}
             for stream in self._outputs:
                 info = await self._js.stream_info(stream)
@@ -439,7 +452,7 @@ class Processor(Generic[S]):
             manifest = await snapshots.save(
                 self._js, service=self.service, partition=self.partition, taken_at=datetime.now(UTC),
                 positions=dict(self.positions), outputs=outputs, state_json=msgspec.json.encode(self.state),
-                previous_slot=self._slot)
+                previous_slot=self._slot, lease_revisions=dict(self._lease_revisions))
             self._slot = manifest.slot
             self._since_snapshot = 0
             self._last_snapshot_at = time.monotonic()
@@ -492,6 +505,9 @@ class Processor(Generic[S]):
                     positions[stream] = seq  # set aside before: a replay passes over it
                     continue
                 msg = delivery.msg
+                if msg.headers and lease.HEADER in msg.headers and self._fenced_off(stream, msg.headers):
+                    positions[stream] = seq
+                    continue
                 wants_output = not already_emitted or (stream, seq) not in already_emitted
                 inbound = Inbound(stream, seq, msg.subject, msg.data, msg.headers or {},  # positional: cheaper
                                   datetime.fromtimestamp(delivery.timestamp_ns / 1e9, UTC), caught_up, wants_output)
@@ -542,6 +558,29 @@ class Processor(Generic[S]):
         ):
             await self.snapshot()
 
+    def _fenced_off(self, stream: str, headers: dict[str, str]) -> bool:
+        """A record from a lease holder that has been fenced off since: its writer's revision
+        is lower than one already folded from the same producer."""
+        revision = headers[lease.HEADER]
+        if not revision.isdigit():
+            return False
+        key = f"{stream} {headers.get(PRODUCER_HEADER, '')}"
+        if int(revision) < self._lease_revisions.get(key, 0):
+            metrics.MESSAGES_REJECTED.labels(self.service, stream, "fenced").inc()
+            return True
+        self._lease_revisions[key] = int(revision)
+        return False
+
+    def _write_allowed(self) -> str | None:
+        """The lease revision to stamp on a write (``None`` when no lease fences this
+        processor); raises :class:`LeaseLost` once the fence has closed."""
+        if self._fence is None:
+            return None
+        revision = self._fence()
+        if revision is None:
+            raise LeaseLost
+        return str(revision)
+
     def _stored_anywhere(self, subject: str) -> bool:
         return any(subjects.matches(pattern, subject) for pattern in self._output_subjects)
 
@@ -573,6 +612,7 @@ class Processor(Generic[S]):
         """Retried until stored: a dead letter is the one record of that input there is."""
         delay = 0.2
         while True:
+            self._write_allowed()
             try:
                 await self._publisher.store_all([record])
                 break
@@ -607,13 +647,17 @@ class Processor(Generic[S]):
         while True:
             acks: list[Ack] = []
             records: list[Outbound] = []
+            revision = self._write_allowed() if emits else None
             try:
                 for emit, headers in emits:
                     if emit.purge_stream is not None:
                         acks += await self._publisher.store_all(records)  # what came before lands first
                         records = []
+                        self._write_allowed()
                         await self._js.purge_stream(emit.purge_stream, subject=emit.subject)
                         continue
+                    if revision is not None:
+                        headers = {**headers, lease.HEADER: revision}
                     records.append((emit.subject, emit.payload, headers))
                 acks += await self._publisher.store_all(records)
             except PublishError as exc:
