@@ -1,8 +1,10 @@
 """``read_payloads``: the bulk read behind ``node list`` (issue 5's 100,000-node listing).
 
 It cuts payloads straight out of the connection's buffer instead of letting nats-py build a
-``Msg`` per record, so these tests hold it to what ``read_all`` returns, on a real server,
-with other traffic on the same connection, and to nats-py's own parser for every byte split.
+``Msg`` per record (``nats_internals.tap_payloads``, a route of the connection's one parser
+wrapper since issue 16.4), so these tests hold it to what ``read_all`` returns, on a real
+server, with other traffic on the same connection, and to nats-py's own parser for every
+byte split.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from nats.js import JetStreamContext
 from nats.protocol.parser import Parser
 
 from healthplane.natsserver import NatsServer
-from healthplane.runtime import replay
+from healthplane.runtime import nats_internals
 from healthplane.runtime.connect import connect
 from healthplane.runtime.replay import read_all, read_payloads
 
@@ -35,14 +37,14 @@ async def test_payloads_equal_read_all_with_other_traffic_on_the_connection(
     await js.publish("hp.node.c0.n00000", b'{"nodeId":"n00000","latest":true}')  # last per subject wins
 
     installed: list[object] = []
-    install = replay._PayloadTap.install
+    install = nats_internals.tap_payloads
 
-    def spy(*args: Any) -> replay._PayloadTap | None:
+    def spy(*args: Any) -> nats_internals.PayloadTap | None:
         tap = install(*args) if tapped else None
         installed.append(tap)
         return tap
 
-    monkeypatch.setattr(replay._PayloadTap, "install", spy)
+    monkeypatch.setattr(nats_internals, "tap_payloads", spy)
     chatter: list[bytes] = []
 
     async def heard(msg: Any) -> None:
@@ -111,6 +113,15 @@ _WIRE = b"".join([
 ])
 
 
+def _tap(connection: _Connection, out: list[bytes]) -> nats_internals.PayloadTap:
+    """The tap on sid 7, as ``tap_payloads`` puts it on a connection whose self-test passed."""
+    router = nats_internals._Router.install(connection)  # type: ignore[arg-type]
+    assert router is not None and connection._ps is router
+    tap = nats_internals.PayloadTap(router, 7, out, lambda: None)
+    router.add(7, tap)
+    return tap
+
+
 async def test_the_tap_cuts_every_split_of_the_wire_like_nats_py_would() -> None:
     """Ours become payloads; everything else reaches nats-py's parser whole and in order,
     wherever the socket reads happen to split the bytes."""
@@ -120,26 +131,26 @@ async def test_the_tap_cuts_every_split_of_the_wire_like_nats_py_would() -> None
                                                                                   b"with\r\ncrlf"]
     for split in range(len(_WIRE) + 1):
         connection = _Connection()
+        inner = connection._ps
         out: list[bytes] = []
-        tap = replay._PayloadTap.install(connection, 7, out, lambda: None)  # type: ignore[arg-type]
-        assert tap is not None and connection._ps is tap
-        await tap.parse(_WIRE[:split])
-        await tap.parse(_WIRE[split:])
+        tap = _tap(connection, out)
+        await connection._ps.parse(_WIRE[:split])
+        await connection._ps.parse(_WIRE[split:])
         assert out == [b"first-1", b"headed", b"with\r\ncrlf"], split
         assert connection.calls == [("ping",), ("msg", 9, b"other", b"", b"not\r\nours!!!", None),
                                     ("info", {"server_id": "s"})], split
         tap.remove()
-        assert connection._ps is tap._inner and not tap.buf
+        assert connection._ps is inner and not inner.buf
 
 
 async def test_the_tap_hands_a_half_read_operation_back_when_removed() -> None:
     connection = _Connection()
     out: list[bytes] = []
-    tap = replay._PayloadTap.install(connection, 7, out, lambda: None)  # type: ignore[arg-type]
-    assert tap is not None
+    tap = _tap(connection, out)
     cut = len(_WIRE) - 10  # inside the INFO line
-    await tap.parse(_WIRE[:cut])
+    await connection._ps.parse(_WIRE[:cut])
     tap.remove()
+    assert connection._ps.__class__ is Parser
     await connection._ps.parse(_WIRE[cut:])
     assert connection.calls[-1] == ("info", {"server_id": "s"})
 
@@ -147,5 +158,5 @@ async def test_the_tap_hands_a_half_read_operation_back_when_removed() -> None:
 async def test_the_tap_stays_out_of_a_parser_mid_operation() -> None:
     connection = _Connection()
     await connection._ps.parse(b"MSG other 9 12\r\nnot")  # the parser holds half a message
-    assert replay._PayloadTap.install(connection, 7, [], lambda: None) is None  # type: ignore[arg-type]
+    assert nats_internals._Router.install(connection) is None  # type: ignore[arg-type]
     assert connection._ps.__class__ is Parser

@@ -3,14 +3,20 @@
 from __future__ import annotations
 
 import re
+import tomllib
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from packaging.requirements import Requirement
+from packaging.specifiers import SpecifierSet
+from packaging.utils import canonicalize_name
+from packaging.version import Version
 
 from healthplane import registry
 from healthplane.cli.main import build_parser
+from healthplane.runtime import nats_internals
 
 ROOT = Path(__file__).resolve().parents[2]
 MONITORING = {"prometheus", "alertmanager", "grafana"}
@@ -100,6 +106,63 @@ def test_dockerfile_builds_one_image_with_healthplane_entry_point() -> None:
         assert re.search(rf"^COPY {folder} ", text, re.M), f"Dockerfile does not copy {folder}/"
     assert "python:3.11" in text
 
+
+
+# ---------------------------------------------------------------- the image is what CI tested (issue 16.4)
+
+def _runtime_requirements() -> list[Requirement]:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    return [Requirement(line) for line in project["dependencies"]]
+
+
+def _lock() -> dict[str, tuple[Version, list[str]]]:
+    """requirements.lock as ``{name: (version, hashes)}``."""
+    text = re.sub(r"\\\n", " ", (ROOT / "requirements.lock").read_text())
+    pins: dict[str, tuple[Version, list[str]]] = {}
+    for line in text.splitlines():
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        match = re.fullmatch(r"([A-Za-z0-9._-]+)==(\S+)((?:\s+--hash=sha256:[0-9a-f]{64})*)", line)
+        assert match, f"requirements.lock: {line!r} is not an exact pin with hashes"
+        pins[canonicalize_name(match.group(1))] = (Version(match.group(2)), re.findall(r"[0-9a-f]{64}", match.group(3)))
+    return pins
+
+
+def test_the_image_installs_the_lock_with_hashes_and_the_project_alone() -> None:
+    """issue 16.4: the image holds the dependencies CI tested, not whatever is newest."""
+    text = (ROOT / "deploy" / "Dockerfile").read_text()
+    assert re.search(r"^COPY requirements\.lock ", text, re.M)
+    assert re.search(r"^RUN pip install [^\n]*--require-hashes -r \S*requirements\.lock", text, re.M)
+    installs = re.findall(r"^RUN pip (?:install|wheel) [^\n]*", text, re.M)
+    assert installs and all("--no-deps" in line or "requirements.lock" in line for line in installs), installs
+
+
+def test_every_runtime_dependency_has_a_tested_range_and_a_hashed_pin_inside_it() -> None:
+    """issue 16.4: each dependency in pyproject.toml is bounded both ways, below the next
+    major (nats-py below its next minor), and requirements.lock pins a version inside it."""
+    lock = _lock()
+    for requirement in _runtime_requirements():
+        operators = {spec.operator for spec in requirement.specifier}
+        assert {">=", "<"} <= operators, f"{requirement}: needs a lower and an upper bound"
+        name = canonicalize_name(requirement.name)
+        assert name in lock, f"requirements.lock does not pin {requirement.name}"
+        version, hashes = lock[name]
+        assert requirement.specifier.contains(version), f"requirements.lock pins {name} {version}, outside {requirement}"
+        assert hashes, f"requirements.lock has no hash for {name}"
+        lower = min(Version(spec.version) for spec in requirement.specifier if spec.operator == ">=")
+        upper = min(Version(spec.version) for spec in requirement.specifier if spec.operator == "<")
+        assert upper <= Version(f"{lower.major + 1}"), f"{requirement}: the upper bound passes the next major"
+
+
+def test_nats_py_is_pinned_to_the_releases_its_internals_are_tested_on() -> None:
+    """issue 16.4: pyproject.toml's nats-py range is exactly runtime/nats_internals.py's
+    tested minors, and the lock and this environment hold one of them."""
+    [nats] = [r for r in _runtime_requirements() if canonicalize_name(r.name) == "nats-py"]
+    minors = sorted(Version(minor) for minor in nats_internals.TESTED_NATS_PY)
+    assert nats.specifier == SpecifierSet(f">={minors[0]},<{minors[-1].major}.{minors[-1].minor + 1}")
+    assert nats_internals.version_tested(str(_lock()["nats-py"][0]))
+    assert nats_internals.version_tested(nats_internals.installed_version())
 
 # ---------------------------------------------------------------- monitoring profile (OBS-3)
 

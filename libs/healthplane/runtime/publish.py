@@ -9,7 +9,10 @@ carrying the server's description.
 :meth:`Publisher.store_all` is the hot path of the service loop: a whole batch of records
 goes out as one write (the protocol frames built here, not one ``nc.publish`` per record)
 and their acks are counted into one list, with one future and one timer for the batch.
-Every ack is still checked.
+Every ack is still checked. Both the frame writer and the acks' fast lane reach into nats-py
+internals, which only :mod:`healthplane.runtime.nats_internals` touches: it self-tests them
+on the connection first, and where they fail this module takes nats-py's public path.
+The upstream report for ``publish_async`` is docs/upstream.md.
 """
 
 from __future__ import annotations
@@ -17,15 +20,16 @@ from __future__ import annotations
 import asyncio
 import re
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
 import msgspec
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
-from nats.errors import ConnectionClosedError
-from nats.protocol.parser import AWAITING_CONTROL_LINE, Parser
+
+from healthplane.runtime import nats_internals
+from healthplane.runtime.nats_internals import write_frames as write_frames
 
 # JetStream's answers that the same record will never be stored, however often it is sent
 # (nats-server's jetstream_errors_generated.go): retrying them wedges the writer.
@@ -106,22 +110,9 @@ def _outcome_of(data: bytes) -> Ack | PublishError:
 
 
 def writes_frames(nc: NATS) -> bool:
-    """Whether this client lets :func:`write_frames` hand it protocol frames directly."""
-    return hasattr(nc, "_send_command") and hasattr(nc, "_flush_pending")
-
-
-async def write_frames(nc: NATS, frames: bytes, messages: int, payload_bytes: int = 0) -> None:
-    """Queue ready-made ``PUB``/``HPUB`` frames on the connection, as ``nc.publish`` queues one,
-    and wake its flusher: many messages for the price of one call. While disconnected they wait
-    in the client's reconnect buffer like any publish."""
-    if nc.is_closed:
-        raise ConnectionClosedError
-    nc.stats["out_msgs"] += messages
-    nc.stats["out_bytes"] += payload_bytes
-    await nc._send_command(frames)
-    queue = getattr(nc, "_flush_queue", None)
-    if queue is None or queue.empty():  # as nc.publish: one wake-up is enough
-        await nc._flush_pending()
+    """Whether this connection takes ready-made protocol frames (:func:`write_frames`): the
+    fast path passed its self-test on it (:mod:`healthplane.runtime.nats_internals`)."""
+    return nats_internals.writes_frames(nc)
 
 
 def header_block(headers: Mapping[str, str]) -> bytes:
@@ -141,87 +132,6 @@ def header_block(headers: Mapping[str, str]) -> bytes:
 
 _HEADER_KEY = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 _NO_LINE_BREAKS = str.maketrans({"\r": " ", "\n": " "})
-
-
-AckHandler = Callable[[bytes, bytes], None]
-
-
-class _AckLane(Parser):
-    """The connection's protocol parser with a fast lane for JetStream acks.
-
-    A publish ack costs little to the server but, through nats-py, about as much as any
-    delivery to the client: a regular expression over the line, a ``Msg``, a queue, a task and
-    a callback, 10-15 µs each on the 2-core machines, which is most of what publishing costs
-    once the frames go out in one write (:meth:`Publisher.store_each`). Here ``MSG`` lines
-    addressed to a registered subscription (a publisher's reply inbox) are cut out of the
-    buffer and handed to its handler as ``(reply token, body)``; every other operation
-    (deliveries to other subscriptions, acks carrying headers such as a 503, PING, INFO, -ERR)
-    goes, whole and in order, to the parser this one wraps, so the connection behaves as
-    before. This leans on nats-py internals (``Client._ps``, the parser's ``buf``, ``state``,
-    ``reset``); :meth:`attach` checks them and declines where they differ or the parser is
-    busy, and the acks then take nats-py's ordinary path to the same subscription.
-    """
-
-    def __init__(self, nc: NATS, inner: Parser) -> None:
-        super().__init__(nc)
-        self._inner = inner
-        self._handlers: dict[bytes, AckHandler] = {}
-
-    @classmethod
-    def attach(cls, nc: NATS, sid: int, prefix_len: int, handler: AckHandler) -> bool:
-        """Route the acks of subscription ``sid`` (tokens after ``prefix_len`` bytes of their
-        subject) to ``handler``; False when the lane cannot be put in place now."""
-        lane = getattr(nc, "_ps", None)
-        if not isinstance(lane, _AckLane):
-            inner = lane
-            # Only nats-py's own parser, and only between two operations: taking over a
-            # parser in the middle of a message would lose it.
-            if (type(inner) is not Parser or getattr(inner, "buf", None) != bytearray()
-                    or getattr(inner, "state", None) != AWAITING_CONTROL_LINE):
-                return False
-            lane = cls(nc, inner)
-            nc._ps = lane
-
-        def routed(token: bytes, body: bytes) -> None:
-            handler(token[prefix_len:], body)
-
-        lane._handlers[str(sid).encode()] = routed
-        return True
-
-    def reset(self) -> None:  # a reconnect starts the protocol afresh, for both parsers
-        super().reset()
-        inner = getattr(self, "_inner", None)
-        if inner is not None:
-            inner.reset()
-
-    async def parse(self, data: bytes = b"") -> None:
-        self.buf.extend(data)
-        buffered = bytes(self.buf)  # one copy a read: the bodies are slices of it
-        size = len(buffered)
-        handlers = self._handlers
-        pos = passed = 0  # passed: where the run of operations for the inner parser starts
-        while pos < size:
-            eol = buffered.find(b"\r\n", pos)
-            if eol < 0:
-                break
-            if buffered.startswith(b"MSG", pos) or buffered.startswith(b"HMSG", pos):
-                # MSG subject sid [reply] size | HMSG subject sid [reply] header-size size
-                line = buffered[pos:eol].split()
-                end = eol + 2 + int(line[-1]) + 2
-                if end > size:
-                    break  # the rest of this message is still on its way
-                handler = handlers.get(line[2]) if len(line) == 4 and line[0] == b"MSG" else None
-                if handler is not None:
-                    if passed < pos:
-                        await self._inner.parse(buffered[passed:pos])
-                    handler(line[1], buffered[eol + 2:end - 2])
-                    passed = end
-                pos = end
-            else:
-                pos = eol + 2  # PING, PONG, +OK, -ERR, INFO: the line alone
-        if passed < pos:
-            await self._inner.parse(buffered[passed:pos])
-        del self.buf[:pos]
 
 
 class _Batch:
@@ -259,20 +169,16 @@ class Publisher:
             self._reply_sub = await self._nc.subscribe(self._prefix + "*", cb=self._on_reply)
 
     def _attach_ack_lane(self) -> None:
-        """Take the fast lane for acks when the connection's parser allows it (else they come
+        """Take the parser's fast lane for acks where the connection allows it (else they come
         through the subscription's callback, as before). Tried again at each batch until it
         holds; a reconnect keeps it."""
-        lane = getattr(self._nc, "_ps", None)
-        if isinstance(lane, _AckLane) and str(self._reply_sub._id).encode() in lane._handlers:
-            return
-        _AckLane.attach(self._nc, self._reply_sub._id, len(self._prefix), self._on_fast_reply)
+        if not nats_internals.routes_acks(self._nc, self._reply_sub):
+            nats_internals.route_acks(self._nc, self._reply_sub, len(self._prefix), self._on_fast_reply)
 
     @property
     def fast_acks(self) -> bool:
-        """Whether this publisher's acks take the parser's fast lane (:class:`_AckLane`)."""
-        lane = getattr(self._nc, "_ps", None)
-        return (bool(self._prefix) and isinstance(lane, _AckLane)
-                and str(self._reply_sub._id).encode() in lane._handlers)
+        """Whether this publisher's acks take the parser's fast lane (``nats_internals``)."""
+        return bool(self._prefix) and nats_internals.routes_acks(self._nc, self._reply_sub)
 
     def _on_fast_reply(self, token: bytes, body: bytes) -> None:
         self._resolve(token.decode(), _outcome_of(body))
@@ -325,6 +231,7 @@ class Publisher:
         if self._nc.is_closed:
             raise PublishError("connection closed")
         await self._ensure_subscribed()
+        await nats_internals.engage(self._nc)  # the self-test, once per connection
         if writes_frames(self._nc):
             self._attach_ack_lane()
         batch_id = str(self._next_batch)

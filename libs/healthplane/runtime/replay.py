@@ -16,7 +16,8 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.errors import NotFoundError
-from nats.protocol.parser import AWAITING_CONTROL_LINE, Parser
+
+from healthplane.runtime import nats_internals
 
 
 async def replay(
@@ -201,9 +202,10 @@ async def read_payloads(nc: NATS, js: JetStreamContext, stream: str, subject: st
     nodes): nats-py matches each delivery with regular expressions, parses its headers and
     builds a ``Msg`` that goes through a queue and a task, 15-40 µs a record on the 2-core
     machines; here the connection's protocol parser gets a fast lane for this one subscription
-    for the length of the read (:class:`_PayloadTap`) that only slices payloads out of the
-    socket buffer, about 3 µs. Where the parser cannot be tapped (a nats-py whose internals
-    differ, or a parser caught mid-operation) the read still works, at nats-py's speed.
+    for the length of the read (``nats_internals.tap_payloads``) that only slices payloads out
+    of the socket buffer, about 3 µs. Where the parser cannot be tapped (a nats-py whose
+    internals failed their self-test, or a parser caught mid-operation) the read still works,
+    at nats-py's speed.
     """
     policy = DeliverPolicy.LAST_PER_SUBJECT if last_per_subject else DeliverPolicy.ALL
     subjects_ = [subject] if isinstance(subject, str) else list(subject)
@@ -231,12 +233,13 @@ async def read_payloads(nc: NATS, js: JetStreamContext, stream: str, subject: st
             out.append(msg.data)
             progress()
 
+    await nats_internals.engage(nc)  # the self-test, once per connection
     inbox = nc.new_inbox()
     sub = await nc.subscribe(inbox, cb=on_msg, pending_msgs_limit=-1, pending_bytes_limit=-1)
-    tap: _PayloadTap | None = None
+    tap: nats_internals.PayloadTap | None = None
     try:
         await nc.flush()  # a PONG round trip: the parser is idle between operations now
-        tap = _PayloadTap.install(nc, sub._id, out, progress)
+        tap = nats_internals.tap_payloads(nc, sub, out, progress)
         batch = max(batch, -(-total // 64))  # at most 64 requests waiting on the server
         request = msgspec.json.encode({"batch": batch, "expires": int(3600 * 1e9)})
         for _ in range(-(-total // batch)):  # every batch asked for at once: the server fills them in turn
@@ -254,98 +257,3 @@ async def read_payloads(nc: NATS, js: JetStreamContext, stream: str, subject: st
         await _delete_quietly(js, stream, info.name)
     del out[total:]  # nodes added while reading: the batches asked for may hold a few more
     return out
-
-
-class _PayloadTap(Parser):
-    """The connection's protocol parser with a fast lane for one subscription.
-
-    Deliveries to the subscription (``MSG``/``HMSG`` lines naming its sid) are cut out of the
-    buffer here and their payloads appended to ``out``, with ``progress`` called after each
-    socket read; deliveries without a reply subject are JetStream status messages and are
-    dropped, as :func:`read_all` drops them. Every other operation (PING, INFO, -ERR, other
-    subscriptions' messages) is passed, whole and in order, to the parser this one replaced,
-    so the connection behaves as before. This leans on nats-py internals (``Client._ps``, the
-    parser's ``buf`` and ``state``); ``install`` checks them and declines when they differ.
-    """
-
-    def __init__(self, nc: NATS, inner: Parser, sid: int, out: list[bytes], progress: Callable[[], None]) -> None:
-        super().__init__(nc)
-        self._inner = inner
-        self._sid = str(sid).encode()
-        self._out = out
-        self._progress = progress
-        self._parsing = False
-        self._removed = False
-
-    @classmethod
-    def install(cls, nc: NATS, sid: int, out: list[bytes], progress: Callable[[], None]) -> _PayloadTap | None:
-        """Put the tap in place, or return None (the subscription then gets the messages the
-        ordinary way) where the parser is not one this code knows or is mid-operation."""
-        inner = getattr(nc, "_ps", None)
-        if (type(inner) is not Parser or getattr(inner, "buf", None) != bytearray()
-                or getattr(inner, "state", None) != AWAITING_CONTROL_LINE):
-            return None
-        tap = cls(nc, inner, sid, out, progress)
-        nc._ps = tap
-        return tap
-
-    def remove(self) -> None:
-        """Give the connection its own parser back, with whatever bytes are not parsed yet."""
-        self._removed = True
-        if self.nc._ps is self:
-            self.nc._ps = self._inner
-        if not self._parsing:  # else parse() hands the rest over when it returns
-            self._inner.buf.extend(self.buf)
-            self.buf.clear()
-
-    async def parse(self, data: bytes = b"") -> None:
-        self.buf.extend(data)
-        self._parsing = True
-        try:
-            while self.buf and not self._removed:
-                foreign = self._cut()
-                if foreign == 0:
-                    return  # an operation not yet complete: wait for more bytes
-                operation = bytes(self.buf[:foreign])
-                del self.buf[:foreign]
-                await self._inner.parse(operation)
-        finally:
-            self._parsing = False
-            if self._removed and self.buf:
-                rest = bytes(self.buf)
-                self.buf.clear()
-                await self._inner.parse(rest)
-
-    def _cut(self) -> int:
-        """Take every complete delivery of ours from the front of the buffer; return the
-        length of the complete operation that is not ours and stands next, or 0."""
-        data = bytes(self.buf)  # one copy a read: slices of bytes are the payloads
-        sid, take = self._sid, self._out.append
-        pos, size = 0, len(data)
-        foreign = 0
-        while pos < size:
-            eol = data.find(b"\r\n", pos)
-            if eol < 0:
-                break
-            # MSG subject sid [reply] size | HMSG subject sid [reply] header-size total-size
-            line = data[pos:eol].split()
-            operation = line[0]
-            if operation == b"MSG":
-                header, has_reply = 0, len(line) == 5
-            elif operation == b"HMSG":
-                header, has_reply = int(line[-2]), len(line) == 6
-            else:
-                foreign = eol + 2 - pos  # PING, PONG, +OK, -ERR, INFO: the line alone
-                break
-            end = eol + 2 + int(line[-1])
-            if end + 2 > size:
-                break
-            if line[2] != sid:
-                foreign = end + 2 - pos  # another subscription's message, whole
-                break
-            if has_reply:  # JetStream status messages have none
-                take(data[eol + 2 + header:end])
-            pos = end + 2
-        del self.buf[:pos]
-        self._progress()
-        return foreign
