@@ -168,3 +168,20 @@ async def test_dead_letters_list_and_replay(nats_server: NatsServer, nc: NATS) -
 
     missing = _cli(nats_server, "replay", "999")
     assert missing.returncode == 1 and "no dead letter 999" in missing.stderr
+
+
+async def test_a_fold_notes_live_inputs_only(nc: NATS) -> None:
+    # Issue 17: a fold never logs or counts itself; what it notes is told once, for live
+    # inputs, and not again when a restart refolds them.
+    js = nc.jetstream()
+    inputs = _inputs(["a", "loud", "b", "loud"])
+    suffix = await _setup(js, inputs)
+
+    def seen() -> float:
+        return metrics.FOLD_NOTES.labels(f"toy{suffix}", "seen")._value.get()  # type: ignore[no-any-return]
+
+    await _run_to_end(nc, js, suffix, 4, toy.ToyCore(f"toy{suffix}.out", notes_on="loud"))
+    assert seen() == 2
+    await js.purge_stream("HP_SNAPSHOTS", subject=f"hp.snapshot.toy{suffix}.>")
+    await _run_to_end(nc, js, suffix, 4, toy.ToyCore(f"toy{suffix}.out", notes_on="loud"))
+    assert seen() == 2  # the replay's outputs were all there: nothing told twice

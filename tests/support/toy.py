@@ -32,12 +32,14 @@ class ToyCore:
     event and an assessment for one report."""
 
     def __init__(self, out_prefix: str = "toy.out", pairs: bool = False, *, raises_on: str | None = None,
-                 oversized_on: str | None = None, stray_on: str | None = None) -> None:
+                 oversized_on: str | None = None, stray_on: str | None = None,
+                 notes_on: str | None = None) -> None:
         self.out_prefix = out_prefix
         self.pairs = pairs
         # Keys that play a broken service: the core raises after changing the state in place,
         # emits an output larger than any server takes, or one on a subject no stream takes.
         self.raises_on, self.oversized_on, self.stray_on = raises_on, oversized_on, stray_on
+        self.notes_on = notes_on  # a key the fold has something to say about
 
     def initial_state(self) -> ToyState:
         return ToyState()
@@ -48,6 +50,8 @@ class ToyCore:
         except msgspec.DecodeError as exc:
             raise Reject(str(exc)) from exc
         count = state.counts.get(item.key, 0) + 1
+        if item.key == self.notes_on:
+            inbound.note("warning", "toy key seen", counter="seen", key=item.key)
         if item.key == self.raises_on:
             state.counts[item.key] = 10**6  # half a change: only a rebuild undoes it
             raise RuntimeError(f"cannot fold {item.key}")

@@ -36,6 +36,11 @@ DEAD_LETTERS = Counter(
     "Inputs set aside in HP_DEAD_LETTERS (malformed, the core raised, or an output refused for good)",
     ["service", "reason"],
 )
+FOLD_NOTES = Counter(
+    "healthplane_fold_notes_total",
+    "What a service's fold reported about live inputs (a plug-in failed, a node missed its heartbeat)",
+    ["service", "note"],
+)
 DUPLICATES_SKIPPED = Counter(
     "healthplane_records_duplicate_skipped_total",
     "Outputs not emitted again after a restart because the stream already had them (REL-1)",

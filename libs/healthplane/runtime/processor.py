@@ -39,7 +39,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Generic, Protocol, TypeVar, cast
+from typing import Any, Generic, Literal, Protocol, TypeVar, cast
 
 import msgspec
 from nats.aio.client import Client as NATS
@@ -103,6 +103,27 @@ class Inbound:
     # False while refolding an input whose outputs are already in the streams (a restart):
     # a core may skip building records that would be discarded, never its state changes.
     wants_output: bool = True
+    # What the fold has to say about this input (a node missed its heartbeat, a plug-in
+    # failed): a fold never logs or counts, since a replay would repeat it; it adds a Note
+    # here and the processor logs it, and counts it, for live inputs only.
+    notes: list[Note] = field(default_factory=list)
+
+    def note(self, level: NoteLevel, event: str, *, counter: str | None = None, **fields: object) -> None:
+        self.notes.append(Note(level, event, counter, fields))
+
+
+NoteLevel = Literal["info", "warning", "error"]
+
+
+@dataclass(frozen=True, slots=True)
+class Note:
+    """A log line (and optionally a count) a fold asks for: ``counter`` names a label value of
+    ``healthplane_fold_notes_total{service,note}``."""
+
+    level: NoteLevel
+    event: str
+    counter: str | None
+    fields: dict[str, object]
 
 
 @dataclass(frozen=True, slots=True)
@@ -532,6 +553,8 @@ class Processor(Generic[S]):
                 stored = already_emitted.stored_of(stream, seq) if already_emitted else None
                 if stored is not None:
                     already_emitted.passed(stream, seq)
+                elif inbound.notes:  # live, not a refold of what a life before this one told
+                    self._tell(inbound.notes, stream=stream, seq=seq)
                 if outputs:
                     causation = f"{stream}:{seq}"
                     # A cut write stored a prefix: every output up to the last one found is in
@@ -557,6 +580,13 @@ class Processor(Generic[S]):
             or time.monotonic() - self._last_snapshot_at >= self._snapshot_every_s
         ):
             await self.snapshot()
+
+    def _tell(self, notes: list[Note], **where: object) -> None:
+        for note in notes:
+            if note.counter is not None:
+                metrics.FOLD_NOTES.labels(self.service, note.counter).inc()
+            if self._log is not None:
+                getattr(self._log, note.level)(note.event, **where, **note.fields)
 
     def _fenced_off(self, stream: str, headers: dict[str, str]) -> bool:
         """A record from a lease holder that has been fenced off since: its writer's revision
