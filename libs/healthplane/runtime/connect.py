@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import os
-import random
 from typing import Any
 
 from nats.aio.client import Client as NATS
+
+from healthplane.runtime.backoff import Backoff
 
 DEFAULT_URL = "nats://127.0.0.1:4222"
 
@@ -51,7 +52,7 @@ async def connect(
 
     loop = asyncio.get_running_loop()
     deadline = None if give_up_after is None else loop.time() + give_up_after
-    delay = 0.1
+    backoff = Backoff(0.1, 5.0, jitter=0.2)
     while True:
         # nats-py retries a first connection forever when reconnects are unbounded, so each
         # attempt is bounded here and the client discarded when it does not get through.
@@ -77,12 +78,12 @@ async def connect(
             reason = str(exc) or type(exc).__name__
             if isinstance(exc, TimeoutError):
                 reason = "no answer"
-            if deadline is not None and loop.time() + delay >= deadline:
+            if deadline is not None and loop.time() + backoff.current_s >= deadline:
                 raise ConnectionError(f"cannot connect to NATS at {url}: {reason}") from exc
+            delay = backoff.next()
             if log is not None:
                 log.warning("nats not reachable, retrying", url=url, retry_in_s=round(delay, 2), error=reason)
-            await asyncio.sleep(delay * (0.8 + 0.4 * random.random()))
-            delay = min(delay * 2, 5.0)
+            await asyncio.sleep(delay)
 
 
 async def _discard(client: NATS) -> None:

@@ -51,6 +51,7 @@ from nats.js.errors import NotFoundError
 from healthplane import subjects, wire
 from healthplane.config import ConfigError
 from healthplane.runtime import deadletters, lease, metrics, snapshots
+from healthplane.runtime.backoff import Backoff
 from healthplane.runtime.publish import Ack, Outbound, Publisher, PublishError
 from healthplane.runtime.pull import Delivery, PullLoop
 from healthplane.runtime.replay import read_all
@@ -640,7 +641,7 @@ class Processor(Generic[S]):
 
     async def _store_dead_letter(self, record: Outbound, reason: str, why: str) -> None:
         """Retried until stored: a dead letter is the one record of that input there is."""
-        delay = 0.2
+        backoff = Backoff(0.2, 5.0)
         while True:
             self._write_allowed()
             try:
@@ -649,10 +650,10 @@ class Processor(Generic[S]):
             except PublishError as exc:
                 if self._nc.is_closed:
                     raise
+                delay = backoff.next()
                 if self._log is not None:
                     self._log.warning("dead letter not stored, retrying", error=str(exc), retry_in_s=delay)
                 await asyncio.sleep(delay)
-                delay = min(delay * 2, 5.0)
         metrics.DEAD_LETTERS.labels(self.service, reason).inc()
         if self._log is not None and reason != "malformed":  # malformed inputs are logged as rejected
             headers = record[2] or {}
@@ -673,7 +674,7 @@ class Processor(Generic[S]):
         awaited together; on a transient failure retry the same records (same ids) until
         stored. An output refused for good sets aside the input that caused it (``inputs``)
         and rebuilds; a tick's is itself set aside and dropped."""
-        delay = 0.2
+        backoff = Backoff(0.2, 5.0)
         while True:
             acks: list[Ack] = []
             records: list[Outbound] = []
@@ -697,10 +698,10 @@ class Processor(Generic[S]):
                 if refused is not None and (exc.permanent or (exc.code == 503 and not self._stored_anywhere(refused[0]))):
                     emits = await self._set_aside(refused, str(exc), emits, inputs or {})
                     continue
+                delay = backoff.next()
                 if self._log is not None:
                     self._log.warning("emit failed, retrying", error=str(exc), retry_in_s=delay)
                 await asyncio.sleep(delay)
-                delay = min(delay * 2, 5.0)
                 continue
             emitted = Counter(ack.stream for ack in acks if not ack.duplicate)
             for stream, count in emitted.items():

@@ -29,6 +29,7 @@ from nats.aio.msg import Msg
 from nats.errors import ConnectionClosedError
 
 from healthplane.runtime import metrics
+from healthplane.runtime.backoff import Backoff
 from healthplane.runtime.publish import write_frames, writes_frames
 
 Disposition = Literal["ack", "term", "nak"]
@@ -169,7 +170,7 @@ class PullLoop:
     # ------------------------------------------------------------------ watchdog
 
     async def _watchdog(self) -> None:
-        delay = self._hb_s
+        backoff = Backoff(self._hb_s, 30.0)
         while not self._stopping:
             await asyncio.sleep(self._hb_s)
             if self._nc.is_closed:
@@ -190,13 +191,13 @@ class PullLoop:
                     try:
                         await self._recreate()
                         self._consumer_missing = False
-                        delay = self._hb_s
+                        backoff.reset()
                     except Exception as exc:
+                        delay = backoff.next()
                         if self._log is not None:
                             self._log.warning("consumer missing, recreate failed", stream=self._stream,
                                               consumer=self._consumer, error=str(exc), retry_in_s=delay)
                         await asyncio.sleep(delay)
-                        delay = min(delay * 2, 30.0)
             if not self._outstanding:
                 self._last_seen = time.monotonic()
                 try:
