@@ -134,6 +134,17 @@ _HEADER_KEY = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 _NO_LINE_BREAKS = str.maketrans({"\r": " ", "\n": " "})
 
 
+def pub_frame(subject: str, payload: bytes, reply: str = "", header_section: bytes = b"") -> bytes:
+    """One ``PUB`` (or, with a header section, ``HPUB``) protocol frame: the one place a frame
+    is spelled out, for the publisher's batches and the pull loop's acks."""
+    reply_part = f" {reply}" if reply else ""
+    if header_section:
+        size = len(header_section)
+        return b"".join((f"HPUB {subject}{reply_part} {size} {size + len(payload)}\r\n".encode(),
+                         header_section, payload, b"\r\n"))
+    return b"".join((f"PUB {subject}{reply_part} {len(payload)}\r\n".encode(), payload, b"\r\n"))
+
+
 class _Batch:
     """The acks of one :meth:`Publisher.store_all` call, by position."""
 
@@ -273,15 +284,8 @@ class Publisher:
                 raise PublishError(f"{subject}: payload of {len(payload)} bytes exceeds the server's "
                                    f"{max_payload}", permanent=True, index=index)
             payload_bytes += len(payload)
-            if headers:
-                block = header_block(headers)
-                frames.append(f"HPUB {subject} {reply_stem}{index} {len(block)} "
-                              f"{len(block) + len(payload)}\r\n".encode())
-                frames.append(block)
-            else:
-                frames.append(f"PUB {subject} {reply_stem}{index} {len(payload)}\r\n".encode())
-            frames.append(payload)
-            frames.append(b"\r\n")
+            frames.append(pub_frame(subject, payload, f"{reply_stem}{index}",
+                                    header_block(headers) if headers else b""))
         await write_frames(self._nc, b"".join(frames), len(records), payload_bytes)
 
     async def submit(self, subject: str, payload: bytes, headers: dict[str, str] | None = None) -> asyncio.Future[Ack]:

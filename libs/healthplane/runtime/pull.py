@@ -30,7 +30,7 @@ from nats.errors import ConnectionClosedError
 
 from healthplane.runtime import metrics
 from healthplane.runtime.backoff import Backoff
-from healthplane.runtime.publish import write_frames, writes_frames
+from healthplane.runtime.publish import pub_frame, write_frames, writes_frames
 
 Disposition = Literal["ack", "term", "nak"]
 
@@ -59,18 +59,26 @@ class Delivery:
 BatchHandler = Callable[[list[Delivery]], Awaitable[None]]
 
 
-def parse_ack_subject(reply: str) -> tuple[str, int, int, int, int]:
-    """``(stream, delivered, stream_seq, timestamp_ns, pending)`` from a ``$JS.ACK`` subject.
-
-    Handles both the v1 form (9 tokens) and v2 with domain and account hash (12 tokens).
-    """
+def _ack_tokens(reply: str) -> tuple[list[str], int]:
+    """A ``$JS.ACK`` subject's tokens and where its stream name is: the v1 form (9 tokens) or
+    v2 with domain and account hash (12 tokens)."""
     tokens = reply.split(".")
     if len(tokens) == 9:
-        base = 2
-    elif len(tokens) >= 11:
-        base = 4
-    else:
-        raise ValueError(f"not a JetStream ack subject: {reply!r}")
+        return tokens, 2
+    if len(tokens) >= 11:
+        return tokens, 4
+    raise ValueError(f"not a JetStream ack subject: {reply!r}")
+
+
+def stream_seq_of(reply: str) -> int:
+    """The stream sequence of a delivery, from its ``$JS.ACK`` subject."""
+    tokens, base = _ack_tokens(reply)
+    return int(tokens[base + 3])
+
+
+def parse_ack_subject(reply: str) -> tuple[str, int, int, int, int]:
+    """``(stream, delivered, stream_seq, timestamp_ns, pending)`` from a ``$JS.ACK`` subject."""
+    tokens, base = _ack_tokens(reply)
     return (
         tokens[base],
         int(tokens[base + 2]),
@@ -256,13 +264,7 @@ class PullLoop:
             for d in batch:
                 await self._nc.publish(d.msg.reply, _settlement(d))
             return
-        frames = []
-        for d in batch:
-            if d.disposition == "ack":
-                frames.append(f"PUB {d.msg.reply} 4\r\n+ACK\r\n".encode())
-            else:
-                body = _settlement(d)
-                frames.append(f"PUB {d.msg.reply} {len(body)}\r\n".encode() + body + b"\r\n")
+        frames = [pub_frame(d.msg.reply, _settlement(d)) for d in batch]
         await write_frames(self._nc, b"".join(frames), len(frames))
 
 

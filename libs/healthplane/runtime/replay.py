@@ -18,6 +18,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.errors import NotFoundError
 
 from healthplane.runtime import nats_internals
+from healthplane.runtime.pull import stream_seq_of
 
 
 async def replay(
@@ -146,13 +147,8 @@ async def read_all(nc: NATS, js: JetStreamContext, stream: str, subject: str | l
     finally:
         await sub.unsubscribe()
         await _delete_quietly(js, stream, info.name)
-    out.sort(key=lambda m: _stream_seq(m.reply))
+    out.sort(key=lambda m: stream_seq_of(m.reply))
     return out
-
-
-def _stream_seq(reply: str) -> int:
-    tokens = reply.split(".")
-    return int(tokens[5] if len(tokens) == 9 else tokens[7])
 
 
 async def _delete_quietly(js: JetStreamContext, stream: str, consumer: str) -> None:
