@@ -63,7 +63,7 @@ class Settings:
 
     queue_size: int = 1024          # events waiting per endpoint; beyond it, dropped
     concurrency: int = 16           # requests in flight per endpoint (one connection each)
-    timeout_s: float = 10.0         # per attempt: read, write, pool
+    timeout_s: float = 10.0         # one attempt's whole deadline: pool wait, connect, send, the answer
     connect_timeout_s: float = 5.0
     backoff_base_s: float = 0.5     # first retry after 0.25..0.5 s, doubling
     backoff_cap_s: float = 30.0

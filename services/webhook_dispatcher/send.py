@@ -12,16 +12,23 @@ it), and the attempt's timeouts. Redirects are never followed.
 Where the environment names a proxy for the endpoint (``core.proxy_for``: ``HTTPS_PROXY``,
 ``HTTP_PROXY``, ``ALL_PROXY``, ``NO_PROXY`` with names, addresses and CIDR ranges), the
 endpoint gets an ``httpx.AsyncClient`` with httpx's own transport and that proxy instead.
+
+Either way a receiver is a peer we do not control, and an attempt is bounded: one deadline
+(``asyncio.timeout``, the settings' ``timeout_s``) over connecting, sending and the whole
+answer, whatever pace its bytes come at; at most ``MAX_BODY_BYTES`` of the answer's body
+read (only its status and ``Retry-After`` matter), past which the connection is closed
+rather than read to the end. The transport bounds the head and the 1xx answers.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import functools
 import http.cookiejar
 import os
 import ssl
-from collections.abc import Mapping
+from collections.abc import AsyncGenerator, AsyncIterable, Mapping
 from typing import Any
 
 import httpx
@@ -30,6 +37,7 @@ from healthplane import __version__
 from healthplane_webhook_dispatcher.core import Settings, proxy_for
 from healthplane_webhook_dispatcher.transport import StreamTransport
 
+MAX_BODY_BYTES = 64 * 1024  # of an answer's body read; beyond it the connection is closed
 KEEPALIVE_S = 5.0  # an idle connection older than this is not reused (httpx's default too)
 USER_AGENT = f"healthplane-webhook-dispatcher/{__version__}"
 
@@ -96,23 +104,40 @@ class EndpointSender:
             self.client = endpoint_client(settings, proxy=self.proxy)
         self._timeouts = httpx.Timeout(settings.timeout_s, connect=settings.connect_timeout_s).as_dict()
         self._auth = basic_auth(self.url)
+        self._deadline_s = settings.timeout_s
 
     async def post(self, body: bytes, headers: dict[str, str]) -> tuple[int, str | None]:
-        """(status, its ``Retry-After``), the answer's body read to the end and discarded;
-        httpx's exceptions when there is no answer."""
-        if self.transport is None:
-            assert self.client is not None
-            answer = await self.client.post(self.url, content=body, headers=headers)
-            return answer.status_code, answer.headers.get("retry-after")
+        """(status, its ``Retry-After``); httpx's exceptions when there is no answer, and
+        ``httpx.TimeoutException`` when the attempt's deadline passes first."""
+        try:
+            async with asyncio.timeout(self._deadline_s) as deadline:
+                if self.transport is None:
+                    return await self._post_via_client(body, headers)
+                return await self._post_direct(body, headers)
+        except TimeoutError:
+            if not deadline.expired():
+                raise
+            raise httpx.TimeoutException(f"no complete answer within the attempt's deadline of "
+                                         f"{self._deadline_s:g} s") from None
+
+    async def _post_direct(self, body: bytes, headers: dict[str, str]) -> tuple[int, str | None]:
+        assert self.transport is not None
         request = httpx.Request("POST", self.url, headers=[("User-Agent", USER_AGENT), *headers.items()],
                                 content=body, extensions={"timeout": self._timeouts})
         if self._auth is not None:
             request.headers["Authorization"] = self._auth
         response = await self.transport.handle_async_request(request)
         try:
-            await response.aread()  # to the end: only then may the connection be reused
+            assert isinstance(response.stream, httpx.AsyncByteStream)
+            await _read_at_most(response.stream, MAX_BODY_BYTES)
         finally:
-            await response.aclose()
+            await response.aclose()  # not read to its end: the transport closes the connection
+        return response.status_code, response.headers.get("retry-after")
+
+    async def _post_via_client(self, body: bytes, headers: dict[str, str]) -> tuple[int, str | None]:
+        assert self.client is not None
+        async with self.client.stream("POST", self.url, content=body, headers=headers) as response:
+            await _read_at_most(response.aiter_raw(), MAX_BODY_BYTES)
         return response.status_code, response.headers.get("retry-after")
 
     async def aclose(self) -> None:
@@ -120,3 +145,18 @@ class EndpointSender:
             await self.transport.aclose()
         if self.client is not None:
             await self.client.aclose()
+
+
+async def _read_at_most(body: AsyncIterable[bytes], limit: int) -> bool:
+    """Read and discard ``body`` up to ``limit`` bytes: True when it ended within them."""
+    read = 0
+    chunks = aiter(body)
+    try:
+        async for chunk in chunks:
+            read += len(chunk)
+            if read > limit:
+                return False
+        return True
+    finally:
+        if isinstance(chunks, AsyncGenerator):  # left at once, not whenever it is collected
+            await chunks.aclose()

@@ -1,12 +1,12 @@
-"""An httpx transport that speaks HTTP/1.1 over asyncio connections (docs/webhooks.md,
-"The HTTP transport").
+"""An httpx transport that speaks HTTP/1.1 over asyncio connections, with h11 as the protocol
+(docs/webhooks.md, "The HTTP transport").
 
 It takes ``httpx.Request`` and gives ``httpx.Response`` (the dispatcher's sender hands it
-requests directly, send.py; under an ``httpx.AsyncClient`` it works as any transport does)
-in place of httpcore + h11 + anyio, which cost ~1.2 ms of CPU per request on the 2-core
-development machine. Measured there per
-request and answer: a bare h11 client over asyncio ~260 us, this whole module ~140 us,
-socket calls included (docs/webhooks.md has the figures).
+requests directly, send.py; under an ``httpx.AsyncClient`` it works as any transport does).
+The bytes on the wire are h11's, both ways: h11 writes the request (and refuses a header or
+target that would smuggle another) and parses the answer, its framing and whether the
+connection may carry another request. What is ours is the I/O around it, in place of
+httpcore + anyio (~1.2 ms of CPU per request on the 2-core development machine):
 
 - HTTP/1.1 with keep-alive over ``loop.create_connection``; TLS with an ``ssl.SSLContext``
   (httpx's default verification unless one is given) for ``https`` URLs.
@@ -16,235 +16,60 @@ socket calls included (docs/webhooks.md has the figures).
   arrived, is never reused.
 - The connect, read, write and pool timeouts of ``httpx.Timeout`` (read: between two
   arrivals of bytes; write: while the kernel's send buffer stays full; pool: waiting for a
-  free connection), raised as httpx's own exceptions.
-- Response framing by RFC 9112 section 6.3: no body for HEAD, 204 and 304; chunked
-  transfer-coding; Content-Length (conflicting values are an error); otherwise the body ends
-  when the server closes. 1xx interim answers are skipped. A connection is reused only when
-  its response was read to the end and neither side asked to close it.
+  free connection), raised as httpx's own exceptions. The bound on a whole attempt is the
+  caller's (send.py wraps each attempt in one ``asyncio.timeout``).
+- Bounds against a receiver that does not play fair: an answer's head (status line and
+  headers) is at most ``MAX_HEAD_BYTES``, complete or not; at most
+  ``MAX_INTERIM_ANSWERS`` 1xx answers before the final one; at most ``READ_PAUSE_BYTES``
+  unread before the socket stops being read. A connection goes back to the pool only when
+  h11 says both sides are done, nothing arrived beyond the answer, and the answer did not
+  carry both Content-Length and Transfer-Encoding (how messages are smuggled).
 - A request sent on a kept-alive connection that the server closed before answering a byte
   (the race every HTTP/1.1 client has with a server's idle timeout) is sent once more on a
   new connection, when its body is in memory. Webhook receivers deduplicate on the event id.
-
-The wire format (request head, response head, framing, body decoding) is a handful of pure
-functions and one sans-I/O decoder, tested against h11 as the reference; the I/O around them
-is thin.
 """
 
 from __future__ import annotations
 
 import asyncio
-import re
 import ssl
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass
-from typing import Final, Literal
+from typing import Final
 
+import h11
 import httpx
 
-MAX_HEAD_BYTES: Final = 64 * 1024      # status line + headers of one answer; also chunk lines, trailers
+MAX_HEAD_BYTES: Final = 64 * 1024      # status line + headers of one answer; h11: chunk lines, trailers too
+MAX_INTERIM_ANSWERS: Final = 8         # 1xx (100 Continue, 103 Early Hints) before the final answer
 READ_PAUSE_BYTES: Final = 256 * 1024   # unread bytes at which the socket stops being read
 SEND_TOGETHER_BYTES: Final = 64 * 1024  # a body up to this size goes out in one write with the head
 DEFAULT_PORTS: Final = {"http": 80, "https": 443}
 DEFAULT_LIMITS: Final = httpx.Limits(max_connections=16, max_keepalive_connections=16, keepalive_expiry=5.0)
 
 
-# ---------------------------------------------------------------------------- wire format (pure)
+# ---------------------------------------------------------------------------- the wire (h11)
 
 
-class ProtocolViolation(ValueError):
-    """Bytes that are not HTTP/1.1 as RFC 9112 allows."""
+def request_event(method: bytes, target: bytes, headers: list[tuple[bytes, bytes]]) -> h11.Request:
+    """The request as h11 will write it. h11 refuses (``h11.LocalProtocolError``) what would
+    let a value end its line early and smuggle a header or a second request: CR, LF or NUL
+    in a value, a name that is not a token, a target with spaces or controls."""
+    return h11.Request(method=method, target=target, headers=headers)
 
 
-_TCHAR: Final = rb"!#$%&'*+\-.^_`|~0-9A-Za-z"
-_TOKEN = re.compile(rb"[" + _TCHAR + rb"]+")
-_FIELD_VALUE = re.compile(rb"[^\x00-\x08\x0a-\x1f\x7f]*")  # no CR, LF, NUL, other controls
-_REQUEST_HEAD = re.compile(rb"[" + _TCHAR + rb"]+ /[^\x00-\x20\x7f]* HTTP/1\.1\r\n"
-                           rb"(?:[" + _TCHAR + rb"]+: [^\x00-\x08\x0a-\x1f\x7f]*\r\n)*\r\n")
-_STATUS_LINE = re.compile(rb"HTTP/1\.([01]) ([1-9][0-9]{2})(?: ([^\x00-\x08\x0a-\x1f\x7f]*))?")
-_CHUNK_SIZE = re.compile(rb"[0-9A-Fa-f]{1,15}")
+def client_connection() -> h11.Connection:
+    """h11's client side of one connection, refusing a head that grows past
+    ``MAX_HEAD_BYTES`` while incomplete (the transport checks complete ones)."""
+    return h11.Connection(h11.CLIENT, max_incomplete_event_size=MAX_HEAD_BYTES)
 
 
-def request_head(method: bytes, target: bytes, headers: Sequence[tuple[bytes, bytes]]) -> bytes:
-    """The request line and header block. Refuses what would let a value end its line early
-    and smuggle a header or a second request: CR, LF or NUL in a value, a name that is not a
-    token, a target with spaces or controls."""
-    head = b"".join([method, b" ", target, b" HTTP/1.1\r\n",
-                     *(b"%b: %b\r\n" % (name, value) for name, value in headers), b"\r\n"])
-    # Names one by one (a colon inside a name would move where its value starts); values in
-    # one match over the whole head, where a CR or LF inside one shows up as an extra line.
-    if not all(_TOKEN.fullmatch(name) for name, _ in headers) or not _REQUEST_HEAD.fullmatch(head) \
-            or head.count(b"\n") != len(headers) + 2:
-        raise ProtocolViolation("invalid request line or header")
-    return head
-
-
-@dataclass(frozen=True, slots=True)
-class ResponseHead:
-    minor_version: int                       # HTTP/1.<minor>
-    status: int
-    reason: bytes
-    headers: list[tuple[bytes, bytes]]       # as received, in order
-
-
-def head_end(buffer: bytes | bytearray) -> int:
-    """Index just past the empty line that ends a head at the start of ``buffer``, or -1
-    while it is incomplete. Lines end in CRLF; a bare LF is accepted too (RFC 9112 section
-    2.2, as h11 does)."""
-    crlf = buffer.find(b"\n\r\n")
-    lf = buffer.find(b"\n\n")
-    if lf < 0 or 0 <= crlf < lf:
-        return -1 if crlf < 0 else crlf + 3
-    return lf + 2
-
-
-def parse_head(raw: bytes) -> ResponseHead:
-    """A response's status line and headers (``raw`` up to and including the empty line).
-    Obsolete line folding and whitespace before a colon are refused (RFC 9112 section 5)."""
-    lines = raw.split(b"\n")
-    status = _STATUS_LINE.fullmatch(lines[0].removesuffix(b"\r"))
-    if status is None:
-        raise ProtocolViolation(f"invalid status line {lines[0][:60]!r}")
-    headers: list[tuple[bytes, bytes]] = []
-    for line in lines[1:]:
-        line = line.removesuffix(b"\r")
-        if not line:
-            break
-        name, colon, value = line.partition(b":")
-        value = value.strip(b" \t")
-        if not colon or not _TOKEN.fullmatch(name) or not _FIELD_VALUE.fullmatch(value):
-            raise ProtocolViolation(f"invalid header line {line[:60]!r}")
-        headers.append((name, value))
-    return ResponseHead(int(status[1]), int(status[2]), status[3] or b"", headers)
-
-
-def _tokens(headers: Sequence[tuple[bytes, bytes]], wanted: bytes) -> list[bytes]:
-    """The comma-separated, lower-cased elements of every header named ``wanted``."""
-    out: list[bytes] = []
-    for name, value in headers:
-        if name.lower() == wanted:
-            out += (t.strip(b" \t").lower() for t in value.split(b",") if t.strip(b" \t"))
-    return out
-
-
-def wants_close(headers: Sequence[tuple[bytes, bytes]]) -> bool:
-    return b"close" in _tokens(headers, b"connection")
-
-
-BodyKind = Literal["none", "length", "chunked", "until_close"]
-
-
-@dataclass(frozen=True, slots=True)
-class Framing:
-    kind: BodyKind
-    length: int          # bytes, for "length"
-    keep_alive: bool     # may the connection carry another request after this answer?
-
-
-def response_framing(method: bytes, head: ResponseHead, *, request_close: bool) -> Framing:
-    """Where the body of a final (2xx..5xx) answer ends, and whether the connection may be
-    reused after it (RFC 9112 sections 6.3 and 9.3)."""
-    connection = _tokens(head.headers, b"connection")
-    keep_alive = not request_close and b"close" not in connection and (
-        head.minor_version >= 1 or b"keep-alive" in connection)
-    if method == b"HEAD" or head.status in (204, 304) or head.status < 200:
-        return Framing("none", 0, keep_alive)
-    codings = _tokens(head.headers, b"transfer-encoding")
-    lengths = [v.strip(b" \t") for name, value in head.headers if name.lower() == b"content-length"
-               for v in value.split(b",")]
-    if codings:
-        if codings[-1] != b"chunked":
-            return Framing("until_close", 0, False)
-        # Both framings at once is how messages are smuggled: chunked wins (RFC 9112
-        # section 6.3), and the connection is not trusted with another request.
-        return Framing("chunked", 0, keep_alive and not lengths)
-    if lengths:
-        if len(set(lengths)) != 1:
-            raise ProtocolViolation("conflicting Content-Length values")
-        if not lengths[0].isdigit() or len(lengths[0]) > 18:
-            raise ProtocolViolation(f"invalid Content-Length {lengths[0][:20]!r}")
-        return Framing("length", int(lengths[0]), keep_alive)
-    return Framing("until_close", 0, False)
-
-
-def chunk_size(line: bytes) -> int:
-    """The size on a chunk-size line (``1a3f;name=value``); extensions are ignored."""
-    size = line.split(b";", 1)[0].strip(b" \t\r\n")
-    if not _CHUNK_SIZE.fullmatch(size):
-        raise ProtocolViolation(f"invalid chunk size line {line[:40]!r}")
-    return int(size, 16)
-
-
-class BodyDecoder:
-    """Sans-I/O: the body of one answer out of the bytes that arrive after its head.
-
-    ``feed`` takes what it can from the front of ``buffer`` (removing it) and returns the
-    body bytes in it; ``done`` tells when the body has ended, and whatever is left in the
-    buffer then belongs to no answer. ``eof`` says the server has closed: a body framed by
-    length or chunks that is not complete by then is a ``ProtocolViolation``.
-    """
-
-    __slots__ = ("_kind", "_left", "_state", "_trailer_bytes", "done")
-
-    def __init__(self, framing: Framing) -> None:
-        self._kind = framing.kind
-        self._left = framing.length
-        self._state: Literal["size", "data", "data_end", "trailer"] = "size"
-        self._trailer_bytes = 0
-        self.done = framing.kind == "none" or (framing.kind == "length" and framing.length == 0)
-
-    def feed(self, buffer: bytearray, eof: bool) -> bytes:
-        if self.done:
-            return b""
-        if self._kind == "until_close":
-            out = bytes(buffer)
-            del buffer[:]
-            self.done = eof
-            return out
-        out = self._take(buffer) if self._kind == "length" else self._chunks(buffer)
-        if self._kind == "length":
-            self.done = self._left == 0
-        if eof and not self.done:
-            raise ProtocolViolation("peer closed connection without sending complete message body")
-        return out
-
-    def _take(self, buffer: bytearray) -> bytes:
-        n = min(self._left, len(buffer))
-        out = bytes(buffer[:n])
-        del buffer[:n]
-        self._left -= n
-        return out
-
-    def _chunks(self, buffer: bytearray) -> bytes:
-        parts: list[bytes] = []
-        while not self.done:
-            if self._state == "data":
-                parts.append(self._take(buffer))
-                if self._left:
-                    break
-                self._state = "data_end"
-                continue
-            end = buffer.find(b"\n")
-            if end < 0:
-                if len(buffer) > MAX_HEAD_BYTES:
-                    raise ProtocolViolation("chunk line or trailer too long")
-                break
-            line = bytes(buffer[:end + 1])
-            del buffer[:end + 1]
-            if self._state == "size":
-                self._left = chunk_size(line)
-                self._state = "data" if self._left else "trailer"
-            elif self._state == "data_end":
-                if line.strip(b"\r\n"):
-                    raise ProtocolViolation("chunk data not followed by CRLF")
-                self._state = "size"
-            else:  # trailer fields, ignored, up to the empty line
-                self._trailer_bytes += len(line)
-                if self._trailer_bytes > MAX_HEAD_BYTES:
-                    raise ProtocolViolation("trailer too large")
-                self.done = not line.strip(b"\r\n")
-        return b"".join(parts)
+def both_framings(headers: Sequence[tuple[bytes, bytes]]) -> bool:
+    """Content-Length and Transfer-Encoding together: h11 reads the body as chunked, as RFC
+    9112 section 6.3 says; the connection is not trusted with another request."""
+    names = {name for name, _ in headers}
+    return b"content-length" in names and b"transfer-encoding" in names
 
 
 # ---------------------------------------------------------------------------- one connection
@@ -254,13 +79,15 @@ Origin = tuple[str, str, int]  # scheme, host, port
 
 
 class _Connection(asyncio.Protocol):
-    """The bytes of one TCP or TLS connection: what arrived and is not parsed yet, whether the
-    server has closed, and write flow control."""
+    """The bytes of one TCP or TLS connection: what arrived and is not yet handed to h11,
+    whether the server has closed, write flow control, and h11's state of the exchange."""
 
     def __init__(self, origin: Origin) -> None:
         self.origin = origin
         self.transport: asyncio.Transport | None = None
         self.buffer = bytearray()
+        self.h11 = client_connection()
+        self.fed = 0                      # bytes handed to h11 on this connection
         self.closed = False               # by the server (EOF, reset) or by us
         self.lost: Exception | None = None
         self.idle_since = 0.0
@@ -314,6 +141,14 @@ class _Connection(asyncio.Protocol):
         unexpected received while idle, idle no longer than ``expiry``."""
         return not self.closed and not self.buffer and self.transport is not None \
             and not self.transport.is_closing() and (expiry is None or now - self.idle_since <= expiry)
+
+    def feed_h11(self) -> None:
+        """Hand h11 what arrived and is not yet parsed."""
+        data = bytes(self.buffer)
+        del self.buffer[:]
+        self.consumed()
+        self.h11.receive_data(data)
+        self.fed += len(data)
 
     def write(self, data: bytes) -> None:
         if self.closed or self.transport is None or self.transport.is_closing():
@@ -480,8 +315,8 @@ class _Pool:
 
 
 class StreamTransport(httpx.AsyncBaseTransport):
-    """``httpx.AsyncClient(transport=StreamTransport(...))``: HTTP/1.1 with keep-alive over
-    asyncio, pooled, with httpx's timeouts and exceptions."""
+    """``httpx.AsyncClient(transport=StreamTransport(...))``: HTTP/1.1 (h11) with keep-alive
+    over asyncio, pooled, with httpx's timeouts and exceptions."""
 
     def __init__(self, *, ssl_context: ssl.SSLContext | None = None,
                  limits: httpx.Limits = DEFAULT_LIMITS) -> None:
@@ -501,23 +336,20 @@ class StreamTransport(httpx.AsyncBaseTransport):
             raise RuntimeError("the transport is closed")
         timeouts: dict[str, float | None] = request.extensions.get("timeout", {})
         origin: Origin = (scheme, request.url.raw_host.decode("ascii"), request.url.port or DEFAULT_PORTS[scheme])
-        method = request.method.encode("ascii")
-        raw_headers = request.headers.raw
-        try:
-            head = request_head(method, request.url.raw_path, raw_headers)
-        except ProtocolViolation as exc:
+        try:  # before a connection is taken: a refused request sends nothing
+            event = request_event(request.method.encode("ascii"), request.url.raw_path, request.headers.raw)
+        except h11.LocalProtocolError as exc:
             raise httpx.LocalProtocolError(str(exc), request=request) from None
         try:
             body: bytes | None = request.content
         except httpx.RequestNotRead:
             body = None  # a streamed body: sent as it comes, so never sent twice
-        request_close = wants_close(raw_headers)
 
         reuse = True
         while True:
             conn = await self._acquire(origin, request, timeouts, reuse=reuse)
             try:
-                return await self._exchange(conn, request, method, head, body, timeouts, request_close)
+                return await self._exchange(conn, request, event, body, timeouts)
             except _StaleConnection:
                 self._pool.discard(conn)
                 if body is None or not reuse:
@@ -578,98 +410,129 @@ class StreamTransport(httpx.AsyncBaseTransport):
 
     # ------------------------------------------------------------------ one exchange
 
-    async def _exchange(self, conn: _Connection, request: httpx.Request, method: bytes, head: bytes,
-                        body: bytes | None, timeouts: dict[str, float | None],
-                        request_close: bool) -> httpx.Response:
+    async def _exchange(self, conn: _Connection, request: httpx.Request, event: h11.Request,
+                        body: bytes | None, timeouts: dict[str, float | None]) -> httpx.Response:
         reused = conn.answered > 0
-        await self._send(conn, request, head, body, timeouts.get("write"), reused)
-        read_timeout = timeouts.get("read")
-        while True:
-            response_head = await self._read_head(conn, request, read_timeout, reused)
-            if response_head.status >= 200:
-                break
-            if response_head.status == 101:
-                raise httpx.RemoteProtocolError("unexpected 101 Switching Protocols", request=request)
-            reused = False  # an interim answer (100, 103): bytes came, the connection is alive
-        try:
-            framing = response_framing(method, response_head, request_close=request_close)
-        except ProtocolViolation as exc:
-            raise httpx.RemoteProtocolError(str(exc), request=request) from None
-        conn.answered += 1
-        extensions = {"http_version": b"HTTP/1.%d" % response_head.minor_version,
-                      "reason_phrase": response_head.reason}
-        complete = framing.kind == "none" or (framing.kind == "length" and len(conn.buffer) >= framing.length)
-        stream: httpx.AsyncByteStream
-        if complete:
-            content = bytes(conn.buffer[:framing.length]) if framing.kind == "length" else b""
-            del conn.buffer[:len(content)]
-            conn.consumed()
-            stream = httpx.ByteStream(content)
-        else:
-            stream = _ResponseBody(self._pool, conn, request, BodyDecoder(framing), framing.keep_alive,
-                                   read_timeout)
-        response = httpx.Response(response_head.status, headers=response_head.headers, stream=stream,
-                                  extensions=extensions)
-        if complete:
-            # The usual short answer is all here already: the connection goes back to the
-            # pool before the caller even reads the body.
-            _finish(self._pool, conn, framing.keep_alive)
-        return response
-
-    async def _send(self, conn: _Connection, request: httpx.Request, head: bytes, body: bytes | None,
-                    write_s: float | None, reused: bool) -> None:
-        try:
-            if body is not None:
-                if len(body) <= SEND_TOGETHER_BYTES:
-                    conn.write(head + body)
-                else:
-                    conn.write(head)
-                    conn.write(body)
-                await conn.drain(write_s)
-                return
-            chunked = b"chunked" in _tokens(request.headers.raw, b"transfer-encoding")
-            conn.write(head)
-            assert isinstance(request.stream, httpx.AsyncByteStream)
-            async for chunk in request.stream:
-                if chunk:
-                    conn.write(b"%x\r\n%b\r\n" % (len(chunk), chunk) if chunked else chunk)
-                    await conn.drain(write_s)
-            if chunked:
-                conn.write(b"0\r\n\r\n")
-            await conn.drain(write_s)
-        except TimeoutError:
-            raise httpx.WriteTimeout(f"write timed out after {write_s} s", request=request) from None
-        except OSError as exc:
-            if reused and not conn.buffer:
-                raise _StaleConnection from exc
-            raise httpx.WriteError(str(exc) or type(exc).__name__, request=request) from exc
-
-    async def _read_head(self, conn: _Connection, request: httpx.Request, read_s: float | None,
-                         reused: bool) -> ResponseHead:
-        while (end := head_end(conn.buffer)) < 0:
-            if len(conn.buffer) > MAX_HEAD_BYTES:
-                raise httpx.RemoteProtocolError("response head too large", request=request)
-            try:
-                more = await conn.receive(read_s)
-            except TimeoutError:
-                raise httpx.ReadTimeout(f"read timed out after {read_s} s", request=request) from None
-            if not more:
-                if reused and not conn.buffer:
-                    raise _StaleConnection
-                if conn.lost is not None:
-                    raise httpx.ReadError(str(conn.lost) or type(conn.lost).__name__, request=request)
-                raise httpx.RemoteProtocolError("Server disconnected without sending a response.",
+        await _send(conn, request, event, body, timeouts.get("write"), reused)
+        read_s = timeouts.get("read")
+        head = await _read_head(conn, request, read_s, stale=reused)
+        interim = 0
+        while isinstance(head, h11.InformationalResponse):
+            interim += 1
+            if interim > MAX_INTERIM_ANSWERS:
+                raise httpx.RemoteProtocolError(f"more than {MAX_INTERIM_ANSWERS} interim (1xx) answers",
                                                 request=request)
-        raw = bytes(conn.buffer[:end])
-        del conn.buffer[:end]
+            head = await _read_head(conn, request, read_s, stale=False, buffered=len(conn.h11.trailing_data[0]))
+        conn.answered += 1
+        keep_alive = not both_framings(head.headers)
+        # What of the body came with the head (all of it, for the usual short answer).
+        parts: list[bytes] = []
+        while type(following := _parsed(conn, request)) is h11.Data:
+            parts.append(bytes(following.data))
+        stream: httpx.AsyncByteStream
+        if type(following) is h11.EndOfMessage:
+            # The connection goes back to the pool before the caller even reads the body.
+            _finish(self._pool, conn, keep_alive)
+            stream = httpx.ByteStream(b"".join(parts))
+        else:
+            stream = _ResponseBody(self._pool, conn, request, parts, keep_alive, read_s)
+        return httpx.Response(head.status_code, headers=head.headers.raw_items(), stream=stream,
+                              extensions={"http_version": b"HTTP/" + head.http_version,
+                                          "reason_phrase": head.reason})
+
+
+async def _send(conn: _Connection, request: httpx.Request, event: h11.Request, body: bytes | None,
+                write_s: float | None, reused: bool) -> None:
+    writer = conn.h11
+    try:
+        head = writer.send(event)
+        if body is not None:
+            data = (writer.send_with_data_passthrough(h11.Data(data=body)) or []) if body else []
+            data.append(writer.send(h11.EndOfMessage()))
+            if len(body) <= SEND_TOGETHER_BYTES:
+                conn.write(b"".join([head, *data]))
+            else:
+                conn.write(head)
+                for piece in data:
+                    conn.write(piece)
+            await conn.drain(write_s)
+            return
+        conn.write(head)
+        assert isinstance(request.stream, httpx.AsyncByteStream)
+        async for chunk in request.stream:
+            if chunk:
+                for piece in writer.send_with_data_passthrough(h11.Data(data=chunk)) or []:
+                    conn.write(piece)
+                await conn.drain(write_s)
+        conn.write(writer.send(h11.EndOfMessage()))
+        await conn.drain(write_s)
+    except h11.LocalProtocolError as exc:  # a body longer or shorter than its Content-Length
+        raise httpx.LocalProtocolError(str(exc), request=request) from None
+    except TimeoutError:
+        raise httpx.WriteTimeout(f"write timed out after {write_s} s", request=request) from None
+    except OSError as exc:
+        if reused and not conn.buffer:
+            raise _StaleConnection from exc
+        raise httpx.WriteError(str(exc) or type(exc).__name__, request=request) from exc
+
+
+async def _read_head(conn: _Connection, request: httpx.Request, read_s: float | None, *, stale: bool,
+                     buffered: int = 0) -> h11.Response | h11.InformationalResponse:
+    """The next answer head. ``buffered``: bytes h11 holds already, the start of this head.
+    ``stale``: a close before any byte is a kept-alive connection the server had given up."""
+    fed_before = conn.fed
+    while True:
+        event = _parsed(conn, request)
+        if event is not h11.NEED_DATA:
+            break
+        if not await _more(conn, request, read_s) and conn.fed == fed_before and not buffered:
+            if stale:
+                raise _StaleConnection
+            if conn.lost is not None:
+                raise httpx.ReadError(str(conn.lost) or type(conn.lost).__name__, request=request)
+            raise httpx.RemoteProtocolError("Server disconnected without sending a response.", request=request)
+    if not isinstance(event, h11.Response | h11.InformationalResponse):
+        raise httpx.RemoteProtocolError(f"expected an answer, got {type(event).__name__}", request=request)
+    # h11 bounds a head only while it is incomplete; one that came whole in a single read is
+    # measured here. Only when it could be too large: the measure copies what h11 holds.
+    available = buffered + conn.fed - fed_before
+    if available > MAX_HEAD_BYTES and available - len(conn.h11.trailing_data[0]) > MAX_HEAD_BYTES:
+        raise httpx.RemoteProtocolError(f"answer head larger than {MAX_HEAD_BYTES} bytes", request=request)
+    return event
+
+
+def _parsed(conn: _Connection, request: httpx.Request) -> h11.Event | type[h11.NEED_DATA] | type[h11.PAUSED]:
+    """h11's next event of the answer, its errors as httpx's."""
+    try:
+        return conn.h11.next_event()
+    except h11.RemoteProtocolError as exc:
+        if conn.lost is not None:  # reset by the peer: a read error, as httpx names it
+            raise httpx.ReadError(str(conn.lost) or type(conn.lost).__name__, request=request) from None
+        raise httpx.RemoteProtocolError(str(exc), request=request) from None
+
+
+async def _more(conn: _Connection, request: httpx.Request, read_s: float | None) -> bool:
+    """Give h11 more bytes, waiting up to the read timeout for them; False when the server
+    closed instead (h11 is told: it then says whether the answer was complete)."""
+    while not conn.buffer:
+        if conn.closed:
+            conn.h11.receive_data(b"")
+            return False
         try:
-            return parse_head(raw)
-        except ProtocolViolation as exc:
-            raise httpx.RemoteProtocolError(str(exc), request=request) from None
+            await conn.receive(read_s)
+        except TimeoutError:
+            raise httpx.ReadTimeout(f"read timed out after {read_s} s", request=request) from None
+    conn.feed_h11()
+    return True
 
 
 def _finish(pool: _Pool, conn: _Connection, keep_alive: bool) -> None:
-    if keep_alive:
+    """The answer was read to its end: back to the pool when h11 says both sides may go on
+    and nothing came after it, else closed."""
+    state = conn.h11
+    if keep_alive and state.our_state is h11.DONE and state.their_state is h11.DONE \
+            and not state.trailing_data[0]:
+        state.start_next_cycle()
         pool.release(conn)
     else:
         pool.discard(conn)
@@ -680,12 +543,12 @@ class _ResponseBody(httpx.AsyncByteStream):
     closed before that, the connection is closed (its unread bytes would otherwise be taken
     for the next answer)."""
 
-    def __init__(self, pool: _Pool, conn: _Connection, request: httpx.Request, decoder: BodyDecoder,
+    def __init__(self, pool: _Pool, conn: _Connection, request: httpx.Request, first: list[bytes],
                  keep_alive: bool, read_timeout: float | None) -> None:
         self._pool = pool
         self._conn: _Connection | None = conn
         self._request = request
-        self._decoder = decoder
+        self._first = first
         self._keep_alive = keep_alive
         self._timeout = read_timeout
 
@@ -693,26 +556,20 @@ class _ResponseBody(httpx.AsyncByteStream):
         conn = self._conn
         if conn is None:
             raise httpx.StreamClosed()
-        decoder = self._decoder
         try:
+            first, self._first = self._first, []
+            for part in first:
+                yield part
             while True:
-                try:
-                    data = decoder.feed(conn.buffer, conn.closed)
-                except ProtocolViolation as exc:
-                    if conn.lost is not None:
-                        raise httpx.ReadError(str(conn.lost) or type(conn.lost).__name__,
-                                              request=self._request) from None
-                    raise httpx.RemoteProtocolError(str(exc), request=self._request) from None
-                conn.consumed()
-                if data:
-                    yield data
-                if decoder.done:
+                event = _parsed(conn, self._request)
+                if type(event) is h11.Data:
+                    yield bytes(event.data)
+                elif type(event) is h11.EndOfMessage:
                     break
-                try:
-                    await conn.receive(self._timeout)  # False at EOF: the next feed settles it
-                except TimeoutError:
-                    raise httpx.ReadTimeout(f"read timed out after {self._timeout} s",
-                                            request=self._request) from None
+                elif event is h11.NEED_DATA:
+                    await _more(conn, self._request, self._timeout)  # at EOF h11 settles it next
+                else:
+                    raise httpx.RemoteProtocolError(f"unexpected {event!r} in a body", request=self._request)
         except BaseException:  # an error, a timeout, or the reader gave up (GeneratorExit)
             self._drop()
             raise

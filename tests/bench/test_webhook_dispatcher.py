@@ -4,8 +4,13 @@ the same run; and the dispatcher process's peak RSS through a 100,000-event burs
 own footprint before it.
 
 One more figure says where the time goes: the dispatcher's own sender (``send.EndpointSender``,
-requests straight into transport.StreamTransport) POSTing the same bodies with nothing else:
-what is left for reading the stream, the envelope and signing."""
+requests straight into transport.StreamTransport, h11 on asyncio, with the attempt's
+deadline and body bound) POSTing the same bodies with nothing else: what is left for reading
+the stream, the envelope and signing.
+
+There is no absolute target (a figure of this machine's load, not of the code): the ratio to
+bare httpx in the same run is the figure, and below 1.0 the transport would have no reason
+to exist."""
 
 from __future__ import annotations
 
@@ -156,9 +161,10 @@ async def test_delivery_rate(nc: NATS, js: JetStreamContext) -> None:
         label = endpoint_label(url)
         assert not REGISTRY.get_sample_value("healthplane_webhook_dropped_total",
                                              {"endpoint": label, "reason": "queue_full"})
-    harness.record("webhook.deliveries_per_s", rate, "deliveries/s", baseline=raw, target="value >= 2000")
+    figure = harness.record("webhook.deliveries_per_s", rate, "deliveries/s", baseline=raw, target="ratio >= 1.5")
     harness.record("webhook.raw_httpx_posts_per_s", raw, "posts/s")
     harness.record("webhook.sender_posts_per_s", own_sender, "posts/s", baseline=raw)
+    assert figure.ratio is not None and figure.ratio > 1.0, f"slower than bare httpx: {figure.ratio}x"
 
 
 def _vm_hwm_mib(pid: int) -> float:

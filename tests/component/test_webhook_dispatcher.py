@@ -1,6 +1,7 @@
 """webhook-dispatcher on a real nats-server, delivering to real HTTP receivers on 127.0.0.1
 (WEB-1..WEB-4). Every delivery is parsed with the CloudEvents SDK's ``from_http`` and its
-signature checked with ``healthplane.webhooks.verify``, as a site's receiver would."""
+signature checked with ``healthplane.webhooks.verify``, as a site's receiver would; hostile
+receivers (issue 16.1) misbehave on real sockets next to a healthy one."""
 
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ from healthplane.natsserver import NatsServer, free_port
 from healthplane.runtime.lifecycle import ServiceContext
 from healthplane_webhook_dispatcher.core import Settings, endpoint_label
 from healthplane_webhook_dispatcher.main import Dispatcher
-from tests.support.webhook_receiver import Received, Receiver
+from tests.support.webhook_receiver import HOSTILE, Hostile, Misbehaviour, Received, Receiver
 
 pytestmark = pytest.mark.nats
 
@@ -504,3 +505,101 @@ async def test_rel3_malformed_event_is_refused_and_counted_without_blocking(
                   reason="malformed") == before + 1
     [line] = running.log.named("node event rejected")
     assert "malformed JSON" in line["reason"]
+
+
+# ---------------------------------------------------------------------------- hostile receivers (issue 16.1)
+
+HOSTILE_SETTINGS = Settings(queue_size=1024, concurrency=8, timeout_s=1.0, connect_timeout_s=1.0,
+                            backoff_base_s=0.1, backoff_cap_s=0.4, drain_s=0.2)
+# Attempts per event: an attempt that only its deadline ends takes 1 s; the others fail at
+# once, and get enough retries to be still under way while the healthy endpoint's round goes.
+SLOW: frozenset[Misbehaviour] = frozenset({"trickle", "silent"})
+
+
+class PeakRss:
+    """The process's resident set, sampled every 10 ms while the block runs: how far above
+    its size at the start it went."""
+
+    def __init__(self) -> None:
+        self.start = self.peak = self._now()
+        self._sampler: asyncio.Task[None] | None = None
+
+    @staticmethod
+    def _now() -> int:
+        return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+    @property
+    def growth_mib(self) -> float:
+        return (self.peak - self.start) / (1 << 20)
+
+    async def _sample(self) -> None:
+        while True:
+            self.peak = max(self.peak, self._now())
+            await asyncio.sleep(0.01)
+
+    async def __aenter__(self) -> PeakRss:
+        self._sampler = asyncio.create_task(self._sample())
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        assert self._sampler is not None
+        self._sampler.cancel()
+        self.peak = max(self.peak, self._now())
+
+
+async def healthy_round(js: JetStreamContext, receiver: Receiver, count: int) -> float:
+    """Seconds from publishing ``count`` events to the last arriving at ``receiver``."""
+    events = [node_event("CONDITION_RAISED", node_id=f"cn-{i:03d}") for i in range(count)]
+    before = len(receiver.received)
+    started = time.monotonic()
+    await publish(js, *events)
+    await receiver.wait_for(before + count, timeout=20)
+    elapsed = time.monotonic() - started
+    assert {r.event_id for r in receiver.received[before:]} == {e.id for e in events}
+    return elapsed
+
+
+@pytest.mark.parametrize("misbehaving", HOSTILE)
+async def test_web4_issue16_1_a_hostile_receiver_fails_alone_and_bounded(
+        misbehaving: Misbehaviour, js: JetStreamContext, start_dispatcher: Any, receivers: Any) -> None:
+    """WEB-4, issue 16.1 "Webhook receivers are untrusted": a receiver that trickles its
+    answer, sends a 1 GiB body, 10,000 ``100 Continue``, nothing, garbage, endless headers,
+    half a chunk, or a redirect. Its events fail and are retried up to ``maxAttempts``, then
+    dropped as ``max_attempts`` (a 3xx is not followed: it is a status like any other that
+    is not 2xx or a refusing 4xx); the process's memory stays flat; and a healthy endpoint
+    beside it gets its deliveries at the pace it gets them alone."""
+    healthy = await receivers()
+    hostile = await Hostile(misbehaving, location=healthy.url).start()
+    attempts = 2 if misbehaving in SLOW else 8
+    try:
+        await apply_hooks(js, {"url": hostile.url, "secret": SECRET, "events": ["POLICY_HALTED"],
+                               "maxAttempts": attempts},
+                          {"url": healthy.url, "secret": SECRET, "events": ["CONDITION_RAISED"]})
+        running = await start_dispatcher(HOSTILE_SETTINGS)
+        label = endpoint_label(hostile.url)
+
+        def dropped() -> float:
+            return sample("healthplane_webhook_dropped_total", endpoint=label, reason="max_attempts")
+
+        alone = await healthy_round(js, healthy, 200)  # the healthy pace in this run, nothing hostile yet
+        events = [node_event("POLICY_HALTED", node_id=f"bad-{i}") for i in range(4)]
+        async with PeakRss() as rss:
+            await publish(js, *events)
+            await until(lambda: hostile.requests >= len(events))  # every event's first attempt is out
+            beside = await healthy_round(js, healthy, 200)
+            still_trying = dropped() < len(events)
+            await until(lambda: dropped() == len(events), timeout=30)
+    finally:
+        await hostile.close()
+    assert still_trying, "the hostile endpoint was done before the healthy round: nothing was shown"
+    assert beside <= max(3 * alone, alone + 1.0), f"healthy round: {alone:.2f} s alone, {beside:.2f} s beside"
+    assert rss.growth_mib < 32, f"RSS grew {rss.growth_mib:.1f} MiB"
+    assert hostile.requests == len(events) * attempts
+    assert hostile.sent < hostile.requests * (16 << 20)  # a few MiB of loopback buffers per attempt at most
+    assert sample("healthplane_webhook_deliveries_total", endpoint=label, outcome="delivered") == 0
+    lines = running.log.named("webhook delivery dropped")
+    assert sorted(line["event_id"] for line in lines) == sorted(e.id for e in events)
+    assert {line["attempts"] for line in lines} == {attempts}
+    if misbehaving == "redirect":
+        assert {line["last_result"] for line in lines} == {"HTTP 307"}
+    assert all(r.event["type"] == "io.healthplane.node.CONDITION_RAISED" for r in healthy.received)  # nothing redirected

@@ -1,8 +1,10 @@
-"""The webhook dispatcher's HTTP transport (transport.StreamTransport) under
-``httpx.AsyncClient``, against real servers on 127.0.0.1: the webhook receiver the other
-tests use, and a deliberately awkward one whose every byte the test scripts (chunked
-answers, ``Connection: close``, answers that never come, servers that close idle
-connections, TLS with a private CA). Issue #8: "HTTP via httpx (async, pooled, timeouts)"."""
+"""The webhook dispatcher's HTTP transport (transport.StreamTransport, h11 on asyncio) under
+``httpx.AsyncClient`` and under the dispatcher's sender, against real servers on 127.0.0.1:
+the webhook receiver the other tests use, and a deliberately awkward one whose every byte
+the test scripts (chunked answers, ``Connection: close``, answers that never come, servers
+that close idle connections, TLS with a private CA; and, for issue 16.1 "Webhook receivers
+are untrusted", answers that trickle, never end, or never stop saying 100 Continue). Issue
+#8: "HTTP via httpx (async, pooled, timeouts)"."""
 
 from __future__ import annotations
 
@@ -20,8 +22,8 @@ import pytest
 from healthplane.natsserver import free_port
 from healthplane.webhooks import signature_headers, verify
 from healthplane_webhook_dispatcher.core import Settings
-from healthplane_webhook_dispatcher.send import EndpointSender, endpoint_client
-from healthplane_webhook_dispatcher.transport import StreamTransport
+from healthplane_webhook_dispatcher.send import MAX_BODY_BYTES, EndpointSender, endpoint_client
+from healthplane_webhook_dispatcher.transport import MAX_HEAD_BYTES, StreamTransport
 from tests.support.webhook_receiver import Receiver
 
 SECRET = "whsec-transport"
@@ -547,7 +549,7 @@ async def test_direct_sends_byte_for_byte_what_the_client_would(servers: Callabl
     assert server.connections == 1  # both went over the one pooled connection
 
 
-async def test_direct_keeps_the_read_timeout_and_answers_come_with_retry_after(
+async def test_direct_keeps_the_timeout_and_answers_come_with_retry_after(
         servers: Callable[..., Awaitable[Awkward]]) -> None:
     """WEB-4 on the direct path: the attempt's timeout holds, and Retry-After reaches the
     backoff."""
@@ -562,7 +564,7 @@ async def test_direct_keeps_the_read_timeout_and_answers_come_with_retry_after(
     sender = EndpointSender(slow.url(), Settings(timeout_s=0.3), environ=NO_PROXY_ENV)
     try:
         started = time.monotonic()
-        with pytest.raises(httpx.ReadTimeout):
+        with pytest.raises(httpx.TimeoutException):
             await sender.post(*signed("e2"))
         assert 0.25 <= time.monotonic() - started < 2
     finally:
@@ -600,3 +602,160 @@ async def test_a_proxy_from_the_environment_carries_the_deliveries(
     finally:
         await sender.aclose()
     assert len(endpoint.requests) == 1 and len(proxy.requests) == 1
+
+
+# ---------------------------------------------------------------------------- untrusted receivers (issue 16.1)
+
+GIB = 1 << 30
+
+
+class Flood:
+    """A script that answers every request with ``head`` and then ``body_bytes`` of body
+    streamed lazily, 64 KiB a write, until done or the client goes; counts what it wrote."""
+
+    def __init__(self, head: bytes, body_bytes: int) -> None:
+        self.head, self.body_bytes = head, body_bytes
+        self.sent = 0
+        self.ended = asyncio.Event()  # a connection's script is over (the client closed it)
+
+    async def __call__(self, peer: Peer) -> None:
+        piece = b"x" * 65536
+        try:
+            while await peer.request() is not None:
+                await peer.send(self.head)
+                left = self.body_bytes
+                while left > 0:
+                    chunk = piece[:left]
+                    peer.writer.write(chunk)
+                    await peer.writer.drain()
+                    self.sent += len(chunk)
+                    left -= len(chunk)
+        finally:
+            self.ended.set()
+
+
+async def trickle(peer: Peer) -> None:
+    """An answer within every per-read timeout and never done: 1 byte each 0.2 s."""
+    if await peer.request() is not None:
+        for byte in b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n" + b"x" * 100:
+            await peer.send(bytes([byte]))
+            await asyncio.sleep(0.2)
+
+
+async def test_issue16_1_the_sender_reads_at_most_64_kib_of_a_body_then_closes(
+        servers: Callable[..., Awaitable[Awkward]]) -> None:
+    """WEB-4, issue 16.1: a 1 GiB answer body is not read: the status is what counts, the
+    sender stops after 64 KiB and closes the connection (never pooled: its unread bytes
+    would be taken for the next answer). A body within 64 KiB is read to its end and the
+    connection kept."""
+    flood = Flood(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % GIB, GIB)
+    server = await servers(flood)
+    sender = EndpointSender(server.url(), Settings(timeout_s=5.0), environ=NO_PROXY_ENV)
+    try:
+        assert sender.transport is not None
+        started = time.monotonic()
+        assert await sender.post(*signed("e1")) == (200, None)
+        assert time.monotonic() - started < 2
+        assert sender.transport.open_connections == 0
+        async with asyncio.timeout(5):
+            await flood.ended.wait()
+        assert flood.sent < 32 << 20  # the client went long before 1 GiB (loopback buffers hold a few MiB)
+    finally:
+        await sender.aclose()
+
+    fits = Flood(b"HTTP/1.1 503 Busy\r\nContent-Length: %d\r\n\r\n" % MAX_BODY_BYTES, MAX_BODY_BYTES)
+    server = await servers(fits)
+    sender = EndpointSender(server.url(), Settings(), environ=NO_PROXY_ENV)
+    try:
+        assert await sender.post(*signed("e2")) == (503, None)
+        assert await sender.post(*signed("e3")) == (503, None)
+        assert server.connections == 1
+    finally:
+        await sender.aclose()
+
+
+async def test_issue16_1_one_deadline_covers_the_whole_attempt(servers: Callable[..., Awaitable[Awkward]]) -> None:
+    """WEB-4, issue 16.1: a read timeout restarts with every byte, so an answer trickled a
+    byte each 0.2 s would hold a worker for ever; the attempt's one deadline (the settings'
+    timeout) ends it, and it covers connecting too (a TLS handshake that never finishes,
+    under a longer connect timeout)."""
+    server = await servers(trickle)
+    sender = EndpointSender(server.url(), Settings(timeout_s=1.0), environ=NO_PROXY_ENV)
+    try:
+        assert sender.transport is not None
+        started = time.monotonic()
+        with pytest.raises(httpx.TimeoutException, match="deadline"):
+            await sender.post(*signed("e1"))
+        assert 0.9 <= time.monotonic() - started < 1.8
+        assert sender.transport.open_connections == 0
+    finally:
+        await sender.aclose()
+
+    silent = await asyncio.start_server(lambda r, w: asyncio.sleep(30), "127.0.0.1", 0)
+    port = silent.sockets[0].getsockname()[1]
+    sender = EndpointSender(f"https://127.0.0.1:{port}/hooks", Settings(timeout_s=0.5, connect_timeout_s=5.0),
+                            environ=NO_PROXY_ENV)
+    try:
+        started = time.monotonic()
+        with pytest.raises(httpx.TimeoutException, match="deadline"):
+            await sender.post(*signed("e2"))
+        assert time.monotonic() - started < 1.5
+    finally:
+        await sender.aclose()
+        silent.close()
+
+
+async def test_issue16_1_the_bounds_hold_through_a_proxy(servers: Callable[..., Awaitable[Awkward]]) -> None:
+    """WEB-4, issue 16.1: behind a proxy (httpx's own transport) the deadline and the 64 KiB
+    body bound are the sender's, so they hold there too."""
+    endpoint = "http://hooks.example.invalid/in"
+    proxy = await servers(trickle)
+    sender = EndpointSender(endpoint, Settings(timeout_s=1.0), environ={"HTTP_PROXY": proxy.url().removesuffix("/hooks")})
+    try:
+        assert sender.client is not None
+        started = time.monotonic()
+        with pytest.raises(httpx.TimeoutException, match="deadline"):
+            await sender.post(*signed("e1"))
+        assert time.monotonic() - started < 1.8
+    finally:
+        await sender.aclose()
+
+    flood = Flood(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % GIB, GIB)
+    proxy = await servers(flood)
+    sender = EndpointSender(endpoint, Settings(timeout_s=5.0), environ={"HTTP_PROXY": proxy.url().removesuffix("/hooks")})
+    try:
+        assert await sender.post(*signed("e2")) == (200, None)
+        async with asyncio.timeout(5):
+            await flood.ended.wait()
+        assert flood.sent < 32 << 20
+    finally:
+        await sender.aclose()
+
+
+async def test_issue16_1_endless_interim_answers_and_heads_fail_the_attempt(
+        servers: Callable[..., Awaitable[Awkward]]) -> None:
+    """WEB-4, issue 16.1: 10,000 ``100 Continue`` answers, or header lines without end, fail
+    the attempt at once (the ninth interim answer; 64 KiB of head), and the connection is
+    closed: the server's writes stop."""
+    continues = Flood(b"HTTP/1.1 100 Continue\r\n\r\n" * 10_000 + NO_CONTENT, 0)
+    endless_head = Flood(b"HTTP/1.1 200 OK\r\n", 0)
+
+    async def header_lines(peer: Peer) -> None:
+        if await peer.request() is not None:
+            await peer.send(b"HTTP/1.1 200 OK\r\n")
+            while True:
+                await peer.send(b"X-Pad: " + b"a" * 1000 + b"\r\n")
+                endless_head.sent += 1009
+
+    for script, found in ((continues, "interim"), (header_lines, "too long")):
+        server = await servers(script)
+        http, transport = client()
+        async with http:
+            started = time.monotonic()
+            with pytest.raises(httpx.RemoteProtocolError, match=found):
+                await http.post(server.url(), content=b"x")
+            assert time.monotonic() - started < 1 and transport.open_connections == 0
+        async with asyncio.timeout(5):
+            while server.open_now:
+                await asyncio.sleep(0.01)
+    assert MAX_HEAD_BYTES < endless_head.sent < 32 << 20

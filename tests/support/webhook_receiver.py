@@ -6,6 +6,10 @@ response (a status, or a status and headers, and how long to take); ``connection
 the connections accepted (keep-alive shows as fewer connections than requests). Run as a
 process it is the benchmark's receiver that answers at once:
 ``python -m tests.support.webhook_receiver PORT`` (counts only).
+
+``Hostile`` is a receiver that reads each request and then misbehaves in one of the ways of
+``HOSTILE`` (issue 16.1, "Webhook receivers are untrusted"): it trickles, floods, never
+answers, answers garbage, breaks off, redirects.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ import sys
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from cloudevents.v1.http import from_http
 
@@ -126,6 +130,113 @@ async def _read_request(reader: asyncio.StreamReader) -> tuple[dict[str, str], b
             headers[name.strip().lower()] = value.strip()
     body = await reader.readexactly(int(headers.get("content-length", "0")))
     return headers, body
+
+
+Misbehaviour = Literal["trickle", "huge_body", "endless_continue", "silent", "garbage", "endless_head",
+                      "cut_mid_chunk", "redirect"]
+HOSTILE: tuple[Misbehaviour, ...] = ("trickle", "huge_body", "endless_continue", "silent", "garbage",
+                                     "endless_head", "cut_mid_chunk", "redirect")
+GIB = 1 << 30
+
+
+@dataclass
+class Hostile:
+    """A receiver on 127.0.0.1 that reads each request whole (a delivery did arrive) and
+    answers it ``misbehaving``:
+
+    - ``trickle``: a 200 answer one byte each 0.2 s (within any per-read timeout, never done);
+    - ``huge_body``: 503 with a 1 GiB body, streamed lazily while the client reads;
+    - ``endless_continue``: 10,000 ``100 Continue``, then a 204;
+    - ``silent``: nothing, ever;
+    - ``garbage``: bytes that are not HTTP, the connection left open;
+    - ``endless_head``: a status line, then header lines without end;
+    - ``cut_mid_chunk``: a chunked 200 that closes inside its first chunk;
+    - ``redirect``: 307 to ``location`` (a redirect is not followed: a failed attempt).
+
+    ``requests`` counts requests read, ``sent`` the bytes written, ``open_now`` the
+    connections still open."""
+
+    misbehaving: Misbehaviour
+    location: str = "http://127.0.0.1:9/elsewhere"
+    requests: int = 0
+    connections: int = 0
+    open_now: int = 0
+    sent: int = 0
+    _server: asyncio.Server | None = None
+    _handlers: set[asyncio.Task[None]] = field(default_factory=set)
+
+    @property
+    def url(self) -> str:
+        assert self._server is not None
+        return f"http://127.0.0.1:{self._server.sockets[0].getsockname()[1]}/hooks/hostile"
+
+    async def start(self) -> Hostile:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        return self
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            for handler in list(self._handlers):
+                handler.cancel()
+            await asyncio.gather(*self._handlers, return_exceptions=True)
+            await self._server.wait_closed()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        handler = asyncio.current_task()
+        assert handler is not None
+        self._handlers.add(handler)
+        self.connections += 1
+        self.open_now += 1
+
+        async def send(data: bytes) -> None:
+            writer.write(data)
+            await writer.drain()
+            self.sent += len(data)
+
+        try:
+            while await _read_request(reader) is not None:
+                self.requests += 1
+                await self._misbehave(send, reader)
+        except (ConnectionError, asyncio.IncompleteReadError, asyncio.CancelledError):
+            pass
+        finally:
+            self.open_now -= 1
+            self._handlers.discard(handler)
+            writer.close()
+
+    async def _misbehave(self, send: Callable[[bytes], Awaitable[None]], reader: asyncio.StreamReader) -> None:
+        match self.misbehaving:
+            case "trickle":
+                for byte in b"HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\n" + b"x" * 1000:
+                    await send(bytes([byte]))
+                    await asyncio.sleep(0.2)
+            case "huge_body":
+                await send(b"HTTP/1.1 503 Busy\r\nContent-Length: %d\r\n\r\n" % GIB)
+                piece = b"x" * 65536
+                for _ in range(GIB // len(piece)):
+                    await send(piece)
+            case "endless_continue":
+                for _ in range(100):
+                    await send(b"HTTP/1.1 100 Continue\r\n\r\n" * 100)
+                await send(b"HTTP/1.1 204 No Content\r\n\r\n")
+            case "silent":
+                await reader.read()  # until the client gives up and closes
+                raise ConnectionResetError
+            case "garbage":
+                await send(b"\x16\x03\x01\x00\xa5\x01\x00\x00\xa1\x03\x03 not http\r\n\r\n")
+                await reader.read()
+                raise ConnectionResetError
+            case "endless_head":
+                await send(b"HTTP/1.1 200 OK\r\n")
+                while True:
+                    await send(b"X-Pad: " + b"a" * 1000 + b"\r\n")
+            case "cut_mid_chunk":
+                await send(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n400\r\n" + b"x" * 100)
+                raise ConnectionResetError  # the connection ends inside the chunk
+            case "redirect":
+                await send(b"HTTP/1.1 307 Temporary Redirect\r\nLocation: %b\r\nContent-Length: 0\r\n\r\n"
+                           % self.location.encode())
 
 
 class _Counting(asyncio.Protocol):
