@@ -16,16 +16,21 @@ replay without them.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import asyncio
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Final, Literal
+from typing import Any, Final, Literal
 
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
 from healthplane import __version__, subjects
+from healthplane.runtime import metrics
+from healthplane.runtime.backoff import Backoff
+from healthplane.runtime.publish import Outbound, Publisher, PublishError
+from healthplane.runtime.pull import Delivery
 from healthplane.runtime.replay import read_all
 
 STREAM: Final = "HP_DEAD_LETTERS"
@@ -104,3 +109,53 @@ async def skipped_inputs(nc: NATS, js: JetStreamContext, service: str, producer:
     """The inputs ``producer`` dead-lettered: a replay passes over them."""
     return {(d.input_stream, d.input_seq) for d in await read(nc, js, service, headers_only=True)
             if d.producer == producer}
+
+
+class SetAside:
+    """The one path for input a service cannot process (processor, bridge, dispatcher):
+    :meth:`reject` a malformed delivery (terminated, counted, logged, dead-lettered) and
+    :meth:`store` a dead letter, retried until stored; ``before_write`` is asked first (a
+    lease fence that raises once this replica may no longer write)."""
+
+    def __init__(self, nc: NATS, publisher: Publisher, service: str, producer: str, log: Any = None,
+                 before_write: Callable[[], object] | None = None) -> None:
+        self._nc, self._publisher, self._log = nc, publisher, log
+        self.service, self.producer = service, producer
+        self._before_write = before_write
+
+    async def reject(self, delivery: Delivery, why: str, kind: str = "malformed") -> None:
+        delivery.term(why)
+        metrics.MESSAGES_REJECTED.labels(self.service, delivery.stream, kind).inc()
+        if self._log is not None:
+            self._log.warning("input rejected", stream=delivery.stream, seq=delivery.stream_seq,
+                              subject=delivery.msg.subject, reason=why)
+        await self.dead_letter(delivery, "malformed", why)
+
+    async def dead_letter(self, delivery: Delivery, reason: Reason, why: str) -> None:
+        await self.store(record(
+            service=self.service, producer=self.producer, input_stream=delivery.stream,
+            input_seq=delivery.stream_seq, input_subject=delivery.msg.subject, payload=delivery.msg.data or b"",
+            reason=reason, error=why, max_payload=self._nc.max_payload), reason, why)
+
+    async def store(self, dead: Outbound, reason: str, why: str) -> None:
+        """Retried until stored: a dead letter is the one record of that input there is."""
+        backoff = Backoff(0.2, 5.0)
+        while True:
+            if self._before_write is not None:
+                self._before_write()
+            try:
+                await self._publisher.store_all([dead])
+                break
+            except PublishError as exc:
+                if self._nc.is_closed:
+                    raise
+                delay = backoff.next()
+                if self._log is not None:
+                    self._log.warning("dead letter not stored, retrying", error=str(exc), retry_in_s=delay)
+                await asyncio.sleep(delay)
+        metrics.DEAD_LETTERS.labels(self.service, reason).inc()
+        if self._log is not None and reason != "malformed":  # malformed inputs are logged as rejected
+            headers = dead[2] or {}
+            self._log.error("input set aside as a dead letter", stream=headers.get(INPUT_STREAM),
+                            seq=headers.get(INPUT_SEQ), subject=headers.get(INPUT_SUBJECT),
+                            reason=reason, error=one_line(why))

@@ -45,12 +45,11 @@ import msgspec
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
-from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, StreamConfig
-from nats.js.errors import NotFoundError
+from nats.js.api import StreamConfig
 
 from healthplane import subjects, wire
 from healthplane.config import ConfigError
-from healthplane.runtime import deadletters, lease, metrics, snapshots
+from healthplane.runtime import consumers, deadletters, lease, metrics, snapshots
 from healthplane.runtime.backoff import Backoff
 from healthplane.runtime.publish import Ack, Outbound, Publisher, PublishError
 from healthplane.runtime.pull import Delivery, PullLoop
@@ -317,6 +316,8 @@ class Processor(Generic[S]):
         # A replica behind a lease: asked before every write, stamped on every output.
         self._fence = fence
         self._lease_revisions: dict[str, int] = {}
+        self._aside = deadletters.SetAside(nc, self._publisher, service, self.producer, log,
+                                          before_write=self._write_allowed)
 
     # ------------------------------------------------------------------ start
 
@@ -419,26 +420,10 @@ class Processor(Generic[S]):
 
     async def _create_consumer(self, spec: Input) -> None:
         self._write_allowed()  # the durable is shared by the replicas: only the holder may reset it
-        name = self._consumer_name(spec)
-        try:
-            await self._js.delete_consumer(spec.stream, name)
-        except NotFoundError:
-            pass
-        start = self.positions.get(spec.stream, 0) + 1
-        await self._js.add_consumer(
-            spec.stream,
-            ConsumerConfig(
-                durable_name=name,
-                deliver_policy=DeliverPolicy.BY_START_SEQUENCE if start > 1 else DeliverPolicy.ALL,
-                opt_start_seq=start if start > 1 else None,
-                ack_policy=AckPolicy.EXPLICIT,
-                ack_wait=60.0,
-                max_ack_pending=self._batch * 8,
-                max_waiting=64,
-                filter_subjects=list(spec.filter_subjects) or None,
-                inactive_threshold=3600.0,
-            ),
-        )
+        await consumers.ensure(self._js, spec.stream, consumers.durable(
+            self._consumer_name(spec), start_seq=self.positions.get(spec.stream, 0) + 1,
+            filter_subjects=spec.filter_subjects, ack_wait_s=60.0, max_ack_pending=self._batch * 8,
+            inactive_threshold_s=3600.0), reset=True)
 
     # ------------------------------------------------------------------ snapshots
 
@@ -510,7 +495,7 @@ class Processor(Generic[S]):
                     delivery.nak(0.0)
                 return
             emits: list[tuple[Emit, dict[str, str]]] = []
-            malformed: list[Delivery] = []
+            malformed: list[tuple[Delivery, str]] = []
             state = self.state
             step = self._core.step
             positions = self.positions
@@ -536,8 +521,7 @@ class Processor(Generic[S]):
                 try:
                     state, outputs = step(state, inbound)
                 except (Reject, wire.WireError, ConfigError) as exc:  # a record that cannot be folded
-                    self._reject(delivery, str(exc), "malformed")
-                    malformed.append(delivery)
+                    malformed.append((delivery, str(exc)))
                     positions[stream] = seq
                     continue
                 except Exception as exc:
@@ -568,8 +552,9 @@ class Processor(Generic[S]):
                             emits.append((emit, {**emit.headers, CAUSATION_HEADER: causation,
                                                  PRODUCER_HEADER: producer,
                                                  MSG_ID_HEADER: emit.msg_id or f"{producer}:{causation}:{index}"}))
-            for delivery in malformed:
-                await self._dead_letter(delivery, "malformed", delivery.reject_reason)
+            for delivery, why in malformed:
+                self._dead.add((delivery.stream, delivery.stream_seq))
+                await self._aside.reject(delivery, why)
             await self._emit_all(emits, {(d.stream, d.stream_seq): d for d in batch})
             self.state = state
             acked = Counter(d.stream for d in batch if d.disposition == "ack")
@@ -626,7 +611,7 @@ class Processor(Generic[S]):
             await self._dead_letter(cause, "refused", f"output {subject}: {why}")
             self._rebuilding = True
             raise _Rebuild
-        await self._store_dead_letter(deadletters.record(
+        await self._aside.store(deadletters.record(
             service=self.service, producer=self.producer, input_stream="tick", input_seq=int(time.time() * 1000),
             input_subject=subject, payload=payload, reason="refused", error=why,
             max_payload=self._nc.max_payload), "refused", why)
@@ -634,39 +619,7 @@ class Processor(Generic[S]):
 
     async def _dead_letter(self, delivery: Delivery, reason: deadletters.Reason, why: str) -> None:
         self._dead.add((delivery.stream, delivery.stream_seq))
-        await self._store_dead_letter(deadletters.record(
-            service=self.service, producer=self.producer, input_stream=delivery.stream,
-            input_seq=delivery.stream_seq, input_subject=delivery.msg.subject, payload=delivery.msg.data or b"",
-            reason=reason, error=why, max_payload=self._nc.max_payload), reason, why)
-
-    async def _store_dead_letter(self, record: Outbound, reason: str, why: str) -> None:
-        """Retried until stored: a dead letter is the one record of that input there is."""
-        backoff = Backoff(0.2, 5.0)
-        while True:
-            self._write_allowed()
-            try:
-                await self._publisher.store_all([record])
-                break
-            except PublishError as exc:
-                if self._nc.is_closed:
-                    raise
-                delay = backoff.next()
-                if self._log is not None:
-                    self._log.warning("dead letter not stored, retrying", error=str(exc), retry_in_s=delay)
-                await asyncio.sleep(delay)
-        metrics.DEAD_LETTERS.labels(self.service, reason).inc()
-        if self._log is not None and reason != "malformed":  # malformed inputs are logged as rejected
-            headers = record[2] or {}
-            self._log.error("input set aside as a dead letter", stream=headers.get(deadletters.INPUT_STREAM),
-                            seq=headers.get(deadletters.INPUT_SEQ), subject=headers.get(deadletters.INPUT_SUBJECT),
-                            reason=reason, error=deadletters.one_line(why))
-
-    def _reject(self, delivery: Delivery, why: str, kind: str) -> None:
-        delivery.term(why)
-        metrics.MESSAGES_REJECTED.labels(self.service, delivery.stream, kind).inc()
-        if self._log is not None:
-            self._log.warning("input rejected", stream=delivery.stream, seq=delivery.stream_seq,
-                              subject=delivery.msg.subject, reason=why)
+        await self._aside.dead_letter(delivery, reason, why)
 
     async def _emit_all(self, emits: list[tuple[Emit, dict[str, str]]],
                         inputs: dict[tuple[str, int], Delivery] | None = None) -> None:
