@@ -14,25 +14,6 @@ import msgspec
 
 from healthplane import streams, wire
 
-# Channel (AsyncAPI address with parameters) -> (record kind in wire.RECORDS, description).
-CHANNELS: dict[str, tuple[str, str, str]] = {
-    "hp.report.{cluster}.{node}": ("report", "collector", "Health report, periodic or out-of-band"),
-    "hp.resource.{cluster}.{node}": ("resource", "collector", "Resource report: inventory and readiness"),
-    "hp.assess.{cluster}.{node}": ("assess", "health-ingest", "The node's complete active condition set after one report"),
-    "hp.event.{cluster}.{node}.{type}": ("event", "the service that owns the type", "Node event, the durable record"),
-    "hp.node.{cluster}.{node}": ("node", "scorer", "Latest folded view of a node"),
-    "hp.cmd.{cluster}.{node}.{verb}": ("cmd", "CLI, policy", "Operator or automation command"),
-    "hp.outcome.{cluster}.{node}": ("outcome", "eviction", "What became of a command: applied, refused, retry"),
-    "hp.alloc.{cluster}.{node}.{alloc}": ("alloc", "scheduler", "Allocation lifecycle"),
-    "hp.job.{cluster}.{job}": ("job", "sim submit", "Work submitted to the reference scheduler"),
-    "hp.directive.{cluster}.{node}": ("directive", "eviction", "Instruction to the scheduler or provisioner"),
-    "hp.provision.{cluster}.{node}": ("provision", "provisioner", "The provisioner's answer to a terminate directive"),
-    "hp.provider.{cluster}.{node}": ("provider", "sim provider", "How the simulated provisioner answers terminations of one node"),
-    "hp.policy.{cluster}.{action}": ("policy", "CLI", "Instruction to the policy service: breaker-reset"),
-    "hp.config": ("config", "config apply", "The whole validated cluster config, versioned"),
-    "hp.snapshot.{service}.{partition}": ("snapshot", "every stateful service", "Latest folded state per service and partition"),
-}
-
 PARAMETERS = {
     "cluster": "Cluster name, encoded as one subject token (healthplane.subjects.encode_token)",
     "node": "Node id, encoded as one subject token (healthplane.subjects.encode_token)",
@@ -43,16 +24,9 @@ PARAMETERS = {
     "action": "Policy instruction: breaker-reset",
     "service": "Service name",
     "partition": "Partition number",
+    "stream": "The input stream of the record set aside, e.g. HP_REPORTS",
 }
-
-
-def _stream_of(address: str) -> str:
-    for definition in streams.STREAMS:
-        for pattern in definition.subjects:
-            prefix = pattern.removesuffix(">")
-            if address == pattern or (pattern.endswith(">") and address.startswith(prefix)):
-                return definition.name
-    raise LookupError(f"no stream holds {address}")
+DEAD_LETTER = "DeadLetter"
 
 
 def schemas() -> dict[str, Any]:
@@ -73,26 +47,34 @@ def asyncapi() -> dict[str, Any]:
     channels: dict[str, Any] = {}
     operations: dict[str, Any] = {}
     messages: dict[str, Any] = {}
-    for address, (kind, writer, description) in CHANNELS.items():
-        record = wire.RECORDS[kind]
-        channel_id = address.replace(".", "_").replace("{", "").replace("}", "")
-        messages[record.__name__] = {
-            "name": record.__name__,
-            "contentType": "application/json",
-            "payload": {"$ref": f"#/components/schemas/{record.__name__}"},
-        }
-        params = [p.strip("{}") for p in address.split(".") if p.startswith("{")]
-        channels[channel_id] = {
-            "address": address,
-            "description": f"{description}. Stream {_stream_of(address.replace('{', '').replace('}', ''))}; written by {writer}.",
-            "messages": {record.__name__: {"$ref": f"#/components/messages/{record.__name__}"}},
-            **({"parameters": {p: {"description": PARAMETERS[p]} for p in params}} if params else {}),
-        }
-        operations[f"publish_{channel_id}"] = {
-            "action": "send",
-            "channel": {"$ref": f"#/channels/{channel_id}"},
-            "summary": f"{writer} appends to {address}",
-        }
+    for definition in streams.STREAMS:
+        for channel in definition.channels:
+            address, writer = channel.address, channel.writer
+            name = wire.RECORDS[channel.record].__name__ if channel.record else DEAD_LETTER
+            channel_id = address.replace(".", "_").replace("{", "").replace("}", "")
+            messages[name] = {
+                "name": name,
+                "contentType": "application/json",
+                "payload": {"$ref": f"#/components/schemas/{name}"},
+            } if channel.record else {
+                "name": name,
+                "contentType": "application/octet-stream",
+                "summary": "The input a service set aside, byte for byte; what happened is in its "
+                           "Hp-Dead-* headers (docs/runtime.md)",
+                "payload": {},
+            }
+            params = [p.strip("{}") for p in address.split(".") if p.startswith("{")]
+            channels[channel_id] = {
+                "address": address,
+                "description": f"{channel.description}. Stream {definition.name}; written by {writer}.",
+                "messages": {name: {"$ref": f"#/components/messages/{name}"}},
+                **({"parameters": {p: {"description": PARAMETERS[p]} for p in params}} if params else {}),
+            }
+            operations[f"publish_{channel_id}"] = {
+                "action": "send",
+                "channel": {"$ref": f"#/channels/{channel_id}"},
+                "summary": f"{writer} appends to {address}",
+            }
     return {
         "asyncapi": "3.0.0",
         "info": {

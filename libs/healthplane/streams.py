@@ -1,5 +1,9 @@
 """The streams and the KV bucket of ARCHITECTURE.md, in one table, and ``ensure()``.
 
+The table says, per stream, every channel it holds (address, record, writer): the streams'
+subjects are derived from it, and so is ``proto/asyncapi.json`` (``healthplane.proto``), so
+the bus and its description cannot drift apart.
+
 ``ensure()`` is what ``healthplane up`` and every service call at start: it creates what is
 missing, updates what differs and can be updated, and refuses with a message naming the
 stream and the field when an existing stream conflicts in a way JetStream cannot update
@@ -37,15 +41,36 @@ LEASE_TTL_S: Final = 10.0
 
 
 @dataclass(frozen=True, slots=True)
+class Channel:
+    """One subject tree: ``address`` with ``{parameters}``, the record it carries (a kind of
+    ``wire.RECORDS``; ``None``: any bytes, a dead letter being its input), who writes it."""
+
+    address: str
+    record: str | None
+    writer: str
+    description: str
+
+    @property
+    def subject(self) -> str:
+        """The stream subject that holds it: the fixed tokens, then ``>`` for the parameters."""
+        fixed = [token for token in self.address.split(".") if not token.startswith("{")]
+        return ".".join(fixed) + (".>" if "{" in self.address else "")
+
+
+@dataclass(frozen=True, slots=True)
 class StreamDef:
     name: str
-    subjects: tuple[str, ...]
+    channels: tuple[Channel, ...]
     retention: RetentionPolicy = RetentionPolicy.LIMITS
     max_age: float = 0.0  # seconds, 0 = forever
     max_msgs_per_subject: int = -1
     max_msgs: int = -1
     max_bytes: int = -1
     description: str = ""
+
+    @property
+    def subjects(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(channel.subject for channel in self.channels))
 
     def config(self, replicas: int) -> StreamConfig:
         return StreamConfig(
@@ -66,33 +91,58 @@ class StreamDef:
 
 
 STREAMS: Final[tuple[StreamDef, ...]] = (
-    StreamDef("HP_REPORTS", ("hp.report.>",), max_age=DAY, max_msgs_per_subject=64,
-              description="health reports from collectors"),
-    StreamDef("HP_RESOURCES", ("hp.resource.>",), max_msgs_per_subject=1,
-              description="latest resource report per node"),
-    StreamDef("HP_ASSESSMENTS", ("hp.assess.>",), max_msgs_per_subject=1,
-              description="latest condition set per node"),
-    StreamDef("HP_NODE_EVENTS", ("hp.event.>",), max_age=90 * DAY,
-              description="append-only node events, 90 days"),
-    StreamDef("HP_NODES", ("hp.node.>",), max_msgs_per_subject=1,
-              description="latest folded view per node (node list / node show)"),
-    StreamDef("HP_COMMANDS", ("hp.cmd.>", "hp.outcome.>", "hp.provision.>", "hp.policy.>",
-                              "hp.provider.>"), max_age=7 * DAY,
-              description="operator and automation commands with their outcomes"),
-    StreamDef("HP_ALLOCATIONS", ("hp.alloc.>", "hp.job.>"), max_age=7 * DAY,
-              description="submitted jobs and the allocation lifecycle from the scheduler"),
+    StreamDef("HP_REPORTS", (
+        Channel("hp.report.{cluster}.{node}", "report", "collector", "Health report, periodic or out-of-band"),),
+        max_age=DAY, max_msgs_per_subject=64, description="health reports from collectors"),
+    StreamDef("HP_RESOURCES", (
+        Channel("hp.resource.{cluster}.{node}", "resource", "collector", "Resource report: inventory and readiness"),),
+        max_msgs_per_subject=1, description="latest resource report per node"),
+    StreamDef("HP_ASSESSMENTS", (
+        Channel("hp.assess.{cluster}.{node}", "assess", "health-ingest",
+                "The node's complete active condition set after one report"),),
+        max_msgs_per_subject=1, description="latest condition set per node"),
+    StreamDef("HP_NODE_EVENTS", (
+        Channel("hp.event.{cluster}.{node}.{type}", "event", "the service that owns the type",
+                "Node event, the durable record"),),
+        max_age=90 * DAY, description="append-only node events, 90 days"),
+    StreamDef("HP_NODES", (
+        Channel("hp.node.{cluster}.{node}", "node", "scorer", "Latest folded view of a node"),),
+        max_msgs_per_subject=1, description="latest folded view per node (node list / node show)"),
+    StreamDef("HP_COMMANDS", (
+        Channel("hp.cmd.{cluster}.{node}.{verb}", "cmd", "CLI, policy", "Operator or automation command"),
+        Channel("hp.outcome.{cluster}.{node}", "outcome", "eviction",
+                "What became of a command: applied, refused, retry"),
+        Channel("hp.provision.{cluster}.{node}", "provision", "provisioner",
+                "The provisioner's answer to a terminate directive"),
+        Channel("hp.policy.{cluster}.{action}", "policy", "CLI", "Instruction to the policy service: breaker-reset"),
+        Channel("hp.provider.{cluster}.{node}", "provider", "sim provider",
+                "How the simulated provisioner answers terminations of one node")),
+        max_age=7 * DAY, description="operator and automation commands with their outcomes"),
+    StreamDef("HP_ALLOCATIONS", (
+        Channel("hp.alloc.{cluster}.{node}.{alloc}", "alloc", "scheduler", "Allocation lifecycle"),
+        Channel("hp.job.{cluster}.{job}", "job", "sim submit", "Work submitted to the reference scheduler")),
+        max_age=7 * DAY, description="submitted jobs and the allocation lifecycle from the scheduler"),
     # Limits, not a work queue: eviction reads its own directives back after a restart (REL-1),
     # and a work queue would delete them once the scheduler acked them.
-    StreamDef("HP_DIRECTIVES", ("hp.directive.>",), max_age=7 * DAY,
-              description="instructions to the scheduler and provisioner"),
-    StreamDef("HP_CONFIG", ("hp.config",), max_msgs=100,
-              description="history of applied cluster configs"),
-    StreamDef("HP_SNAPSHOTS", ("hp.snapshot.>",), max_msgs_per_subject=1,
-              description="latest snapshot per service and partition"),
+    StreamDef("HP_DIRECTIVES", (
+        Channel("hp.directive.{cluster}.{node}", "directive", "eviction",
+                "Instruction to the scheduler or provisioner"),),
+        max_age=7 * DAY, description="instructions to the scheduler and provisioner"),
+    StreamDef("HP_CONFIG", (
+        Channel("hp.config", "config", "config apply", "The whole validated cluster config, versioned"),),
+        max_msgs=100, description="history of applied cluster configs"),
+    StreamDef("HP_SNAPSHOTS", (
+        Channel("hp.snapshot.{service}.{partition}", "snapshot", "every stateful service",
+                "Latest folded state per service and partition"),),
+        max_msgs_per_subject=1, description="latest snapshot per service and partition"),
     # Bounded in bytes as well as age: a peer that floods garbage fills it, never the disk.
-    StreamDef("HP_DEAD_LETTERS", ("hp.dead.>",), max_age=30 * DAY, max_bytes=256 * 1024 * 1024,
-              description="inputs a service could not process, with the error (30 days)"),
+    StreamDef("HP_DEAD_LETTERS", (
+        Channel("hp.dead.{service}.{stream}", None, "every service",
+                "An input the service could not process, byte for byte; what happened in Hp-Dead-* headers"),),
+        max_age=30 * DAY, max_bytes=256 * 1024 * 1024,
+        description="inputs a service could not process, with the error (30 days)"),
 )
+CHANNELS: Final[tuple[Channel, ...]] = tuple(c for s in STREAMS for c in s.channels)
 STREAMS_BY_NAME: Final = {s.name: s for s in STREAMS}
 
 # Fields JetStream refuses to change on an existing stream.
