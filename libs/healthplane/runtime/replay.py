@@ -14,7 +14,7 @@ import msgspec
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
-from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+from nats.js.api import AckPolicy, ConsumerConfig, ConsumerInfo, DeliverPolicy
 from nats.js.errors import NotFoundError
 
 from healthplane.runtime import nats_internals
@@ -96,15 +96,9 @@ async def read_all(nc: NATS, js: JetStreamContext, stream: str, subject: str | l
         policy, opt_start = DeliverPolicy.BY_START_TIME, None
     else:
         policy, opt_start = DeliverPolicy.ALL, None
-    subjects_ = [subject] if isinstance(subject, str) else list(subject)
-    try:
-        info = await js.add_consumer(stream, ConsumerConfig(
-            ack_policy=AckPolicy.NONE, deliver_policy=policy, opt_start_seq=opt_start,
-            opt_start_time=start_time if start_time and not opt_start else None,
-            filter_subject=subjects_[0] if len(subjects_) == 1 else None,
-            filter_subjects=subjects_ if len(subjects_) > 1 else None,
-            headers_only=headers_only or None, inactive_threshold=30.0, mem_storage=True))
-    except NotFoundError:
+    info = await _reader(js, stream, subject, policy, opt_start=opt_start,
+                         start_time=start_time if start_time and not opt_start else None, headers_only=headers_only)
+    if info is None:
         return []
     total = info.num_pending or 0
     if limit is not None:
@@ -133,22 +127,44 @@ async def read_all(nc: NATS, js: JetStreamContext, stream: str, subject: str | l
 
     sub = await nc.subscribe(inbox, cb=on_msg, pending_msgs_limit=-1, pending_bytes_limit=-1)
     try:
-        batch = max(batch, -(-total // 64))  # at most 64 requests waiting on the server
-        request = msgspec.json.encode({"batch": batch, "expires": int(3600 * 1e9)})
-        requests = -(-total // batch)  # every batch asked for at once: the server fills them in turn
-        for _ in range(requests):
-            await nc.publish(f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{info.name}", request, reply=inbox)
-        seen = -1
-        while not done.done():  # an idle timeout: a long read is fine while it progresses
-            if received == seen:
-                raise TimeoutError(f"reading {stream} stalled after {received} of {total} messages")
-            seen = received
-            await asyncio.wait([done], timeout=idle_timeout_s)
+        await _pull_all(nc, stream, info.name, total, inbox, lambda: received, done, batch, idle_timeout_s)
     finally:
         await sub.unsubscribe()
         await _delete_quietly(js, stream, info.name)
     out.sort(key=lambda m: stream_seq_of(m.reply))
     return out
+
+
+async def _reader(js: JetStreamContext, stream: str, subject: str | list[str], policy: DeliverPolicy, *,
+                  opt_start: int | None = None, start_time: datetime | None = None,
+                  headers_only: bool = False) -> ConsumerInfo | None:
+    """An ephemeral consumer without acks for one read; ``None`` when the stream is missing."""
+    subjects_ = [subject] if isinstance(subject, str) else list(subject)
+    try:
+        return await js.add_consumer(stream, ConsumerConfig(
+            ack_policy=AckPolicy.NONE, deliver_policy=policy, opt_start_seq=opt_start, opt_start_time=start_time,
+            filter_subject=subjects_[0] if len(subjects_) == 1 else None,
+            filter_subjects=subjects_ if len(subjects_) > 1 else None,
+            headers_only=headers_only or None, inactive_threshold=30.0, mem_storage=True))
+    except NotFoundError:
+        return None
+
+
+async def _pull_all(nc: NATS, stream: str, consumer: str, total: int, inbox: str, received: Callable[[], int],
+                    done: asyncio.Future[None], batch: int, idle_timeout_s: float) -> None:
+    """Ask for all ``total`` messages at once, in batches the server fills in turn, and wait
+    until ``done``; a read that stops progressing for ``idle_timeout_s`` fails (a long read is
+    fine while it progresses)."""
+    batch = max(batch, -(-total // 64))  # at most 64 requests waiting on the server
+    request = msgspec.json.encode({"batch": batch, "expires": int(3600 * 1e9)})
+    for _ in range(-(-total // batch)):
+        await nc.publish(f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{consumer}", request, reply=inbox)
+    seen = -1
+    while not done.done():
+        if received() == seen:
+            raise TimeoutError(f"reading {stream} stalled after {received()} of {total} messages")
+        seen = received()
+        await asyncio.wait([done], timeout=idle_timeout_s)
 
 
 async def _delete_quietly(js: JetStreamContext, stream: str, consumer: str) -> None:
@@ -203,15 +219,8 @@ async def read_payloads(nc: NATS, js: JetStreamContext, stream: str, subject: st
     internals failed their self-test, or a parser caught mid-operation) the read still works,
     at nats-py's speed.
     """
-    policy = DeliverPolicy.LAST_PER_SUBJECT if last_per_subject else DeliverPolicy.ALL
-    subjects_ = [subject] if isinstance(subject, str) else list(subject)
-    try:
-        info = await js.add_consumer(stream, ConsumerConfig(
-            ack_policy=AckPolicy.NONE, deliver_policy=policy,
-            filter_subject=subjects_[0] if len(subjects_) == 1 else None,
-            filter_subjects=subjects_ if len(subjects_) > 1 else None,
-            inactive_threshold=30.0, mem_storage=True))
-    except NotFoundError:
+    info = await _reader(js, stream, subject, DeliverPolicy.LAST_PER_SUBJECT if last_per_subject else DeliverPolicy.ALL)
+    if info is None:
         return []
     total = info.num_pending or 0
     out: list[bytes] = []
@@ -236,16 +245,7 @@ async def read_payloads(nc: NATS, js: JetStreamContext, stream: str, subject: st
     try:
         await nc.flush()  # a PONG round trip: the parser is idle between operations now
         tap = nats_internals.tap_payloads(nc, sub, out, progress)
-        batch = max(batch, -(-total // 64))  # at most 64 requests waiting on the server
-        request = msgspec.json.encode({"batch": batch, "expires": int(3600 * 1e9)})
-        for _ in range(-(-total // batch)):  # every batch asked for at once: the server fills them in turn
-            await nc.publish(f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{info.name}", request, reply=inbox)
-        seen = -1
-        while not done.done():  # an idle timeout: a long read is fine while it progresses
-            if len(out) == seen:
-                raise TimeoutError(f"reading {stream} stalled after {len(out)} of {total} messages")
-            seen = len(out)
-            await asyncio.wait([done], timeout=idle_timeout_s)
+        await _pull_all(nc, stream, info.name, total, inbox, lambda: len(out), done, batch, idle_timeout_s)
     finally:
         if tap is not None:
             tap.remove()
