@@ -84,10 +84,10 @@ class Record(msgspec.Struct, frozen=True, kw_only=True, rename="camel", gc=False
     """Base of every wire record.
 
     ``gc=False``: records are frozen trees (records, lists, strings, times), so they cannot
-    take part in a reference cycle, and the garbage collector need not track them. Decoding
-    a 4.3 KiB health report (8 GPUs: ~60 nested records) took 26.5 µs tracked and 22.5 µs
-    untracked, and fewer tracked objects mean fewer collections on every service's hot path.
-    Never put a record inside a list held by itself."""
+    take part in a reference cycle, and the garbage collector need not track them: decoding
+    is cheaper and fewer tracked objects mean fewer collections on every service's hot path
+    (figures: docs/benchmarks.md, "Service loop"). Never put a record inside a list held by
+    itself."""
 
 
 class Sparse(Record, frozen=True, kw_only=True, omit_defaults=True):

@@ -212,10 +212,10 @@ async def read_payloads(nc: NATS, js: JetStreamContext, stream: str, subject: st
 
     :func:`read_all` for reads whose cost is the record count (``node list`` over 100,000
     nodes): nats-py matches each delivery with regular expressions, parses its headers and
-    builds a ``Msg`` that goes through a queue and a task, 15-40 µs a record on the 2-core
-    machines; here the connection's protocol parser gets a fast lane for this one subscription
-    for the length of the read (``nats_internals.tap_payloads``) that only slices payloads out
-    of the socket buffer, about 3 µs. Where the parser cannot be tapped (a nats-py whose
+    builds a ``Msg`` that goes through a queue and a task for every record; here the
+    connection's protocol parser gets a fast lane for this one subscription for the length of
+    the read (``nats_internals.tap_payloads``) that only slices payloads out of the socket
+    buffer (figures: docs/benchmarks.md, "node list"). Where the parser cannot be tapped (a nats-py whose
     internals failed their self-test, or a parser caught mid-operation) the read still works,
     at nats-py's speed.
     """
