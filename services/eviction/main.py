@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from healthplane.runtime.lifecycle import run_processor_service
-from healthplane_eviction.service import INPUTS, OUTPUTS, SERVICE, EvictionCore, EvictionState
+from healthplane_eviction.fold import INPUTS, OUTPUTS, SERVICE, EvictionCore, EvictionState
 
 
 def main(args: argparse.Namespace) -> int:

@@ -12,7 +12,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from healthplane_policy import breaker
-from healthplane_policy.core import PolicyState
+from healthplane_policy.rules import PolicyState
 
 
 class BreakerSeries(Collector):

@@ -10,17 +10,20 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
 
 from prometheus_client import REGISTRY
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from healthplane.runtime import metrics
 from healthplane.runtime.lifecycle import ServiceContext, run_service, until_stopped
-from healthplane.runtime.processor import Processor
-from healthplane_scheduler.core import SchedulerState, drain_below_for, gated
-from healthplane_scheduler.service import INPUTS, OUTPUTS, SERVICE, SchedulerCore
+from healthplane.runtime.processor import Emit, Inbound, Note, Processor
+from healthplane_scheduler.fold import INPUTS, OUTPUTS, SERVICE, SchedulerCore
+from healthplane_scheduler.rules import SchedulerState, drain_below_for, gated
 
 SLOTS_ENV = "HEALTHPLANE_SCHEDULER_SLOTS"
 TICK_ENV = "HEALTHPLANE_SCHEDULER_TICK_SECONDS"
@@ -74,6 +77,30 @@ class SchedulerSeries(Collector):
                                 value=gated_nodes)
 
 
+class Told:
+    """The scheduler's core, with what its tick notes logged and counted. A tick runs only on
+    live state, never in a replay, so each note is told once (a fold's notes the Processor
+    tells itself)."""
+
+    def __init__(self, core: SchedulerCore, log: Any) -> None:
+        self.core, self.log = core, log
+
+    def initial_state(self) -> SchedulerState:
+        return self.core.initial_state()
+
+    def step(self, state: SchedulerState, inbound: Inbound) -> tuple[SchedulerState, Sequence[Emit]]:
+        return self.core.step(state, inbound)
+
+    def tick(self, state: SchedulerState, now: datetime) -> tuple[SchedulerState, Sequence[Emit]]:
+        notes: list[Note] = []
+        state, emits = self.core.tick(state, now, notes)
+        for note in notes:
+            if note.counter is not None:
+                metrics.FOLD_NOTES.labels(SERVICE, note.counter).inc()
+            getattr(self.log, note.level)(note.event, **note.fields)
+        return state, emits
+
+
 def main(args: argparse.Namespace) -> int:
     try:
         settings = settings_from(os.environ)
@@ -82,7 +109,7 @@ def main(args: argparse.Namespace) -> int:
         return 2
 
     async def serve(ctx: ServiceContext) -> None:
-        core = SchedulerCore(settings.slots_per_node, ctx.log)
+        core = Told(SchedulerCore(settings.slots_per_node), ctx.log)
         proc = Processor(nc=ctx.nc, js=ctx.js, service=SERVICE, core=core, state_type=SchedulerState,
                          inputs=INPUTS, outputs=OUTPUTS, batch=512, log=ctx.log)
         proc.tick_every_s = settings.tick_seconds

@@ -22,8 +22,8 @@ from prometheus_client import REGISTRY
 from healthplane.runtime.lease import Lease
 from healthplane.runtime.lifecycle import ServiceContext, run_service
 from healthplane.runtime.processor import LeaseLost, Processor
+from healthplane_scorer.fold import INPUTS, OUTPUTS, SERVICE, ScorerCore, ScorerState
 from healthplane_scorer.metrics import NodeSeries
-from healthplane_scorer.service import INPUTS, OUTPUTS, SERVICE, ScorerCore, ScorerState
 
 
 def main(args: argparse.Namespace) -> int:

@@ -10,7 +10,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from healthplane import wire
-from healthplane_scorer.service import ScorerState, node_health
+from healthplane_scorer.fold import ScorerState, node_health
 
 HEALTH_STATES = ("healthy", "degraded", "unknown")
 

@@ -15,8 +15,8 @@ from healthplane.runtime.processor import Inbound, Processor
 from healthplane.runtime.replay import replay
 from healthplane_collector.agent import Collector, Settings
 from healthplane_collector.sim import SimNode
-from healthplane_health_ingest.core import IngestState, NodeState
-from healthplane_health_ingest.service import INPUTS, OUTPUTS, IngestCore
+from healthplane_health_ingest.fold import INPUTS, OUTPUTS, IngestCore
+from healthplane_health_ingest.rules import IngestState, NodeState
 from tests.bench import harness
 from tests.bench.bus import (
     CpuMeter,

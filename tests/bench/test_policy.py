@@ -13,9 +13,9 @@ from healthplane import subjects, wire
 from healthplane.config import parse_cluster_config
 from healthplane.runtime.processor import Processor
 from healthplane.runtime.replay import replay
-from healthplane_policy import rules
-from healthplane_policy.core import PolicyState, policy_config
-from healthplane_policy.service import INPUTS, OUTPUTS, PolicyCore
+from healthplane_policy import rulesets
+from healthplane_policy.fold import INPUTS, OUTPUTS, PolicyCore
+from healthplane_policy.rules import PolicyState, policy_config
 from tests.bench import harness
 from tests.bench.bus import processor_rate, publish_all, raw_consume_rate
 
@@ -80,14 +80,14 @@ async def test_policy_correlated_fault_on_30_percent_of_10k_nodes(nc, js: JetStr
 RULE_COUNT = 20
 
 
-def _rule_sets() -> list[rules.RuleSetSpec]:
+def _rule_sets() -> list[rulesets.RuleSetSpec]:
     out = []
     for i in range(RULE_COUNT):
-        out.append(rules.RuleSetSpec(
+        out.append(rulesets.RuleSetSpec(
             name=f"r{i}", order=i, priority=i,
-            all=(rules.RuleExpressionSpec("HealthEvent", f"event.type == 'CONDITION_RAISED' && event.condition.type "
+            all=(rulesets.RuleExpressionSpec("HealthEvent", f"event.type == 'CONDITION_RAISED' && event.condition.type "
                                                          f"== 'gpu_xid_errors' && event.isFatal && event.score < {40 + i}"),
-                 rules.RuleExpressionSpec("Node", "!('healthplane.dev/unmanaged' in node.metadata.annotations) && "
+                 rulesets.RuleExpressionSpec("Node", "!('healthplane.dev/unmanaged' in node.metadata.annotations) && "
                                                   f"node.allocatable.gpu >= {i % 9}")),
             label_key="gpu-fault", label_value=f"r{i}"))
     return out
@@ -109,17 +109,17 @@ def test_cel_evaluations_per_second_for_a_20_rule_set() -> None:
     from tests.support.records import resource_report
 
     report = resource_report("gpu-14", cluster="bench")
-    node = rules.node_object(node_id="gpu-14", cluster="bench", hostname="gpu-14", definition="gpu-pool",
+    node = rulesets.node_object(node_id="gpu-14", cluster="bench", hostname="gpu-14", definition="gpu-pool",
                              provisioned=False, ready=True, labels={}, annotations=report.annotations, taints=[],
                              allocatable={"cpu": 192, "memory": report.memory_bytes, "gpu": 8},
                              conditions={"gpu_xid_errors": {"type": "gpu_xid_errors", "severity": "critical"}},
                              score=55, holds=[])
-    event = rules.event_object(wire.NodeEvent(
+    event = rulesets.event_object(wire.NodeEvent(
         id="e1", node_id="gpu-14", cluster="bench", type="CONDITION_RAISED", occurred_at=T0, message="Xid 79",
         actor="health-ingest", score=55, condition=wire.ConditionChange(
             type="gpu_xid_errors", reason="GpuXidHardware", severity="critical", message="Xid 79 on GPU 0")))
     rule_sets = _rule_sets()
-    rules.compile_all(rule_sets)  # compile once, outside the timing
+    rulesets.compile_all(rule_sets)  # compile once, outside the timing
     native = _python_rules()
 
     def rate(evaluate) -> tuple[float, int]:  # type: ignore[no-untyped-def]
@@ -131,7 +131,7 @@ def test_cel_evaluations_per_second_for_a_20_rule_set() -> None:
 
     # Each round converts the event and node once and evaluates every rule set against them,
     # exactly as the policy does for one health event.
-    cel_rate, cel_matched = rate(lambda: len(rules.matching(rule_sets, event, node)))
+    cel_rate, cel_matched = rate(lambda: len(rulesets.matching(rule_sets, event, node)))
     py_rate, py_matched = rate(lambda: sum(1 for r in native if r(event, node)))  # type: ignore[operator]
     assert cel_matched == py_matched == 4  # r16..r19 (55 < 40 + i)
     harness.record("policy.cel_rule_evaluations_per_s_20_rules", cel_rate, "rule evaluations/s", baseline=py_rate,

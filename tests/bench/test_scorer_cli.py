@@ -14,7 +14,7 @@ from nats.js import JetStreamContext
 from healthplane import subjects, wire
 from healthplane.natsserver import NatsServer
 from healthplane.runtime.processor import Inbound, Processor
-from healthplane_scorer.service import INPUTS, OUTPUTS, ScorerCore, ScorerState
+from healthplane_scorer.fold import INPUTS, OUTPUTS, ScorerCore, ScorerState
 from tests.bench import harness
 from tests.bench.bus import (
     CpuMeter,

@@ -19,7 +19,7 @@ from healthplane.natsserver import NatsServer
 from healthplane.runtime.lease import HEADER, Lease
 from healthplane.runtime.processor import Inbound
 from healthplane.runtime.replay import read_all, replay
-from healthplane_scorer.service import ScorerCore, node_view
+from healthplane_scorer.fold import ScorerCore, node_view
 
 pytestmark = pytest.mark.nats
 T0 = datetime(2026, 11, 30, 9, 0, tzinfo=UTC)

@@ -27,8 +27,8 @@ from healthplane.runtime import logs, snapshots
 from healthplane.runtime.processor import Inbound, Processor
 from healthplane.runtime.replay import read_all
 from healthplane_collector.sim import Fleet
-from healthplane_scheduler.core import SchedulerState
-from healthplane_scheduler.service import INPUTS, OUTPUTS, SERVICE, SchedulerCore
+from healthplane_scheduler.fold import INPUTS, OUTPUTS, SERVICE, SchedulerCore
+from healthplane_scheduler.rules import SchedulerState
 
 pytestmark = pytest.mark.nats
 CLUSTER = "default"

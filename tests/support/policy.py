@@ -9,7 +9,7 @@ from typing import Any
 
 from healthplane import wire
 from healthplane.config import parse_cluster_config
-from healthplane_policy.core import Output, PolicyState, Record, decide, policy_config
+from healthplane_policy.rules import Output, PolicyState, Record, decide, policy_config
 
 T0 = datetime(2026, 11, 30, 9, 0, tzinfo=UTC)
 CLUSTER = "lab"

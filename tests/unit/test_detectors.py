@@ -18,8 +18,8 @@ from healthplane.runtime.processor import Inbound
 from healthplane_collector.agent import Collector, Settings
 from healthplane_collector.sim import SimNode
 from healthplane_health_ingest import detectors
-from healthplane_health_ingest.service import IngestCore
-from healthplane_scorer.core import PenaltyTable
+from healthplane_health_ingest.fold import IngestCore
+from healthplane_scorer.rules import PenaltyTable
 
 T0 = datetime(2026, 11, 30, 9, 0, tzinfo=UTC)
 ECC_LABEL = {"name": "ecc-label", "condition": "gpu_ecc_errors", "severity": "critical",
@@ -56,7 +56,9 @@ class Node:
     def feed(self, stream: str, subject: str, data: bytes) -> list[wire.NodeEvent]:
         self.seq += 1
         at = T0 + timedelta(seconds=30 * self.seq)
-        self.state, emits = self.core.step(self.state, Inbound(stream, self.seq, subject, data, {}, at, True))
+        inbound = Inbound(stream, self.seq, subject, data, {}, at, True)
+        self.state, emits = self.core.step(self.state, inbound)
+        self.notes = inbound.notes
         return [wire.decode(wire.NodeEvent, e.payload) for e in emits if ".event." in e.subject]
 
     def labels(self, annotations: dict[str, str]) -> None:
@@ -105,15 +107,11 @@ async def test_pol8_a_python_plugin_raises_and_a_failing_one_never_stops_the_rep
 
     node = Node(IngestCore(plugins=[("broken", broken), ("nvlink", nvlink)]))
     node.labels({"nvlink": "down"})
-    before = _failures("broken")
     assert await node.report() == [("CONDITION_RAISED", "NvlinkDown", "critical")]
-    assert _failures("broken") == before + 1
-
-
-def _failures(name: str) -> float:
-    from prometheus_client import REGISTRY
-
-    return REGISTRY.get_sample_value("healthplane_detector_failures_total", {"detector": name}) or 0.0
+    # Noted, not counted by the fold: the Processor counts it for live inputs only (issue 17).
+    [note] = node.notes
+    assert (note.event, note.counter, note.fields["detector"]) == (
+        "detector plug-in failed", "detector_failed:broken", "broken")
 
 
 def test_pol8_plugins_are_found_through_the_entry_point_group(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 from healthplane import subjects, wire
 from healthplane.config import ClusterConfig
 from healthplane.runtime.processor import Emit, Inbound
-from healthplane_eviction import core
-from healthplane_eviction.service import EvictionCore, EvictionState
+from healthplane_eviction import rules
+from healthplane_eviction.fold import EvictionCore, EvictionState
 
 T0 = datetime(2026, 8, 11, 9, 0, tzinfo=UTC)
 NODE = "10.0.0.42/9100"
@@ -90,42 +90,42 @@ def events(emits: Sequence[Emit]) -> list[wire.NodeEvent]:
 
 def test_evi3_the_three_evict_message_forms() -> None:
     reason = "GPU 2 throwing uncorrectable ECC"
-    assert core.held_message(NODE, reason, "move", 0) == (
+    assert rules.held_message(NODE, reason, "move", 0) == (
         "node 10.0.0.42/9100 was held: GPU 2 throwing uncorrectable ECC; work moved to another node")
-    assert core.held_message(NODE, reason, "fail", 0) == (
+    assert rules.held_message(NODE, reason, "fail", 0) == (
         "node 10.0.0.42/9100 was held: GPU 2 throwing uncorrectable ECC; job failed. Set\n"
         "policy.retry.on to node for work that is safe to run again from the beginning").replace("\n", " ")
-    assert core.held_message(NODE, reason, "fail-budget", 3) == (
+    assert rules.held_message(NODE, reason, "fail-budget", 3) == (
         "node 10.0.0.42/9100 was held: GPU 2 throwing uncorrectable ECC; job failed after 3 node restart(s), "
         "the limit for this step")
 
 
 def test_evi5_fault_eviction_message_forms() -> None:
-    assert core.fault_message("gpu-14", "gpu_ecc_errors", "fail", 0) == (
+    assert rules.fault_message("gpu-14", "gpu_ecc_errors", "fail", 0) == (
         "node gpu-14: GPU ECC errors; job failed and the node cordoned. Set policy.restart to on-node-fault "
         "for work that is safe to run again from the beginning")
-    assert core.fault_message("gpu-14", "gpu_ecc_errors", "move", 0) == (
+    assert rules.fault_message("gpu-14", "gpu_ecc_errors", "move", 0) == (
         "node gpu-14: GPU ECC errors; work moved off the node and the node cordoned")
 
 
 def test_evi6_node_gone_messages_name_a_fault_only_when_real() -> None:
-    assert core.offline_message(NODE, None, "fail", 0) == (
+    assert rules.offline_message(NODE, None, "fail", 0) == (
         "node 10.0.0.42/9100 went offline; job failed. Set policy.restart to on-node-fault for work that is "
         "safe to run again from the beginning")
-    assert core.offline_message(NODE, "memory_errors", "fail", 0) == (
+    assert rules.offline_message(NODE, "memory_errors", "fail", 0) == (
         "node 10.0.0.42/9100: memory errors; job stopped responding on this node")
-    assert core.worst_fault({"heartbeat_missed": "critical", "collector_failed": "warning"}) is None
-    assert core.worst_fault({"heartbeat_missed": "critical", "memory_errors": "warning"}) == "memory_errors"
+    assert rules.worst_fault({"heartbeat_missed": "critical", "collector_failed": "warning"}) is None
+    assert rules.worst_fault({"heartbeat_missed": "critical", "memory_errors": "warning"}) == "memory_errors"
 
 
 def test_evi4_refusal_messages() -> None:
-    assert core.static_node("cn-042") == "cannot deprovision static node cn-042"
-    assert core.static_skipped("cn-042") == (
+    assert rules.static_node("cn-042") == "cannot deprovision static node cn-042"
+    assert rules.static_skipped("cn-042") == (
         "skipped cn-042: statically provisioned; Healthplane did not create this instance")
-    assert core.provisioning_unknown("cn-042") == (
+    assert rules.provisioning_unknown("cn-042") == (
         "rpc error: code = Unavailable desc = node cn-042 has not reported its resources yet, so whether "
         "Healthplane provisioned it is not known; retry")
-    assert core.not_drainable(NODE, "NOT_READY") == (
+    assert rules.not_drainable(NODE, "NOT_READY") == (
         "node 10.0.0.42/9100 is NOT_READY and cannot be drained: only a READY or already cordoned node can be "
         "taken out of service")
 
@@ -196,10 +196,10 @@ def test_evi2_only_ready_or_cordoned_nodes_drain() -> None:
     h = Harness()
     h.resources(ready=False)
     refused = h.command("drain")
-    assert (refused.result, refused.message) == ("refused", core.not_drainable(NODE, "NOT_READY"))
+    assert (refused.result, refused.message) == ("refused", rules.not_drainable(NODE, "NOT_READY"))
     h.resources(ready=True)
     h.event("HEARTBEAT_MISSED")
-    assert h.command("drain").message == core.not_drainable(NODE, "OFFLINE")
+    assert h.command("drain").message == rules.not_drainable(NODE, "OFFLINE")
     h.event("HEARTBEAT_RESUMED")
     h.command("cordon")
     assert h.command("drain").result == "applied"  # already cordoned: allowed
@@ -228,8 +228,8 @@ def test_evi3_evict_moves_declared_work_fails_the_rest_and_respects_the_budget()
     by_alloc = {d.allocation_id: d for d in directives(h.emitted)}
     reason = "GPU 2 throwing uncorrectable ECC"
     assert by_alloc["declared.0.0"].action == "requeue"
-    assert by_alloc["declared.0.0"].message == core.held_message(NODE, reason, "move", 1)
-    assert by_alloc["undeclared.0.0"].message == core.held_message(NODE, reason, "fail", 0)
+    assert by_alloc["declared.0.0"].message == rules.held_message(NODE, reason, "move", 1)
+    assert by_alloc["undeclared.0.0"].message == rules.held_message(NODE, reason, "fail", 0)
     assert by_alloc["spent.0.0"].message.endswith("job failed after 3 node restart(s), the limit for this step")
     assert by_alloc["own-limit.0.0"].message.endswith("job failed after 1 node restart(s), the limit for this step")
     evicted = next(e for e in events(h.emitted) if e.type == "NODE_EVICTED")
@@ -253,14 +253,14 @@ def test_evi4_static_and_unknown_provisioning() -> None:
     h.event("CONDITION_CLEARED", condition=wire.ConditionChange(type="memory_errors", reason="x", severity="info",
                                                                message="m"))  # known, resources not reported
     unknown = h.command("deprovision")
-    assert (unknown.result, unknown.message) == ("retry", core.provisioning_unknown(NODE))
-    assert h.command("deprovision", batch_id="b").message == core.provisioning_unknown_skipped(NODE)
+    assert (unknown.result, unknown.message) == ("retry", rules.provisioning_unknown(NODE))
+    assert h.command("deprovision", batch_id="b").message == rules.provisioning_unknown_skipped(NODE)
     h.resources(provisioned=False)
     static = h.command("deprovision", evict=True)
     assert (static.result, static.message) == ("refused", "cannot deprovision static node 10.0.0.42/9100")
     assert not h.state.nodes[f"default\x00{NODE}"].holds  # refused having changed nothing
     skipped = h.command("deprovision", batch_id="b", evict=True)
-    assert (skipped.skipped, skipped.message) == (True, core.static_skipped(NODE))
+    assert (skipped.skipped, skipped.message) == (True, rules.static_skipped(NODE))
 
 
 def test_evi4_deprovision_waits_for_the_node_to_empty_then_tears_down() -> None:
@@ -363,7 +363,7 @@ def test_evi6_node_gone_releases_work_at_once() -> None:
     h.alloc("plain.0.0")
     sent = {d.allocation_id: d for d in directives(h.event("HEARTBEAT_MISSED"))}
     assert sent["restartable.0.0"].action == "requeue"
-    assert sent["plain.0.0"].message == core.offline_message(NODE, None, "fail", 0)
+    assert sent["plain.0.0"].message == rules.offline_message(NODE, None, "fail", 0)
 
 
 def test_evi6_and_evi7_a_real_fault_is_named_and_the_failure_attributed() -> None:

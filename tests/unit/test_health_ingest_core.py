@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 from healthplane import wire
 from healthplane_collector.agent import Collector, Settings
 from healthplane_collector.sim import SimNode
-from healthplane_health_ingest.core import (
+from healthplane_health_ingest.fold import IngestCore
+from healthplane_health_ingest.rules import (
     IngestConfig,
     IngestState,
     assess,
@@ -21,7 +22,6 @@ from healthplane_health_ingest.core import (
     missed,
     serviced,
 )
-from healthplane_health_ingest.service import IngestCore
 
 T0 = datetime(2026, 11, 30, 9, 0, tzinfo=UTC)
 
@@ -196,7 +196,7 @@ async def test_smart_without_a_verdict_keeps_the_last_one() -> None:
 
 def test_smart_sticky_from_an_old_snapshot_clears_on_a_pass() -> None:
     # ING-2a on upgrade: a snapshot that held SmartFailing as sticky clears on the next pass.
-    from healthplane_health_ingest.core import Finding, NodeState, Sticky, _fold_smart_verdicts
+    from healthplane_health_ingest.rules import Finding, NodeState, Sticky, _fold_smart_verdicts
 
     node = NodeState(cluster="c", node_id="n1", sticky={"smart./dev/sda": Sticky(
         Finding("disk_degraded", "SmartFailing", "critical", "x"), "/dev/sda", "S1")})
@@ -228,7 +228,7 @@ async def test_counter_reset_is_a_new_baseline_not_a_rise() -> None:
 def test_heartbeat_window_floor_and_cap(interval: int, threshold: int, window: int) -> None:
     # ING-4: max(15 s, threshold x min(interval, 24 h)) after the last report.
     state = IngestState()
-    from healthplane_health_ingest.core import NodeState
+    from healthplane_health_ingest.rules import NodeState
 
     node = NodeState(cluster="c", node_id="n", last_report_at=T0, interval_s=interval)
     assert miss_deadline(node, threshold) == T0 + timedelta(seconds=window)
@@ -286,7 +286,7 @@ def test_never_reported_node_is_never_missed() -> None:
 
 
 def test_heartbeat_sweep_is_proportional_to_what_is_due() -> None:
-    from healthplane_health_ingest.core import NodeState
+    from healthplane_health_ingest.rules import NodeState
 
     state = IngestState()
     for i in range(1000):
@@ -329,7 +329,7 @@ def test_conditions_never_clear_without_a_report_or_service(steps: list[str]) ->
 
 
 def test_missed_then_event_replay_is_idempotent() -> None:
-    from healthplane_health_ingest.core import NodeState
+    from healthplane_health_ingest.rules import NodeState
 
     node = NodeState(cluster="c", node_id="n", last_report_at=T0)
     first = missed(node, T0)

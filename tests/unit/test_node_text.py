@@ -42,7 +42,7 @@ def test_one_spelling_of_each_condition(condition_type: str, title: str) -> None
 
 
 def test_show_and_events_spell_the_condition_the_same() -> None:
-    from healthplane_health_ingest.core import _condition_message
+    from healthplane_health_ingest.rules import _condition_message
 
     change = wire.ConditionChange(type="gpu_xid_errors", reason="GpuXidHardware", severity="critical",
                                   message="GPU 0: Xid 79")

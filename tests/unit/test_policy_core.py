@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from healthplane import wire
-from healthplane_policy.core import PolicyState
+from healthplane_policy.rules import PolicyState
 from tests.support.policy import (
     Driver,
     allocation,

@@ -19,8 +19,8 @@ from hypothesis import strategies as st
 from healthplane import subjects, wire
 from healthplane.config import parse_cluster_config
 from healthplane.runtime.processor import Emit, Inbound, Reject
-from healthplane_scheduler.core import SchedulerState, allocation_id, parse_allocation_id
-from healthplane_scheduler.service import SchedulerCore
+from healthplane_scheduler.fold import SchedulerCore
+from healthplane_scheduler.rules import SchedulerState, allocation_id, parse_allocation_id
 
 T0 = datetime(2026, 11, 30, 9, 0, tzinfo=UTC)
 CLUSTER = "c"

@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 
 from healthplane import subjects, wire
 from healthplane.runtime.processor import Inbound
-from healthplane_scorer.core import DEFAULT_PENALTIES, PenaltyTable, Tally, score, tally_deduction
-from healthplane_scorer.service import ScorerCore
+from healthplane_scorer.fold import ScorerCore
+from healthplane_scorer.rules import DEFAULT_PENALTIES, PenaltyTable, Tally, score, tally_deduction
 
 T0 = datetime(2026, 8, 11, 9, 14, 2, tzinfo=UTC)
 CLUSTER = PenaltyTable.build()
@@ -72,7 +72,7 @@ def test_node_show_example_55_with_its_contributions() -> None:
 
 
 def test_definition_table_replaces_the_clusters() -> None:
-    from healthplane_scorer.service import ScorerConfig, table_for
+    from healthplane_scorer.fold import ScorerConfig, table_for
 
     config = ScorerConfig(penalties={"SmartFailing": 30}, definition_penalties={"gpu-pool": {"GpuXidHardware": 60}})
     assert table_for(config, None).points["SmartFailing"] == 30
@@ -115,7 +115,7 @@ def test_score_within_0_100_and_equal_to_its_contributions(conditions, failures:
     (False, True, False, "READY")])
 def test_status_precedence(missed: bool, ready: bool, holds: bool, status: str) -> None:
     # SPEC.md: OFFLINE, then NOT_READY, then CORDONED, else READY.
-    from healthplane_scorer.service import NodeScore, node_status
+    from healthplane_scorer.fold import NodeScore, node_status
 
     node = NodeScore(cluster="c", node_id="n", ready=ready,
                      conditions=[cond("heartbeat_missed", "HeartbeatMissed")] if missed else [],

@@ -1,5 +1,5 @@
-"""The scorer as a Processor core: assessments and attributed failures in, SCORE_CHANGED out
-only when the score moves (SCO-5)."""
+"""The scorer's fold: the Processor core (assessments and attributed failures in, SCORE_CHANGED
+out only when the score moves, SCO-5)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import msgspec
 
 from healthplane import configstore, subjects, wire
 from healthplane.runtime.processor import Emit, Inbound, Input, Reject
-from healthplane_scorer.core import PenaltyTable, Tally, score
+from healthplane_scorer.rules import PenaltyTable, Tally, score
 
 SERVICE = "scorer"
 INPUTS = (

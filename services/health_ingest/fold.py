@@ -1,9 +1,13 @@
-"""health-ingest as a Processor core: which input means what, and the records it emits.
+"""health-ingest's fold: the Processor core (which input means what, the records it emits).
 
 Inputs: ``HP_REPORTS`` (every report), ``HP_NODE_EVENTS`` filtered to NODE_SERVICED (clears
 sticky faults) and this service's own HEARTBEAT_MISSED (so that a replay rebuilds the
 "missed" flag the tick set), and ``HP_CONFIG``. Outputs: node events and one assessment per
 report (and per state change that is not a report: service, missed heartbeat).
+
+Pure: what the fold has to say (a detector plug-in failed, a node missed its heartbeat) is a
+note on the input (``Inbound.note``), which the Processor logs and counts for live inputs
+only; the heartbeat deadline index lives with the state, never on the core.
 """
 
 from __future__ import annotations
@@ -11,15 +15,13 @@ from __future__ import annotations
 import heapq
 from collections.abc import Mapping, Sequence
 from datetime import datetime
-from typing import Any
-
-from prometheus_client import Counter
+from typing import Final
 
 from healthplane import configstore, subjects, wire
 from healthplane.runtime.processor import Emit, Inbound, Input, Reject
 from healthplane.subjects import node_key
 from healthplane_health_ingest import detectors
-from healthplane_health_ingest.core import (
+from healthplane_health_ingest.rules import (
     Change,
     Detect,
     IngestConfig,
@@ -41,18 +43,20 @@ INPUTS = (
     Input("HP_CONFIG"),
 )
 OUTPUTS = ("HP_NODE_EVENTS", "HP_ASSESSMENTS")
-DETECTOR_FAILURES = Counter("healthplane_detector_failures_total",
-                            "Detector plug-in calls that raised (the report went on without them)", ["detector"])
+# The note a failing plug-in leaves, one label value per plug-in of
+# ``healthplane_fold_notes_total{note}``: main.py shows it as healthplane_detector_failures_total.
+DETECTOR_FAILED: Final = "detector_failed:"
+HEARTBEAT_MISSED: Final = "heartbeat_missed"
+
+# (due, node key, the report the node went silent after)
+Deadline = tuple[datetime, str, int]
+_DEADLINES: Final = "deadlines"
 
 
 class IngestCore:
-    def __init__(self, log: Any = None, plugins: Sequence[tuple[str, detectors.Plugin]] | None = None) -> None:
-        self.log = log
-        self.plugins = list(plugins) if plugins is not None else detectors.load_plugins(self._plugin_failed)
-        # Heartbeat deadlines in a heap: one sweep pops only what is due (ING-4). Derived
-        # from the state; rebuilt whenever the state object is not the one it indexes.
-        self._deadlines: list[tuple[datetime, str, int]] = []
-        self._indexed: int | None = None
+    def __init__(self, plugins: Sequence[tuple[str, detectors.Plugin]] | None = None) -> None:
+        # Loaded once at start (main.py loads them itself, to log and count those that fail).
+        self.plugins = list(plugins) if plugins is not None else detectors.load_plugins()
 
     def initial_state(self) -> IngestState:
         return IngestState()
@@ -67,9 +71,9 @@ class IngestCore:
                 if report.sent_at <= gone_at:
                     return state, []
                 state.gone = {k: v for k, v in state.gone.items() if k != node_key(report.cluster, report.node_id)}
-            detect = self._detect(state) if state.config.detectors or self.plugins else None
+            detect = self._detect(state, inbound) if state.config.detectors or self.plugins else None
             node, changes = assess(state, report, inbound.at, inbound.seq, detect)
-            self._schedule(state, node)
+            _schedule(state, node)
             return state, self._records(node, changes, inbound, assessment=True)
         if inbound.stream == "HP_NODE_EVENTS":
             event = wire.decode(wire.NodeEvent, inbound.data)
@@ -80,13 +84,18 @@ class IngestCore:
                 return state, self._records(found, changes, inbound, assessment=True)
             if event.type in ("NODE_DEPROVISIONED", "NODE_REPLACED"):
                 key = node_key(event.cluster, event.node_id)
-                state.nodes.pop(key, None)  # its deadline in the heap goes stale and is skipped
+                state.nodes.pop(key, None)  # its deadline in the index goes stale and is skipped
                 state.gone = {**state.gone, key: event.occurred_at}
                 return state, []
             if event.type == "HEARTBEAT_MISSED":
                 silent = state.nodes.get(node_key(event.cluster, event.node_id))
                 if silent is not None and not silent.missed:
                     missed(silent, event.occurred_at)  # replay: the tick decided this before
+                # ING-4's warning, told once: when the tick's record comes back live, not in a replay.
+                last = silent.last_report_at if silent is not None else None
+                inbound.note("warning", "node missed its heartbeat", counter=HEARTBEAT_MISSED,
+                             node_id=event.node_id, cluster=event.cluster,
+                             last_report_at=last.isoformat() if last else None)
             return state, []
         if inbound.stream == "HP_RESOURCES":
             resources = wire.decode(wire.ResourceReport, inbound.data)
@@ -102,61 +111,38 @@ class IngestCore:
                 tuple(detectors.DetectorSpec(d.name, d.expression, d.condition, d.severity, d.message)
                       for d in health_config.detectors))
             state.config_version = envelope.version
-            self._indexed = None  # the threshold moves every deadline
+            state.__dict__.pop(_DEADLINES, None)  # the threshold moves every deadline: rebuilt
             return state, []
         raise Reject(f"unexpected input stream {inbound.stream}")
 
     # ------------------------------------------------------------------ detectors (POL-8)
 
-    def _detect(self, state: IngestState) -> Detect:
+    def _detect(self, state: IngestState, inbound: Inbound) -> Detect:
+        def failed(name: str, exc: Exception) -> None:
+            inbound.note("warning", "detector plug-in failed", counter=f"{DETECTOR_FAILED}{name}",
+                         detector=name, error=f"{type(exc).__name__}: {exc}")
+
         def detect(report: wire.HealthReport, found: Mapping[str, wire.Condition]) -> list[detectors.Detection]:
             node = detectors.node_object(report, state.facts.get(node_key(report.cluster, report.node_id)), found)
-            return detectors.evaluate(state.config.detectors, self.plugins, node, self._plugin_failed)
+            return detectors.evaluate(state.config.detectors, self.plugins, node, failed)
 
         return detect
-
-    def _plugin_failed(self, name: str, exc: Exception) -> None:
-        DETECTOR_FAILURES.labels(name).inc()
-        if self.log is not None:
-            self.log.warning("detector plug-in failed", detector=name, error=f"{type(exc).__name__}: {exc}")
 
     # ------------------------------------------------------------------ time
 
     def tick(self, state: IngestState, now: datetime) -> tuple[IngestState, Sequence[Emit]]:
-        if self._indexed != id(state):
-            self._reindex(state)
+        deadlines = _deadlines(state)
         emits: list[Emit] = []
-        while self._deadlines and self._deadlines[0][0] <= now:
-            _, key, report_seq = heapq.heappop(self._deadlines)
+        while deadlines and deadlines[0][0] <= now:
+            _, key, report_seq = heapq.heappop(deadlines)
             node = state.nodes.get(key)
             if node is None or node.missed or node.last_report_seq != report_seq:
                 continue  # a later report moved the deadline: this entry is stale
-            changes = missed(node, now)
-            if self.log is not None:
-                self.log.warning("node missed its heartbeat", node_id=node.node_id, cluster=node.cluster,
-                                 last_report_at=node.last_report_at.isoformat() if node.last_report_at else None)
+            changes = missed(node, now)  # the warning is noted when this record is folded back
             # One miss per silence: the id is the node and the report it went silent after.
             stem = f"{SERVICE}:missed:{node.cluster}:{node.node_id}:{report_seq}"
             emits += self._emits(node, changes, now, stem, assessment=True)
         return state, emits
-
-    def _schedule(self, state: IngestState, node: NodeState) -> None:
-        if self._indexed != id(state):
-            self._reindex(state)
-            return
-        deadline = miss_deadline(node, state.config.heartbeat_miss_threshold)
-        if deadline is not None:
-            heapq.heappush(self._deadlines, (deadline, node_key(node.cluster, node.node_id), node.last_report_seq))
-
-    def _reindex(self, state: IngestState) -> None:
-        threshold = state.config.heartbeat_miss_threshold
-        entries = []
-        for key, node in state.nodes.items():
-            deadline = miss_deadline(node, threshold)
-            if deadline is not None and not node.missed:
-                entries.append((deadline, key, node.last_report_seq))
-        heapq.heapify(entries)
-        self._deadlines, self._indexed = entries, id(state)
 
     # ------------------------------------------------------------------ outputs
 
@@ -186,3 +172,33 @@ class IngestCore:
             emits.append(Emit(subjects.assessment(node.cluster, node.node_id), wire.encode(record),
                               msg_id=f"{stem}:assessment" if deterministic else None))
         return emits
+
+
+# ---------------------------------------------------------------------------- heartbeat deadlines
+
+
+def _deadlines(state: IngestState) -> list[Deadline]:
+    """ING-4's deadlines in a heap, so that one sweep pops only what is due. Derived from the
+    nodes and kept on the state object itself, not encoded: a state decoded from a snapshot
+    (or any new one) rebuilds it from its nodes on first use, so it can never index another."""
+    deadlines: list[Deadline] | None = state.__dict__.get(_DEADLINES)
+    if deadlines is None:
+        threshold = state.config.heartbeat_miss_threshold
+        deadlines = []
+        for key, node in state.nodes.items():
+            deadline = miss_deadline(node, threshold)
+            if deadline is not None and not node.missed:
+                deadlines.append((deadline, key, node.last_report_seq))
+        heapq.heapify(deadlines)
+        state.__dict__[_DEADLINES] = deadlines
+    return deadlines
+
+
+def _schedule(state: IngestState, node: NodeState) -> None:
+    """A report moved the node's deadline: the old entry goes stale (skipped when due)."""
+    deadlines: list[Deadline] | None = state.__dict__.get(_DEADLINES)
+    if deadlines is None:
+        return  # not built yet: built from the nodes, this one included, when first needed
+    deadline = miss_deadline(node, state.config.heartbeat_miss_threshold)
+    if deadline is not None:
+        heapq.heappush(deadlines, (deadline, node_key(node.cluster, node.node_id), node.last_report_seq))

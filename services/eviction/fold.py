@@ -1,5 +1,5 @@
-"""Eviction as a Processor core: commands, allocations, health events and the provisioner's
-answers in; holds, node events, directives and command outcomes out.
+"""Eviction's fold: the Processor core (commands, allocations, health events and the
+provisioner's answers in; holds, node events, directives and command outcomes out).
 
 Inputs: ``HP_COMMANDS`` (``hp.cmd.>`` and the provisioner's ``hp.provision.>``),
 ``HP_ALLOCATIONS`` (``hp.alloc.>``: what runs where, with each step's retry declarations),
@@ -20,7 +20,7 @@ import msgspec
 from healthplane import configstore, subjects, wire
 from healthplane.runtime.processor import Emit, Inbound, Input, Reject
 from healthplane.subjects import node_key
-from healthplane_eviction import core
+from healthplane_eviction import rules
 
 SERVICE = "eviction"
 INPUTS = (
@@ -164,7 +164,7 @@ class EvictionCore:
             raise Reject(f"command {command.id} does not match its subject {subject}")
         node = state.nodes.get(node_key(command.cluster, command.node_id))
         if node is None or not node.known or node.gone:
-            out.outcome(command, "refused", core.unknown_node(command.node_id))
+            out.outcome(command, "refused", rules.unknown_node(command.node_id))
             return
         handlers: dict[str, Callable[[EvictionState, Node, wire.Command, Out], None]] = {
             "cordon": self._cordon, "uncordon": self._uncordon, "drain": self._drain, "evict": self._evict,
@@ -196,7 +196,7 @@ class EvictionCore:
         hold = self._hold(node, command, "cordon", out)
         out.event(node, "NODE_CORDONED", f"cordoned: {command.reason or 'no reason given'}", command.actor,
                   command_id=command.id)
-        out.outcome(command, "applied", core.hold_created("cordon", node.node_id, hold.id))
+        out.outcome(command, "applied", rules.hold_created("cordon", node.node_id, hold.id))
 
     def _uncordon(self, state: EvictionState, node: Node, command: wire.Command, out: Out) -> None:
         cordons = [h for h in node.holds.values() if h.effect == "cordon"]
@@ -204,7 +204,7 @@ class EvictionCore:
         if cordons:
             out.event(node, "NODE_UNCORDONED", f"uncordoned: {len(cordons)} cordon hold(s) released",
                       command.actor, command_id=command.id)
-        out.outcome(command, "applied", core.uncordoned(node.node_id, len(cordons), node.holds.values()))
+        out.outcome(command, "applied", rules.uncordoned(node.node_id, len(cordons), node.holds.values()))
 
     def _drain(self, state: EvictionState, node: Node, command: wire.Command, out: Out) -> None:
         current = status(node)
@@ -213,13 +213,13 @@ class EvictionCore:
             out.outcome(command, "refused", f"skipped {node.node_id}: {current}", skipped=True)
             return
         if current not in ("READY", "CORDONED"):
-            out.outcome(command, "refused", core.not_drainable(node.node_id, current))
+            out.outcome(command, "refused", rules.not_drainable(node.node_id, current))
             return
         self._hold(node, command, "cordon", out)
         moved = 0
         if command.active:
             for alloc in list(node.running.values()):
-                self._end(node, alloc, "requeue", core.drain_requeue_message(node.node_id, command.reason), out,
+                self._end(node, alloc, "requeue", rules.drain_requeue_message(node.node_id, command.reason), out,
                           by_operator=True)
                 moved += 1
         mode = "active" if command.active else "passive"
@@ -231,12 +231,12 @@ class EvictionCore:
 
     def _evict_running(self, state: EvictionState, node: Node, reason: str, out: Out) -> tuple[int, int]:
         limit = state.config.limits(node.definition).max_eviction_restarts
-        return self._release_work(node, lambda a: core.evict_fate(a, limit),
-                                  lambda fate, a: core.held_message(node.node_id, reason, fate, a.node_fault_restarts),
+        return self._release_work(node, lambda a: rules.evict_fate(a, limit),
+                                  lambda fate, a: rules.held_message(node.node_id, reason, fate, a.node_fault_restarts),
                                   out, by_operator=True)
 
-    def _release_work(self, node: Node, fate_of: Callable[[wire.Allocation], core.Fate],
-                      message: Callable[[core.Fate, wire.Allocation], str], out: Out, *,
+    def _release_work(self, node: Node, fate_of: Callable[[wire.Allocation], rules.Fate],
+                      message: Callable[[rules.Fate, wire.Allocation], str], out: Out, *,
                       by_operator: bool) -> tuple[int, int]:
         """Move or fail every allocation running on the node; (moved, failed)."""
         moved = failed = 0
@@ -252,20 +252,20 @@ class EvictionCore:
         moved, failed = self._evict_running(state, node, _reason(command), out)
         out.event(node, "NODE_EVICTED", f"evicted: {moved} moved, {failed} failed", command.actor, moved=moved,
                   failed=failed, command_id=command.id)
-        out.outcome(command, "applied", core.hold_created("evict", node.node_id, hold.id), moved=moved, failed=failed)
+        out.outcome(command, "applied", rules.hold_created("evict", node.node_id, hold.id), moved=moved, failed=failed)
 
     def _deprovision(self, state: EvictionState, node: Node, command: wire.Command, out: Out) -> None:
         if node.provisioned is None:
             if command.batch_id is not None:
-                out.outcome(command, "refused", core.provisioning_unknown_skipped(node.node_id), skipped=True)
+                out.outcome(command, "refused", rules.provisioning_unknown_skipped(node.node_id), skipped=True)
             else:
-                out.outcome(command, "retry", core.provisioning_unknown(node.node_id))
+                out.outcome(command, "retry", rules.provisioning_unknown(node.node_id))
             return
         if not node.provisioned:
             if command.batch_id is not None:
-                out.outcome(command, "refused", core.static_skipped(node.node_id), skipped=True)
+                out.outcome(command, "refused", rules.static_skipped(node.node_id), skipped=True)
             else:
-                out.outcome(command, "refused", core.static_node(node.node_id))
+                out.outcome(command, "refused", rules.static_node(node.node_id))
             return
         if command.force:
             # No hold: the instance goes now, and the provisioner's own answer is the outcome.
@@ -279,11 +279,11 @@ class EvictionCore:
             lines = [f"deprovision hold already in place for {node.node_id}: {existing.id}"]
             out.hold_ids.append(existing.id)
         else:
-            lines = [core.hold_created("deprovision", node.node_id,
+            lines = [rules.hold_created("deprovision", node.node_id,
                                        self._hold(node, command, "deprovision", out).id)]
         moved = failed = 0
         if command.evict:  # scoped to where the deprovision hold landed: this node
-            lines.append(core.hold_created("evict", node.node_id, self._hold(node, command, "evict", out).id))
+            lines.append(rules.hold_created("evict", node.node_id, self._hold(node, command, "evict", out).id))
             moved, failed = self._evict_running(state, node, _reason(command), out)
             out.event(node, "NODE_EVICTED", f"evicted: {moved} moved, {failed} failed", command.actor, moved=moved,
                       failed=failed, command_id=command.id)
@@ -301,7 +301,7 @@ class EvictionCore:
                   if (not command.hold_ids or h.id in command.hold_ids)
                   and (command.effect is None or h.effect == command.effect)]
         self._release_holds(node, chosen, command, out)
-        out.outcome(command, "applied", core.released(node.node_id, len(chosen), node.holds.values()))
+        out.outcome(command, "applied", rules.released(node.node_id, len(chosen), node.holds.values()))
 
     def _service(self, state: EvictionState, node: Node, command: wire.Command, out: Out) -> None:
         out.event(node, "NODE_SERVICED", f"serviced: {command.reason or 'no reason given'}", command.actor,
@@ -330,10 +330,10 @@ class EvictionCore:
             if evict is not None or node.gone:
                 # The evict hold outlives the eviction: work that lands anyway is taken off again.
                 limit = state.config.limits(node.definition).max_eviction_restarts
-                fate = core.evict_fate(alloc, limit)
+                fate = rules.evict_fate(alloc, limit)
                 reason = (evict.reason if evict else None) or "deprovisioned"
                 self._end(node, alloc, "requeue" if fate == "move" else "fail",
-                          core.held_message(node.node_id, reason, fate, alloc.node_fault_restarts), out,
+                          rules.held_message(node.node_id, reason, fate, alloc.node_fault_restarts), out,
                           by_operator=True)
             return
         node.running = {k: v for k, v in node.running.items() if k != alloc.id}
@@ -341,12 +341,12 @@ class EvictionCore:
         by_operator = alloc.id in node.operator_ended
         if by_operator:
             node.operator_ended = [a for a in node.operator_ended if a != alloc.id]
-        fault = core.worst_fault(node.faults)
+        fault = rules.worst_fault(node.faults)
         if alloc.state == "failed" and not by_operator and fault is not None:
             # EVI-7: the step failed on hardware that carries a real fault.
             out.event(node, "JOB_FAILURE_ATTRIBUTED",
-                      f"job {alloc.job_id} failed on a node with {core.fault_phrase(fault)}", SERVICE,
-                      fault_class=core.fault_class(fault), allocation_id=alloc.id)
+                      f"job {alloc.job_id} failed on a node with {rules.fault_phrase(fault)}", SERVICE,
+                      fault_class=rules.fault_class(fault), allocation_id=alloc.id)
         self._teardown_when_empty(node, out)
 
     def _teardown_when_empty(self, node: Node, out: Out) -> None:
@@ -365,7 +365,7 @@ class EvictionCore:
         if result.accepted:
             kind: wire.EventType = "NODE_REPLACED" if teardown == "replace" else "NODE_DEPROVISIONED"
             for alloc in list(node.running.values()):  # --force: the work ends with the instance
-                self._end(node, alloc, "fail", core.teardown_message(node.node_id), out, by_operator=True)
+                self._end(node, alloc, "fail", rules.teardown_message(node.node_id), out, by_operator=True)
             out.event(node, kind, f"{'replaced' if kind == 'NODE_REPLACED' else 'deprovisioned'}: {result.message}",
                       actor, provisioned=True)
             node.gone, node.teardown = True, None
@@ -385,8 +385,8 @@ class EvictionCore:
             condition = event.condition
             node.faults = {**node.faults, condition.type: condition.severity}
             limits = state.config.limits(node.definition)
-            if (condition.severity == "critical" and condition.type not in core.NOT_A_FAULT
-                    and core.fault_class(condition.type) in limits.evict_on_fault_classes and not node.gone):
+            if (condition.severity == "critical" and condition.type not in rules.NOT_A_FAULT
+                    and rules.fault_class(condition.type) in limits.evict_on_fault_classes and not node.gone):
                 self._fault_evict(node, condition.type, limits.max_eviction_restarts, out)
         elif event.type == "CONDITION_CLEARED" and event.condition is not None:
             node.faults = {k: v for k, v in node.faults.items() if k != event.condition.type}
@@ -400,24 +400,24 @@ class EvictionCore:
         """EVI-5: cordon, then move or fail each step by what it declared, then NODE_EVICTED."""
         if not any(h.actor == SERVICE and h.effect == "cordon" for h in node.holds.values()):
             hold = wire.Hold(id=str(uuid.uuid5(HOLD_NAMESPACE, f"{out.stem}:fault")), effect="cordon",
-                             reason=core.fault_phrase(condition_type), actor=SERVICE, created_at=out.at)
+                             reason=rules.fault_phrase(condition_type), actor=SERVICE, created_at=out.at)
             node.holds = {**node.holds, hold.id: hold}
             out.event(node, "HOLD_CREATED", f"cordon hold created: {hold.reason}", SERVICE, hold=hold)
             out.event(node, "NODE_CORDONED", f"cordoned: {hold.reason}", SERVICE)
         moved, failed = self._release_work(
-            node, lambda a: core.fault_fate(a, limit),
-            lambda fate, a: core.fault_message(node.node_id, condition_type, fate, a.node_fault_restarts),
+            node, lambda a: rules.fault_fate(a, limit),
+            lambda fate, a: rules.fault_message(node.node_id, condition_type, fate, a.node_fault_restarts),
             out, by_operator=False)
-        fault = core.fault_class(condition_type)
-        out.event(node, "NODE_EVICTED", f"{core.fault_phrase(condition_type)}: {moved} moved, {failed} failed",
+        fault = rules.fault_class(condition_type)
+        out.event(node, "NODE_EVICTED", f"{rules.fault_phrase(condition_type)}: {moved} moved, {failed} failed",
                   SERVICE, fault_class=fault, moved=moved, failed=failed)
 
     def _node_gone(self, state: EvictionState, node: Node, out: Out) -> None:
         """EVI-6: the node is gone and its work died with it: release it now, not after a timeout."""
         limit = state.config.limits(node.definition).max_eviction_restarts
-        fault = core.worst_fault(node.faults)
-        self._release_work(node, lambda a: core.fault_fate(a, limit),
-                           lambda fate, a: core.offline_message(node.node_id, fault, fate, a.node_fault_restarts),
+        fault = rules.worst_fault(node.faults)
+        self._release_work(node, lambda a: rules.fault_fate(a, limit),
+                           lambda fate, a: rules.offline_message(node.node_id, fault, fate, a.node_fault_restarts),
                            out, by_operator=False)
 
 

@@ -85,7 +85,9 @@ class NodeState(msgspec.Struct):
     report_sent_at: datetime | None = None
 
 
-class IngestState(msgspec.Struct):
+class IngestState(msgspec.Struct, dict=True):
+    # dict=True: room for what the fold derives from the state and keeps with it, never
+    # encoded (the heartbeat deadline index, fold.py), so a snapshot is the fields alone.
     nodes: dict[str, NodeState] = {}
     config: IngestConfig = IngestConfig()
     config_version: int = 0

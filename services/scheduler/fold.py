@@ -1,4 +1,4 @@
-"""The reference scheduler as a Processor core (EVI-8).
+"""The reference scheduler's fold: the Processor core (EVI-8).
 
 Inputs: ``HP_ALLOCATIONS`` (submitted jobs, and this scheduler's own allocation records),
 ``HP_DIRECTIVES`` (eviction's requeue / fail / terminate), ``HP_NODES`` (the scorer's node
@@ -11,6 +11,9 @@ views: status, holds, score, definition), ``HP_CONFIG`` (``drainBelow`` per defi
 record that the fold turns back into the same state. Directives wait in the state until the
 next tick, which runs only once every input is caught up: after a restart the tick sees what
 the scheduler already did (its records) before it obeys a directive a second time.
+
+Pure: a directive the tick does not obey is a note it returns (``tick(..., notes)``), never a
+log line; main.py tells the tick's notes (a tick runs on live state only, never in a replay).
 """
 
 from __future__ import annotations
@@ -18,12 +21,12 @@ from __future__ import annotations
 import heapq
 from collections.abc import Sequence
 from datetime import datetime, timedelta
-from typing import Any, Final
+from typing import Final
 
 from healthplane import configstore, subjects, wire
-from healthplane.runtime.processor import Emit, Inbound, Input, Reject
+from healthplane.runtime.processor import Emit, Inbound, Input, Note, Reject
 from healthplane.subjects import node_key
-from healthplane_scheduler.core import (
+from healthplane_scheduler.rules import (
     ACTIVE,
     TERMINAL,
     JobState,
@@ -150,11 +153,10 @@ class _Index:
 
 
 class SchedulerCore:
-    def __init__(self, slots_per_node: int = 1, log: Any = None) -> None:
+    def __init__(self, slots_per_node: int = 1) -> None:
         if slots_per_node < 1:
             raise ValueError(f"slots per node must be at least 1 (got {slots_per_node})")
         self.slots = slots_per_node
-        self.log = log
         self._index: _Index | None = None
 
     def initial_state(self) -> SchedulerState:
@@ -274,16 +276,20 @@ class SchedulerCore:
 
     # ------------------------------------------------------------------ time
 
-    def tick(self, state: SchedulerState, now: datetime) -> tuple[SchedulerState, Sequence[Emit]]:
+    def tick(self, state: SchedulerState, now: datetime,
+             notes: list[Note] | None = None) -> tuple[SchedulerState, Sequence[Emit]]:
+        """Obey, finish, start and place; what it has to say (a directive not obeyed) goes to
+        ``notes`` when the caller wants it."""
         index = self.index(state)
         emits: list[Emit] = []
-        self._obey(state, index, now, emits)
+        self._obey(state, index, now, emits, [] if notes is None else notes)
         self._finish(state, index, now, emits)
         self._start(state, index, now, emits)
         self._place(state, index, now, emits)
         return state, emits
 
-    def _obey(self, state: SchedulerState, index: _Index, now: datetime, emits: list[Emit]) -> None:
+    def _obey(self, state: SchedulerState, index: _Index, now: datetime, emits: list[Emit],
+              notes: list[Note]) -> None:
         pending, state.pending = state.pending, []
         for directive in pending:
             if directive.action == "terminate":
@@ -293,12 +299,12 @@ class SchedulerCore:
             key = job_key(directive.cluster, parsed[0]) if parsed else ""
             job = state.jobs.get(key)
             if parsed is None or job is None or not 0 <= parsed[1] < len(job.steps):
-                self._stale(directive, "no such allocation running")
+                notes.append(_stale(directive, "no such allocation running"))
                 continue
             _, i, attempt = parsed
             step = job.steps[i]
             if step.status not in ACTIVE or step.attempt != attempt or step.node_id != directive.node_id:
-                self._stale(directive, f"allocation is {step.status if step.attempt == attempt else 'superseded'}")
+                notes.append(_stale(directive, f"allocation is {step.status if step.attempt == attempt else 'superseded'}"))
                 continue
             outcome: wire.AllocationState = "requeued" if directive.action == "requeue" else "failed"
             emits.append(self._record(job.job, i, attempt, directive.node_id, outcome, now, directive.message))
@@ -389,7 +395,8 @@ class SchedulerCore:
         return Emit(subjects.allocation(job.cluster, node_id, alloc_id), wire.encode(record),
                     msg_id=f"{SERVICE}:{job.cluster}:{alloc_id}:{record_state}")
 
-    def _stale(self, directive: wire.Directive, why: str) -> None:
-        if self.log is not None:
-            self.log.info("directive not obeyed", directive_id=directive.id, action=directive.action,
-                          node_id=directive.node_id, allocation_id=directive.allocation_id, reason=why)
+
+def _stale(directive: wire.Directive, why: str) -> Note:
+    return Note("info", "directive not obeyed", "directive_not_obeyed",
+                {"directive_id": directive.id, "action": directive.action, "node_id": directive.node_id,
+                 "allocation_id": directive.allocation_id, "reason": why})

@@ -1,4 +1,4 @@
-"""The policy as a Processor core: which input means what, and the records it appends.
+"""The policy's fold: the Processor core (which input means what, the records it appends).
 
 Inputs: the node events the rules read (scores, conditions, registration, holds, cordons,
 drains, replacements), the scorer's per-report node views (a re-check on every report),
@@ -16,11 +16,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Any
 
 from healthplane import configstore, subjects, wire
 from healthplane.runtime.processor import Emit, Inbound, Input, Reject
-from healthplane_policy.core import PolicyState, Record, decide, policy_config
+from healthplane_policy.rules import PolicyState, Record, decide, policy_config
 
 SERVICE = "policy"
 EVENT_TYPES = (
@@ -82,16 +81,14 @@ def emit_of(output: wire.NodeEvent | wire.Command) -> Emit:
 
 
 class PolicyCore:
-    def __init__(self, log: Any = None) -> None:
-        self.log = log
-
     def initial_state(self) -> PolicyState:
         return PolicyState()
 
     def step(self, state: PolicyState, inbound: Inbound) -> tuple[PolicyState, Sequence[Emit]]:
         record, at = record_of(inbound)
-        if isinstance(record, wire.PolicyCommand) and self.log is not None and inbound.wants_output:
-            self.log.warning("circuit breaker reset", cluster=record.cluster, actor=record.actor, reason=record.reason)
+        if isinstance(record, wire.PolicyCommand):  # told by the Processor, for a live input only
+            inbound.note("warning", "circuit breaker reset", counter="breaker_reset",
+                         cluster=record.cluster, actor=record.actor, reason=record.reason)
         state, outputs = decide(state, record, at, f"{inbound.stream}:{inbound.seq}", act=inbound.wants_output)
         if not inbound.wants_output:
             return state, []  # a restart refolding what is already in the streams
