@@ -11,10 +11,10 @@ import argparse
 import os
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+import pydantic
 from prometheus_client import REGISTRY
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
@@ -22,34 +22,20 @@ from prometheus_client.registry import Collector
 from healthplane.runtime import metrics
 from healthplane.runtime.lifecycle import ServiceContext, run_service, until_stopped
 from healthplane.runtime.processor import Emit, Inbound, Note, Processor
+from healthplane.settings import EnvSettings
 from healthplane_scheduler.fold import INPUTS, OUTPUTS, SERVICE, SchedulerCore
 from healthplane_scheduler.rules import SchedulerState, drain_below_for, gated
 
-SLOTS_ENV = "HEALTHPLANE_SCHEDULER_SLOTS"
-TICK_ENV = "HEALTHPLANE_SCHEDULER_TICK_SECONDS"
 
-
-@dataclass(frozen=True, slots=True)
-class Settings:
-    slots_per_node: int = 1
-    tick_seconds: float = 1.0
+class Settings(EnvSettings):
+    PREFIX = "HEALTHPLANE_SCHEDULER_"
+    slots_per_node: int = pydantic.Field(1, ge=1, alias="SLOTS")
+    tick_seconds: float = pydantic.Field(1.0, ge=0.01, le=60, alias="TICK_SECONDS")
 
 
 def settings_from(environ: Mapping[str, str]) -> Settings:
     """The scheduler's settings; a bad value is refused naming the variable."""
-    try:
-        slots = int(environ.get(SLOTS_ENV, "1"))
-    except ValueError:
-        raise ValueError(f"{SLOTS_ENV} must be a whole number (got {environ[SLOTS_ENV]!r})") from None
-    try:
-        tick = float(environ.get(TICK_ENV, "1"))
-    except ValueError:
-        raise ValueError(f"{TICK_ENV} must be a number of seconds (got {environ[TICK_ENV]!r})") from None
-    if slots < 1:
-        raise ValueError(f"{SLOTS_ENV} must be at least 1 (got {slots})")
-    if not 0.01 <= tick <= 60:
-        raise ValueError(f"{TICK_ENV} must lie between 0.01 and 60 (got {tick:g})")
-    return Settings(slots, tick)
+    return Settings.from_env(environ)
 
 
 class SchedulerSeries(Collector):
