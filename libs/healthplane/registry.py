@@ -1,4 +1,5 @@
-"""Every service ``healthplane service NAME`` can run, and where its code lives.
+"""Every service ``healthplane service NAME`` can run, the commands a service package adds to
+``healthplane``, and where their code lives.
 
 Entry points are dotted strings so that this table imports no service: services live in
 ``services/<name>/`` as ``healthplane_<name>`` packages and never import each other.
@@ -9,7 +10,10 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
-from typing import Final
+from typing import TYPE_CHECKING, Any, Final
+
+if TYPE_CHECKING:
+    from healthplane.cli.common import CommandGroup
 
 # Name (SPEC.md) -> "module:function"; the function takes the parsed arguments and returns
 # an exit code. A name without an entry point is part of the contract but not built yet.
@@ -25,6 +29,12 @@ SERVICES: Final[dict[str, str | None]] = {
 }
 SERVICE_NAMES: Final = tuple(SERVICES)
 
+# Service -> "module:attribute", the ``healthplane.cli.common.CommandGroup``s its package adds
+# to ``healthplane`` (the collector's ``collector`` and ``sim``), listed after the library's.
+COMMAND_GROUPS: Final[dict[str, str]] = {
+    "collector": "healthplane_collector.cli:COMMAND_GROUPS",
+}
+
 # What `healthplane up` starts, in order (the collector runs on nodes; the simulator
 # stands in for it).
 CONTROL_PLANE: Final = tuple(
@@ -32,12 +42,20 @@ CONTROL_PLANE: Final = tuple(
 )
 
 
+def _load(target: str) -> Any:
+    module_name, _, attribute = target.partition(":")
+    return getattr(importlib.import_module(module_name), attribute)
+
+
 def run(name: str, args: argparse.Namespace) -> int:
     target = SERVICES[name]
     if target is None:
         print(f"healthplane: service {name} is not part of this build yet", file=sys.stderr)
         return 2
-    module_name, _, function = target.partition(":")
-    module = importlib.import_module(module_name)
-    result: int = getattr(module, function)(args)
+    result: int = _load(target)(args)
     return result
+
+
+def command_groups() -> list[CommandGroup]:
+    """Every service package's command groups, its package imported by name now."""
+    return [group for target in COMMAND_GROUPS.values() for group in _load(target)]

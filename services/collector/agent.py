@@ -28,11 +28,9 @@ from typing import Any, Final, Literal, Protocol
 import msgspec
 
 from healthplane import __version__, subjects, wire
-from healthplane_collector import edac, ioerr, mounts, smart
-from healthplane_collector.gpu_nvml import NvmlUnavailable, read_gpu_nvml
-from healthplane_collector.gpu_smi import read_gpu_smi
+from healthplane_collector import probe
 from healthplane_collector.hotplug import Reprobe
-from healthplane_collector.inventory import Inventory, InventoryError, read_inventory
+from healthplane_collector.inventory import Inventory, InventoryError
 from healthplane_collector.kmsg import KmsgTally, MalformedRecord, is_out_of_band, parse_record
 from healthplane_collector.kmsg_reader import (
     Cursor,
@@ -122,6 +120,9 @@ class Sources(Protocol):
 
 
 class HostSources:
+    """This machine under ``--root``, read through ``probe``: file trees in a thread, probe
+    processes under their timeouts."""
+
     in_memory = False
 
     def __init__(self, settings: Settings) -> None:
@@ -130,13 +131,13 @@ class HostSources:
     async def read(self, name: str) -> Any:
         root = self.settings.root
         if name == "edac":
-            return await asyncio.to_thread(edac.read_edac, root)
+            return await asyncio.to_thread(probe.read_edac, root)
         if name == "ioerr":
-            return await asyncio.to_thread(ioerr.read_ioerr, root)
+            return await asyncio.to_thread(probe.read_ioerr, root)
         if name == "mounts":
-            return await asyncio.to_thread(mounts.read_mounts, root, self.settings.expected_read_only)
+            return await asyncio.to_thread(probe.read_mounts, root, self.settings.expected_read_only)
         if name == "smart":
-            return await smart.read_smart(None, self.settings.smartctl_timeout_s)
+            return await probe.read_smart(None, self.settings.smartctl_timeout_s)
         if name == "gpu":
             return await self._gpu()
         raise KeyError(name)
@@ -145,14 +146,14 @@ class HostSources:
         source = self.settings.gpu_source
         if source in ("auto", "nvml"):
             try:
-                return await asyncio.to_thread(read_gpu_nvml)
-            except NvmlUnavailable as exc:
+                return await asyncio.to_thread(probe.read_gpu_nvml)
+            except probe.NvmlUnavailable as exc:
                 if source == "nvml":
                     return wire.GpuSignal(status="unavailable", reason=exc.reason, source="nvml")
-        return await read_gpu_smi(None, self.settings.signal_timeout_s)
+        return await probe.read_gpu_smi(None, self.settings.signal_timeout_s)
 
     def inventory(self) -> Inventory:
-        return read_inventory(self.settings.root)
+        return probe.read_inventory(self.settings.root)
 
 
 class KmsgView(Protocol):

@@ -1,12 +1,14 @@
-"""The collector's and simulator's command-line arguments: kept apart from the code they run
-so that building the ``healthplane`` parser imports nothing heavy."""
+"""``healthplane collector`` and ``healthplane sim``: the command groups this package adds to
+``healthplane`` (``healthplane.registry.COMMAND_GROUPS`` names them). Their arguments live
+here, apart from the code they run, so that building the ``healthplane`` parser imports
+nothing heavy; ``run_collector`` and ``run_sim`` import that code when called."""
 
 from __future__ import annotations
 
 import argparse
 from typing import Final
 
-from healthplane.cli.common import one_of
+from healthplane.cli.common import CommandGroup, one_of
 
 FAULTS: Final = (
     "xid:<N>", "ecc-correctable", "ecc-uncorrectable", "row-remap-failure", "edac-ce", "edac-ue",
@@ -78,3 +80,22 @@ def add_work_arguments(actions: argparse._SubParsersAction[argparse.ArgumentPars
     for sub in (reject, accept):
         sub.add_argument("--cluster", default="default")
     return [submit, jobs, reject, accept]
+
+
+def run_collector(args: argparse.Namespace) -> int:
+    from healthplane_collector.main import run
+
+    return run(args)
+
+
+def run_sim(args: argparse.Namespace) -> int:
+    from healthplane_collector.sim import run_cli
+
+    return run_cli(args)
+
+
+COMMAND_GROUPS: Final = (
+    CommandGroup("collector", "the node agent (reads this machine, reports it)", add_collector_arguments,
+                 run_collector),
+    CommandGroup("sim", "the fleet simulator and fault injection", add_sim_arguments, run_sim),
+)

@@ -12,6 +12,8 @@ with ``dimm_ce_count``, ``dimm_ue_count`` and an optional, possibly empty ``dimm
   ``failed`` with a reason naming the file (COL-12).
 * Legacy ``csrow<N>/`` directories (``CONFIG_EDAC_LEGACY_SYSFS``) repeat what ``dimm``/``rank``
   directories already say and are not read.
+
+Pure: the tree is read through ``sysfs.Files`` (``probe.read_edac`` reads the machine's).
 """
 
 from __future__ import annotations
@@ -21,28 +23,28 @@ from pathlib import Path
 from typing import Final
 
 from healthplane import wire
-from healthplane_collector.sysfs import SysfsError, list_dir, present, read_decimal, read_text
+from healthplane_collector.sysfs import Files, SysfsError, read_decimal
 
 EDAC_DIR: Final = Path("sys/devices/system/edac")
 _CONTROLLER: Final = re.compile(r"mc([0-9]+)")
 _DIMM: Final = re.compile(r"(?:dimm|rank)([0-9]+)")
 
 
-def read_edac(root: Path) -> wire.EdacSignal:
-    """Every memory controller under ``root``'s EDAC tree, or why there are none."""
-    edac_dir = root / EDAC_DIR
+def edac_signal(files: Files) -> wire.EdacSignal:
+    """Every memory controller in the tree's EDAC folder, or why there are none."""
+    edac_dir = files.root / EDAC_DIR
     mc_dir = edac_dir / "mc"
-    if not present(edac_dir):
+    if not files.present(edac_dir):
         return _unavailable(f"no EDAC driver loaded: {edac_dir} does not exist")
-    if not present(mc_dir):
+    if not files.present(mc_dir):
         return _unavailable(f"no EDAC memory controllers: {mc_dir} does not exist")
     try:
-        controller_dirs = _numbered(list_dir(mc_dir), _CONTROLLER)
+        controller_dirs = _numbered(files.list_dir(mc_dir), _CONTROLLER)
         if not controller_dirs:
             return _unavailable(
                 f"no EDAC memory-controller driver loaded: {mc_dir} has no mc<N> directory"
             )
-        controllers = [_read_controller(path) for path in controller_dirs]
+        controllers = [_controller(files, path) for path in controller_dirs]
     except SysfsError as exc:
         return wire.EdacSignal(status="failed", reason=str(exc))
     return wire.EdacSignal(status="ok", controllers=controllers)
@@ -58,24 +60,24 @@ def _numbered(entries: list[Path], pattern: re.Pattern[str]) -> list[Path]:
     return [path for m, path in sorted(matched, key=lambda pair: int(pair[0].group(1)))]
 
 
-def _read_controller(path: Path) -> wire.EdacController:
-    dimms = [_read_dimm(dimm_dir) for dimm_dir in _numbered(list_dir(path), _DIMM)]
+def _controller(files: Files, path: Path) -> wire.EdacController:
+    dimms = [_dimm(files, dimm_dir) for dimm_dir in _numbered(files.list_dir(path), _DIMM)]
     return wire.EdacController(
         name=path.name,
-        ce=read_decimal(path / "ce_count"),
-        ue=read_decimal(path / "ue_count"),
-        ce_noinfo=read_decimal(path / "ce_noinfo_count"),
-        ue_noinfo=read_decimal(path / "ue_noinfo_count"),
+        ce=read_decimal(files, path / "ce_count"),
+        ue=read_decimal(files, path / "ue_count"),
+        ce_noinfo=read_decimal(files, path / "ce_noinfo_count"),
+        ue_noinfo=read_decimal(files, path / "ue_noinfo_count"),
         dimms=dimms,
     )
 
 
-def _read_dimm(path: Path) -> wire.DimmCounts:
+def _dimm(files: Files, path: Path) -> wire.DimmCounts:
     label_path = path / "dimm_label"
-    label = read_text(label_path).strip() if present(label_path) else ""
+    label = files.read_text(label_path).strip() if files.present(label_path) else ""
     return wire.DimmCounts(
         name=path.name,
         label=label or None,
-        ce=read_decimal(path / "dimm_ce_count"),
-        ue=read_decimal(path / "dimm_ue_count"),
+        ce=read_decimal(files, path / "dimm_ce_count"),
+        ue=read_decimal(files, path / "dimm_ue_count"),
     )

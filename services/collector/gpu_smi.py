@@ -9,12 +9,14 @@ are ``Yes``/``No``, anything unsupported is ``N/A``. ``product_name`` and
 ``fb_memory_usage/total`` (MiB) are what the resource report's GPU entries carry (COL-11).
 
 The COL-9 throttling rule and the COL-10 ECC rule are shared with NVML (``gpu_nvml``).
+
+Pure: ``parse_nvidia_smi_xml`` and ``run_outcome`` (what a finished run means);
+``probe.read_gpu_smi`` runs the binary, bounded by its timeout.
 """
 
 from __future__ import annotations
 
 import re
-import shutil
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from typing import Final
@@ -22,7 +24,6 @@ from typing import Final
 from healthplane import wire
 from healthplane_collector.gpu_nvml import EccMode, ecc_reading, throttle_from_reasons
 from healthplane_collector.pci import normalize
-from healthplane_collector.probe import TimedOut, run_probe
 
 # What nvidia-smi prints for a value it does not have.
 _ABSENT: Final = frozenset(
@@ -268,9 +269,72 @@ def parse_nvidia_smi_xml(xml: bytes | str) -> SmiLog:
     return SmiLog(driver_version=_opt_text(root, "driver_version"), devices=devices)
 
 
-# ---------------------------------------------------------------------------- adapter
+# ---------------------------------------------------------------------------- a run's outcome
 
 
+def not_found(nvidia_smi: str | None) -> wire.GpuSignal:
+    """No nvidia-smi binary at ``nvidia_smi`` (or on PATH when None)."""
+    where = f"at {nvidia_smi}" if nvidia_smi else "on PATH"
+    return wire.GpuSignal(
+        status="unavailable",
+        reason=f"no NVIDIA driver (nvidia-smi not found {where})",
+        source="nvidia-smi",
+    )
+
+
+def run_outcome(returncode: int, stdout: bytes, stderr: bytes) -> wire.GpuSignal:
+    """The GPU signal from one finished ``nvidia-smi -q -x`` run (COL-3, COL-4, COL-8).
+
+    unavailable: a driver that is not loaded, or no GPU. failed: a lost GPU (whatever the
+    exit status), a non-zero exit (negative: the signal that killed it) or output that
+    cannot be read; ``reason`` says which.
+    """
+    output = stdout.decode("utf-8", "replace") + "\n" + stderr.decode("utf-8", "replace")
+    lost = _matching_line(_LOST_GPU, output)
+    if lost is not None:
+        return wire.GpuSignal(
+            status="failed",
+            reason=f"nvidia-smi: {lost}",
+            source="nvidia-smi",
+            devices=_best_effort_devices(stdout),
+        )
+    if returncode != 0:
+        if (line := _matching_line(_NO_DRIVER, output)) is not None:
+            return wire.GpuSignal(
+                status="unavailable",
+                reason=f"no NVIDIA driver loaded (nvidia-smi: {line})",
+                source="nvidia-smi",
+            )
+        if (line := _matching_line(_NO_DEVICES, output)) is not None:
+            return wire.GpuSignal(
+                status="unavailable",
+                reason=f"no NVIDIA GPU (nvidia-smi: {line})",
+                source="nvidia-smi",
+            )
+        how = (
+            f"was killed by signal {-returncode}" if returncode < 0 else f"exited {returncode}"
+        )
+        detail = _first_line(output)
+        return wire.GpuSignal(
+            status="failed",
+            reason=f"nvidia-smi -q -x {how}" + (f": {detail}" if detail else ""),
+            source="nvidia-smi",
+        )
+
+    try:
+        log = parse_nvidia_smi_xml(stdout)
+    except GpuSmiParseError as exc:
+        return wire.GpuSignal(status="failed", reason=str(exc), source="nvidia-smi")
+    if not log.devices:
+        return wire.GpuSignal(
+            status="unavailable",
+            reason="no NVIDIA GPU (nvidia-smi lists none)",
+            source="nvidia-smi",
+            driver_version=log.driver_version,
+        )
+    return wire.GpuSignal(
+        status="ok", source="nvidia-smi", driver_version=log.driver_version, devices=log.devices
+    )
 
 
 def _matching_line(pattern: re.Pattern[str], text: str) -> str | None:
@@ -289,85 +353,3 @@ def _best_effort_devices(stdout: bytes) -> list[wire.GpuDevice]:
         return parse_nvidia_smi_xml(stdout).devices
     except GpuSmiParseError:
         return []
-
-
-async def read_gpu_smi(nvidia_smi: str | None = None, timeout_s: float = 10.0) -> wire.GpuSignal:
-    """The GPU signal from ``nvidia-smi -q -x`` (COL-3, COL-4, COL-8).
-
-    unavailable: no nvidia-smi, a driver that is not loaded, or no GPU. failed: a lost GPU
-    (whatever the exit status), a non-zero exit, a hang (killed at ``timeout_s``) or output
-    that cannot be read; ``reason`` says which.
-    """
-    binary = shutil.which(nvidia_smi or "nvidia-smi")
-    if binary is None:
-        where = f"at {nvidia_smi}" if nvidia_smi else "on PATH"
-        return wire.GpuSignal(
-            status="unavailable",
-            reason=f"no NVIDIA driver (nvidia-smi not found {where})",
-            source="nvidia-smi",
-        )
-    try:
-        completed = await run_probe([binary, "-q", "-x"], timeout_s)
-    except TimedOut:
-        return wire.GpuSignal(
-            status="failed",
-            reason=f"nvidia-smi -q -x timed out after {timeout_s:g}s and was killed",
-            source="nvidia-smi",
-        )
-    except OSError as exc:
-        return wire.GpuSignal(
-            status="failed", reason=f"cannot run {binary}: {exc}", source="nvidia-smi"
-        )
-
-    output = (
-        completed.stdout.decode("utf-8", "replace")
-        + "\n"
-        + completed.stderr.decode("utf-8", "replace")
-    )
-    lost = _matching_line(_LOST_GPU, output)
-    if lost is not None:
-        return wire.GpuSignal(
-            status="failed",
-            reason=f"nvidia-smi: {lost}",
-            source="nvidia-smi",
-            devices=_best_effort_devices(completed.stdout),
-        )
-    if completed.returncode != 0:
-        if (line := _matching_line(_NO_DRIVER, output)) is not None:
-            return wire.GpuSignal(
-                status="unavailable",
-                reason=f"no NVIDIA driver loaded (nvidia-smi: {line})",
-                source="nvidia-smi",
-            )
-        if (line := _matching_line(_NO_DEVICES, output)) is not None:
-            return wire.GpuSignal(
-                status="unavailable",
-                reason=f"no NVIDIA GPU (nvidia-smi: {line})",
-                source="nvidia-smi",
-            )
-        how = (
-            f"was killed by signal {-completed.returncode}"
-            if completed.returncode < 0
-            else f"exited {completed.returncode}"
-        )
-        detail = _first_line(output)
-        return wire.GpuSignal(
-            status="failed",
-            reason=f"nvidia-smi -q -x {how}" + (f": {detail}" if detail else ""),
-            source="nvidia-smi",
-        )
-
-    try:
-        log = parse_nvidia_smi_xml(completed.stdout)
-    except GpuSmiParseError as exc:
-        return wire.GpuSignal(status="failed", reason=str(exc), source="nvidia-smi")
-    if not log.devices:
-        return wire.GpuSignal(
-            status="unavailable",
-            reason="no NVIDIA GPU (nvidia-smi lists none)",
-            source="nvidia-smi",
-            driver_version=log.driver_version,
-        )
-    return wire.GpuSignal(
-        status="ok", source="nvidia-smi", driver_version=log.driver_version, devices=log.devices
-    )

@@ -17,6 +17,8 @@ GPUs on the PCI bus (COL-3, COL-11).
 
 Unlike a signal, the inventory has no status: anything missing or unreadable that it needs
 raises ``InventoryError`` naming the file, and the caller decides (COL-12).
+
+Pure: the tree is read through ``sysfs.Files`` (``probe.read_inventory`` reads the machine's).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from typing import Final, Literal
 
 from healthplane import wire
 from healthplane_collector import pci
-from healthplane_collector.sysfs import SysfsError, list_dir, present, read_hex, read_text
+from healthplane_collector.sysfs import Files, SysfsError, read_hex
 
 HOSTNAME_FILE: Final = Path("etc/hostname")
 KERNEL_HOSTNAME_FILE: Final = Path("proc/sys/kernel/hostname")
@@ -60,44 +62,44 @@ class Inventory:
     gpus: tuple[wire.ResourceDevice, ...]
 
 
-def read_inventory(root: Path) -> Inventory:
-    """The machine under ``root`` as the resource report describes it (COL-11)."""
+def inventory_of(files: Files) -> Inventory:
+    """The machine in the tree as the resource report describes it (COL-11)."""
     try:
         return Inventory(
-            hostname=_read_hostname(root),
-            cores=_read_cores(root),
-            memory_bytes=_read_memory_bytes(root),
-            boot_id=_read_boot_id(root),
-            gpus=_read_gpus(root),
+            hostname=_hostname(files),
+            cores=_cores(files),
+            memory_bytes=_memory_bytes(files),
+            boot_id=_boot_id(files),
+            gpus=_gpus(files),
         )
     except SysfsError as exc:
         raise InventoryError(str(exc)) from None
 
 
-def _read_hostname(root: Path) -> str:
-    path = root / HOSTNAME_FILE
-    if present(path):
-        for line in read_text(path).splitlines():
+def _hostname(files: Files) -> str:
+    path = files.root / HOSTNAME_FILE
+    if files.present(path):
+        for line in files.read_text(path).splitlines():
             name = line.strip()
             if name and not name.startswith("#"):
                 return name
-    kernel_path = root / KERNEL_HOSTNAME_FILE
-    name = read_text(kernel_path).strip()
+    kernel_path = files.root / KERNEL_HOSTNAME_FILE
+    name = files.read_text(kernel_path).strip()
     if not name:
         raise InventoryError(f"no hostname: {path} and {kernel_path} are empty")
     return name
 
 
-def _read_cores(root: Path) -> int:
-    cpuinfo = root / CPUINFO_FILE
+def _cores(files: Files) -> int:
+    cpuinfo = files.root / CPUINFO_FILE
     try:
-        count = len(_PROCESSOR_LINE.findall(read_text(cpuinfo)))
+        count = len(_PROCESSOR_LINE.findall(files.read_text(cpuinfo)))
     except SysfsError:
         count = 0  # the online range below is as good a source
     if count:
         return count
-    online = root / CPU_ONLINE_FILE
-    text = read_text(online).strip()
+    online = files.root / CPU_ONLINE_FILE
+    text = files.read_text(online).strip()
     cores = 0
     for part in text.split(","):
         match = _CPU_RANGE.fullmatch(part.strip())
@@ -108,39 +110,39 @@ def _read_cores(root: Path) -> int:
     return cores
 
 
-def _read_memory_bytes(root: Path) -> int:
-    path = root / MEMINFO_FILE
-    match = _MEM_TOTAL.search(read_text(path))
+def _memory_bytes(files: Files) -> int:
+    path = files.root / MEMINFO_FILE
+    match = _MEM_TOTAL.search(files.read_text(path))
     if not match:
         raise InventoryError(f"{path}: no 'MemTotal: <n> kB' line")
     return int(match.group(1)) * 1024
 
 
-def _read_boot_id(root: Path) -> str | None:
-    path = root / BOOT_ID_FILE
-    if not present(path):
+def _boot_id(files: Files) -> str | None:
+    path = files.root / BOOT_ID_FILE
+    if not files.present(path):
         return None
-    boot_id = read_text(path).strip()
+    boot_id = files.read_text(path).strip()
     if not _BOOT_ID.fullmatch(boot_id):
         raise InventoryError(f"{path}: expected a UUID, found {boot_id[:40]!r}")
     return boot_id
 
 
-def _read_gpus(root: Path) -> tuple[wire.ResourceDevice, ...]:
+def _gpus(files: Files) -> tuple[wire.ResourceDevice, ...]:
     """NVIDIA and AMD GPUs by vendor, each vendor indexed from 0 in PCI bus order."""
-    devices_dir = root / PCI_DEVICES_DIR
-    if not present(devices_dir):
+    devices_dir = files.root / PCI_DEVICES_DIR
+    if not files.present(devices_dir):
         return ()
     found: list[tuple[str, Literal["nvidia", "amd"]]] = []
-    for device in list_dir(devices_dir):
+    for device in files.list_dir(devices_dir):
         try:
             bus_id = pci.normalize(device.name)
         except ValueError:
             raise InventoryError(f"{device}: not a PCI bus id") from None
-        vendor = GPU_VENDORS.get(read_hex(device / "vendor"))
-        if vendor is None or present(device / "physfn"):
+        vendor = GPU_VENDORS.get(read_hex(files, device / "vendor"))
+        if vendor is None or files.present(device / "physfn"):
             continue
-        if read_hex(device / "class") >> 8 in GPU_CLASSES:
+        if read_hex(files, device / "class") >> 8 in GPU_CLASSES:
             found.append((bus_id, vendor))
     next_index: dict[str, int] = {}
     gpus: list[wire.ResourceDevice] = []

@@ -10,6 +10,8 @@ report "no I/O errors" for a counter that does not exist (COL-4), so they are le
 the signal is ``unavailable`` and the reason names the disks without it; no ``/sys/block``
 entries at all is ``unavailable`` too. A counter that is unreadable, vanishes mid-read or
 is not ``0x`` hex → ``failed`` naming the file.
+
+Pure: the tree is read through ``sysfs.Files`` (``probe.read_ioerr`` reads the machine's).
 """
 
 from __future__ import annotations
@@ -18,28 +20,28 @@ from pathlib import Path
 from typing import Final
 
 from healthplane import wire
-from healthplane_collector.sysfs import SysfsError, list_dir, present, read_hex
+from healthplane_collector.sysfs import Files, SysfsError, read_hex
 
 BLOCK_DIR: Final = Path("sys/block")
 _NAMES_IN_REASON: Final = 8
 
 
-def read_ioerr(root: Path) -> wire.IoerrSignal:
-    """``ioerr_cnt`` of every SCSI disk under ``root``, or why there is none."""
-    block_dir = root / BLOCK_DIR
-    if not present(block_dir):
+def ioerr_signal(files: Files) -> wire.IoerrSignal:
+    """``ioerr_cnt`` of every SCSI disk in the tree, or why there is none."""
+    block_dir = files.root / BLOCK_DIR
+    if not files.present(block_dir):
         return wire.IoerrSignal(
             status="unavailable", reason=f"no block devices: {block_dir} does not exist"
         )
     try:
-        disks = sorted(list_dir(block_dir), key=lambda path: path.name)
+        disks = sorted(files.list_dir(block_dir), key=lambda path: path.name)
         if not disks:
             return wire.IoerrSignal(status="unavailable", reason=f"no block devices in {block_dir}")
         counters = [(disk.name, disk / "device" / "ioerr_cnt") for disk in disks]
         devices = [
-            wire.IoErrorCount(name=name, count=read_hex(counter))
+            wire.IoErrorCount(name=name, count=read_hex(files, counter))
             for name, counter in counters
-            if present(counter)
+            if files.present(counter)
         ]
     except SysfsError as exc:
         return wire.IoerrSignal(status="failed", reason=str(exc))

@@ -24,7 +24,8 @@ from healthplane_collector.agent import (
     Settings,
     run_agent,
 )
-from healthplane_collector.inventory import InventoryError, read_inventory
+from healthplane_collector.inventory import InventoryError
+from healthplane_collector.probe import read_inventory
 
 SERVICE = "collector"
 

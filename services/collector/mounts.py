@@ -23,6 +23,8 @@ A mount is reported when all of these hold:
 When several lines share a mount point, the last one is the mount that is visible there,
 so only it is considered. An unreadable, empty or malformed ``/proc/mounts`` → ``failed``
 naming the file (and the line).
+
+Pure: ``parse_mounts`` takes the file's bytes; ``probe.read_mounts`` reads them.
 """
 
 from __future__ import annotations
@@ -73,11 +75,11 @@ PSEUDO_FS_TYPES: Final[frozenset[str]] = frozenset(
 _OCTAL: Final = re.compile(rb"\\([0-7]{3})")
 
 
-def read_mounts(root: Path, expected_read_only: Sequence[str] = ()) -> wire.MountsSignal:
-    """Unexpected read-only block-device filesystems in ``root``'s ``/proc/mounts``."""
-    path = root / MOUNTS_FILE
+def parse_mounts(path: Path, content: bytes, expected_read_only: Sequence[str] = ()) -> wire.MountsSignal:
+    """Unexpected read-only block-device filesystems in ``content``, the ``/proc/mounts`` read
+    at ``path`` (named in every failure)."""
     try:
-        mounts = _parse(path, _read(path))
+        mounts = _candidates(path, content)
     except SysfsError as exc:
         return wire.MountsSignal(status="failed", reason=str(exc))
     read_only = [
@@ -94,16 +96,7 @@ def decode_octal(field: bytes) -> str:
     return raw.decode("utf-8", errors="replace")
 
 
-def _read(path: Path) -> bytes:
-    try:
-        return path.read_bytes()
-    except FileNotFoundError:
-        raise SysfsError(f"{path}: missing") from None
-    except OSError as exc:
-        raise SysfsError(f"{path}: cannot read ({exc.strerror or exc})") from None
-
-
-def _parse(path: Path, content: bytes) -> dict[str, wire.ReadOnlyMount]:
+def _candidates(path: Path, content: bytes) -> dict[str, wire.ReadOnlyMount]:
     """Read-only candidates by mount point, the last line for a mount point winning."""
     candidates: dict[str, wire.ReadOnlyMount | None] = {}
     for number, line in enumerate(content.splitlines(), start=1):

@@ -4,23 +4,21 @@ smartctl's exit status is a bitmask of findings, not an error code: a failing di
 non-zero with perfectly good JSON. Only the probe itself going wrong (no JSON, the device
 could not be opened, the SMART health command failed, a hang) fails the signal.
 
-Pure parsers first (``parse_smartctl``, ``scan_devices``), then the asyncio adapter
-``read_smart`` that runs the binary.
+Pure: the parsers (``parse_smartctl``, ``scan_devices``), then what a finished run means
+(``scan_outcome``, ``device_outcome``, ``smart_signal``). ``probe.read_smart`` runs the
+binary, bounded by its timeout, and hands each run to these.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
-import shutil
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
 import msgspec
 
 from healthplane import wire
-from healthplane_collector.probe import TimedOut, run_probe
 
 # Bit number -> name; ``smartctl.8`` EXIT STATUS and the FAIL* constants of ``smartctl.h``.
 EXIT_STATUS_BITS: Final[Mapping[int, str]] = {
@@ -39,10 +37,6 @@ _WHEN_FAILED: Final[Mapping[str, Literal["now", "past", ""]]] = {
     "past": "past",
     "": "",
 }
-
-# Disks probed at once: enough for a JBOD to finish in a report interval, few enough not to
-# queue dozens of pass-through commands on one HBA.
-MAX_CONCURRENT_PROBES: Final = 8
 
 _FAILCMD: Final = 1 << 0
 _FAILDEV: Final = 1 << 1
@@ -259,9 +253,86 @@ def scan_devices(stdout: bytes) -> list[ScannedDevice]:
     return scanned
 
 
-# ---------------------------------------------------------------------------- adapter
+# ---------------------------------------------------------------------------- a run's outcome
+
+# One disk's reading, and why the signal must fail because of it (None when it need not).
+DeviceOutcome = tuple[wire.SmartDevice, str | None]
 
 
+def not_found(smartctl: str | None) -> wire.SmartSignal:
+    """No smartctl binary at ``smartctl`` (or on PATH when None)."""
+    why = (
+        f"smartctl not found at {smartctl}"
+        if smartctl
+        else "smartctl not found on PATH (smartmontools not installed)"
+    )
+    return wire.SmartSignal(status="unavailable", reason=why)
+
+
+def scan_outcome(returncode: int, stdout: bytes) -> list[ScannedDevice] | wire.SmartSignal:
+    """``smartctl -j --scan`` → the disks to probe, or the signal when there is none to."""
+    try:
+        scanned = scan_devices(stdout)
+    except SmartParseError as exc:
+        return wire.SmartSignal(status="failed", reason=str(exc))
+    if scanned:
+        return scanned
+    if returncode != 0:
+        return wire.SmartSignal(
+            status="failed", reason=f"smartctl --scan exited {returncode} listing no devices"
+        )
+    return wire.SmartSignal(
+        status="unavailable", reason="smartctl --scan found no SMART-capable devices"
+    )
+
+
+def device_argv(smartctl: str, device: ScannedDevice) -> list[str]:
+    argv = [smartctl, "-j", "-a"]
+    if device.type:
+        argv += ["-d", device.type]
+    argv.append(device.name)  # smartctl wants the device name last
+    return argv
+
+
+def unread(device: ScannedDevice, problem: str) -> DeviceOutcome:
+    """A disk whose probe failed: still an entry (``passed`` null, ``error`` set), so the
+    report names every disk the scan found."""
+    return wire.SmartDevice(name=device.label, protocol=device.protocol, error=problem), problem
+
+
+def open_failure(device: ScannedDevice) -> DeviceOutcome | None:
+    """``--scan-open`` already could not open this disk: no need to run anything for it."""
+    if not device.open_error:
+        return None
+    return unread(device, f"smartctl could not open {device.label}: {device.open_error}")
+
+
+def device_outcome(
+    device: ScannedDevice, returncode: int, stdout: bytes, stderr: bytes
+) -> DeviceOutcome:
+    """One finished ``smartctl -j -a`` run of ``device`` (a negative ``returncode`` is the
+    signal that killed it)."""
+    if returncode < 0:
+        return unread(device, f"smartctl -a {device.label} died of signal {-returncode}")
+    try:
+        reading, smart_available = _parse(device.label, returncode, stdout)
+    except SmartParseError as exc:
+        first = _first_line(stderr)
+        return unread(device, f"smartctl -a {exc}" + (f" (stderr: {first})" if first else ""))
+    problem = probe_failure(reading, smart_available)
+    if problem and reading.error is None:
+        reading = msgspec.structs.replace(reading, error=problem)
+    return reading, problem
+
+
+def smart_signal(outcomes: Sequence[DeviceOutcome]) -> wire.SmartSignal:
+    """Every disk's outcome → the signal: failed when any disk's probe went wrong, its
+    ``reason`` naming each such disk, ``devices`` still listing every disk."""
+    devices = [reading for reading, _ in outcomes]
+    problems = [problem for _, problem in outcomes if problem]
+    if problems:
+        return wire.SmartSignal(status="failed", reason="; ".join(problems), devices=devices)
+    return wire.SmartSignal(status="ok", devices=devices)
 
 
 def _first_line(data: bytes) -> str:
@@ -269,98 +340,3 @@ def _first_line(data: bytes) -> str:
         if line.strip():
             return line.strip()[:200]
     return ""
-
-
-async def _read_device(
-    smartctl: str, device: ScannedDevice, timeout_s: float
-) -> tuple[wire.SmartDevice, str | None]:
-    """One disk: its reading, and why the signal must fail because of it (or None).
-
-    A disk whose probe failed still gets an entry (``passed`` null, ``error`` set), so the
-    report names every disk the scan found.
-    """
-    problem: str | None
-    if device.open_error:
-        problem = f"smartctl could not open {device.label}: {device.open_error}"
-        return _unread(device, problem), problem
-    argv = [smartctl, "-j", "-a"]
-    if device.type:
-        argv += ["-d", device.type]
-    argv.append(device.name)  # smartctl wants the device name last
-    try:
-        completed = await run_probe(argv, timeout_s)
-    except TimedOut:
-        problem = f"smartctl -a {device.label} timed out after {timeout_s:g}s and was killed"
-        return _unread(device, problem), problem
-    except OSError as exc:
-        problem = f"cannot run {smartctl} for {device.label}: {exc}"
-        return _unread(device, problem), problem
-    if completed.returncode < 0:
-        problem = f"smartctl -a {device.label} died of signal {-completed.returncode}"
-        return _unread(device, problem), problem
-    try:
-        reading, smart_available = _parse(device.label, completed.returncode, completed.stdout)
-    except SmartParseError as exc:
-        stderr = _first_line(completed.stderr)
-        problem = f"smartctl -a {exc}" + (f" (stderr: {stderr})" if stderr else "")
-        return _unread(device, problem), problem
-    problem = probe_failure(reading, smart_available)
-    if problem and reading.error is None:
-        reading = msgspec.structs.replace(reading, error=problem)
-    return reading, problem
-
-
-def _unread(device: ScannedDevice, problem: str) -> wire.SmartDevice:
-    return wire.SmartDevice(name=device.label, protocol=device.protocol, error=problem)
-
-
-async def read_smart(smartctl: str | None = None, timeout_s: float = 10.0) -> wire.SmartSignal:
-    """The SMART signal: scan, then ``smartctl -j -a`` every disk concurrently (COL-3/4/12).
-
-    unavailable: no smartctl, or no disk it can address. failed: the scan or any disk's
-    probe went wrong (timeout, garbage, open failure); ``reason`` names each such disk and
-    ``devices`` still lists every disk, the unread ones with ``passed`` null and ``error``.
-    """
-    binary = shutil.which(smartctl or "smartctl")
-    if binary is None:
-        why = (
-            f"smartctl not found at {smartctl}"
-            if smartctl
-            else "smartctl not found on PATH (smartmontools not installed)"
-        )
-        return wire.SmartSignal(status="unavailable", reason=why)
-
-    try:
-        scan = await run_probe([binary, "-j", "--scan"], timeout_s)
-    except TimedOut:
-        return wire.SmartSignal(
-            status="failed", reason=f"smartctl --scan timed out after {timeout_s:g}s and was killed"
-        )
-    except OSError as exc:
-        return wire.SmartSignal(status="failed", reason=f"cannot run {binary}: {exc}")
-    try:
-        scanned = scan_devices(scan.stdout)
-    except SmartParseError as exc:
-        return wire.SmartSignal(status="failed", reason=str(exc))
-    if not scanned:
-        if scan.returncode != 0:
-            return wire.SmartSignal(
-                status="failed",
-                reason=f"smartctl --scan exited {scan.returncode} listing no devices",
-            )
-        return wire.SmartSignal(
-            status="unavailable", reason="smartctl --scan found no SMART-capable devices"
-        )
-
-    slots = asyncio.Semaphore(MAX_CONCURRENT_PROBES)
-
-    async def probe(device: ScannedDevice) -> tuple[wire.SmartDevice, str | None]:
-        async with slots:
-            return await _read_device(binary, device, timeout_s)
-
-    results = await asyncio.gather(*(probe(device) for device in scanned))
-    devices = [reading for reading, _ in results]
-    problems = [problem for _, problem in results if problem]
-    if problems:
-        return wire.SmartSignal(status="failed", reason="; ".join(problems), devices=devices)
-    return wire.SmartSignal(status="ok", devices=devices)

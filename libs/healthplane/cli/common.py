@@ -1,4 +1,5 @@
-"""What every CLI command shares: connecting, and saying why it could not."""
+"""What every CLI command shares: its place in the command table, connecting, and saying
+why it could not."""
 
 from __future__ import annotations
 
@@ -6,18 +7,31 @@ import argparse
 import sys
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import TypedDict, TypeVar
 
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
 from healthplane import wire
-from healthplane.runtime.connect import connect
+from healthplane.runtime.connect import DEFAULT_URL, connect
 
 R = TypeVar("R", bound=wire.Record)
 
 EXIT_OK, EXIT_REFUSED, EXIT_USAGE, EXIT_RETRY = 0, 1, 2, 3
 CONNECT_TIMEOUT_S = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class CommandGroup:
+    """``healthplane NAME …``: ``add_arguments`` fills the group's parser, ``run`` takes the
+    parsed arguments and returns the exit code. A ``run`` whose code is slow to import
+    imports it when called, so that building the parser stays cheap."""
+
+    name: str
+    help: str
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], int]
 
 
 class CommandFailed(Exception):
@@ -44,6 +58,15 @@ def one_of(choices: Sequence[str]) -> Choices:
 
     convert.__name__ = "value"  # argparse names the converter in its error messages
     return {"type": convert, "choices": list(choices)}
+
+
+def connection_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--nats-url", help=f"NATS server (env HEALTHPLANE_NATS_URL, default {DEFAULT_URL})")
+    parser.add_argument("--creds", help="NATS credentials file (env HEALTHPLANE_NATS_CREDS)")
+
+
+def output_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("-o", "--output", **one_of(["text", "json"]), default="text")
 
 
 def warn(message: str) -> None:

@@ -34,7 +34,7 @@ from healthplane.cli.common import (
     nats_client,
     one_of,
 )
-from healthplane.cli.node_cmd import find_node, views_of
+from healthplane.cli.lookup import find_node, views_of
 from healthplane.runtime.publish import Publisher
 from healthplane.runtime.replay import read_payloads
 

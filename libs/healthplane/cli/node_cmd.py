@@ -13,7 +13,7 @@ import base64
 import json
 import re
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -22,15 +22,9 @@ from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 
 from healthplane import subjects, wire
-from healthplane.cli.common import (
-    EXIT_USAGE,
-    CommandFailed,
-    decoded,
-    fail,
-    nats_client,
-    one_of,
-    warn,
-)
+from healthplane.cli import node_actions
+from healthplane.cli.common import EXIT_USAGE, CommandFailed, decoded, fail, nats_client, one_of
+from healthplane.cli.lookup import find_node, is_view
 from healthplane.runtime.replay import read_all, read_payloads, start_of_last
 
 DEFAULT_PAGE_SIZE = 50
@@ -56,15 +50,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         sub.add_argument("-o", "--output", **one_of(["text", "json"]), default="text")
         sub.add_argument("--nats-url")
         sub.add_argument("--creds")
-    from healthplane.cli import node_actions
-
     node_actions.add_arguments(actions)
 
 
 def run(args: argparse.Namespace) -> int:
     if args.node_command not in ("list", "show", "events"):
-        from healthplane.cli import node_actions
-
         return node_actions.run(args)
     try:
         return asyncio.run(_run(args))
@@ -88,20 +78,6 @@ def _print(args: argparse.Namespace, data: Callable[[], Any], text: Callable[[],
     print(json.dumps(data(), indent=2) if args.output == "json" else text())
 
 
-async def find_node(nc: NATS, js: JetStreamContext, node_id: str, cluster: str | None) -> wire.NodeView:
-    subject = subjects.node_view(cluster, node_id) if cluster else subjects.node_view_in_any_cluster(node_id)
-    found = [view for _, view in decoded(wire.NodeView, await read_all(nc, js, "HP_NODES", subject,
-                                                                       last_per_subject=True))]
-    if not found:
-        where = f" in cluster {cluster}" if cluster else ""
-        raise CommandFailed(f"node {node_id} not found{where}")
-    if len(found) > 1:
-        clusters = ", ".join(sorted(view.cluster for view in found))
-        raise CommandFailed(f"node {node_id} exists in several clusters ({clusters}); name one with --cluster",
-                            EXIT_USAGE)
-    return found[0]
-
-
 # ---------------------------------------------------------------------------- list
 
 
@@ -120,28 +96,13 @@ class ListRow(msgspec.Struct, rename="camel"):
 _decode_row = msgspec.json.Decoder(ListRow).decode
 
 
-def views_of(payloads: Iterable[bytes]) -> list[wire.NodeView]:
-    """The node views among ``payloads``; one that is not is named on stderr and skipped."""
-    views = []
-    for payload in payloads:
-        try:
-            views.append(wire.decode(wire.NodeView, payload))
-        except wire.WireError as exc:
-            warn(f"HP_NODES record skipped: {exc}")
-    return views
-
-
-def _is_view(payload: bytes) -> bool:
-    return bool(views_of([payload]))
-
-
 async def _list(nc: NATS, js: JetStreamContext, args: argparse.Namespace) -> int:
     # Payloads only, no per-message Msg: at 100,000 nodes the read is most of the command.
     payloads = await read_payloads(nc, js, "HP_NODES", subjects.node_views(args.cluster), last_per_subject=True)
     try:
         rows = list(map(_decode_row, payloads))
     except msgspec.DecodeError:  # rare: only then pay for knowing which records are bad
-        payloads = [p for p in payloads if _is_view(p)]
+        payloads = [p for p in payloads if is_view(p)]
         rows = list(map(_decode_row, payloads))
     order = list_order(rows)
     if args.output == "json":

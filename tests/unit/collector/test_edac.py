@@ -8,7 +8,9 @@ from pathlib import Path
 import pytest
 
 from healthplane import wire
-from healthplane_collector.edac import read_edac
+from healthplane_collector.edac import edac_signal
+from healthplane_collector.probe import read_edac
+from tests.unit.collector.memory_files import MemoryFiles
 
 MC = Path("sys/devices/system/edac/mc")
 
@@ -262,3 +264,24 @@ def test_signal_round_trips_on_the_wire(tmp_path: Path) -> None:
 
     assert wire.decode(wire.EdacSignal, wire.encode(signal)) == signal
     assert wire.to_builtins(signal)["controllers"][0]["ceNoinfo"] == 0
+
+
+MC0 = {f"{MC}/mc0/{counter}": "0\n" for counter in ("ce_count", "ue_count", "ce_noinfo_count", "ue_noinfo_count")}
+
+
+@pytest.mark.parametrize(("tree", "status", "reason"), [
+    ({}, "unavailable", "no EDAC driver loaded: /host/sys/devices/system/edac does not exist"),
+    ({"sys/devices/system/edac/power/": ""}, "unavailable",
+     "no EDAC memory controllers: /host/sys/devices/system/edac/mc does not exist"),
+    ({f"{MC}/power/": "", f"{MC}/uevent": ""}, "unavailable",
+     "no EDAC memory-controller driver loaded: /host/sys/devices/system/edac/mc has no mc<N> directory"),
+    (MC0, "ok", None),
+    ({**MC0, f"{MC}/mc0/ue_count": "lots\n"}, "failed",
+     "/host/sys/devices/system/edac/mc/mc0/ue_count: expected a decimal count, found 'lots'"),
+    ({**MC0, f"{MC}/mc0/dimm0/dimm_ce_count": "1\n"}, "failed",
+     "/host/sys/devices/system/edac/mc/mc0/dimm0/dimm_ue_count: missing or vanished while reading"),
+])
+def test_edac_signal_of_a_tree(tree: dict[str, str], status: str, reason: str | None) -> None:
+    """The parser alone, on a tree held in memory: every outcome FORMATS.md §4 allows."""
+    signal = edac_signal(MemoryFiles(tree))
+    assert (signal.status, signal.reason) == (status, reason)

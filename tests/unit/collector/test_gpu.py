@@ -19,16 +19,15 @@ import pytest
 from healthplane import wire
 from healthplane_collector.gpu_nvml import (
     CLOCK_EVENT_REASONS,
-    NvmlUnavailable,
     clock_event_reason_names,
     ecc_reading,
     nvml_ecc_counts,
     nvml_ecc_mode,
-    read_gpu_nvml,
     throttle_from_mask,
     throttle_from_reasons,
 )
-from healthplane_collector.gpu_smi import GpuSmiParseError, parse_nvidia_smi_xml, read_gpu_smi
+from healthplane_collector.gpu_smi import GpuSmiParseError, parse_nvidia_smi_xml, run_outcome
+from healthplane_collector.probe import NvmlUnavailable, read_gpu_nvml, read_gpu_smi
 
 FIXTURES = Path(__file__).parents[2] / "fixtures" / "collector" / "nvidia_smi"
 L4 = "l4_555_event_reasons.xml"
@@ -756,6 +755,33 @@ def test_nvml_without_gpus_is_unavailable(fake_nvml: Callable[..., FakeNvml]) ->
     fake_nvml()
     signal = read_gpu_nvml()
     assert (signal.status, signal.reason) == ("unavailable", "no NVIDIA GPU (NVML lists none)")
+
+
+# ---------------------------------------------------------------------------- nvidia-smi run outcome
+
+
+@pytest.mark.parametrize(
+    ("returncode", "stdout", "stderr", "status", "reason"),
+    [
+        (-9, b"", b"", "failed", "nvidia-smi -q -x was killed by signal 9"),
+        (255, b"Unknown Error\n", b"", "failed", "nvidia-smi -q -x exited 255: Unknown Error"),
+        (15, b"", b"Unable to determine the device handle for GPU0000:01:00.0: GPU is lost.\n",
+         "failed", "nvidia-smi: Unable to determine the device handle for GPU0000:01:00.0: GPU is lost."),
+        (6, b"No devices were found\n", b"", "unavailable", "no NVIDIA GPU (nvidia-smi: No devices were found)"),
+        (0, b"<nvidia_smi_log><gpu", b"", "failed", "nvidia-smi -q -x printed unparseable XML"),
+    ],
+)
+def test_smi_run_outcome(returncode: int, stdout: bytes, stderr: bytes, status: str, reason: str) -> None:
+    """A finished run, whatever ran it: its exit status and output decide (COL-4, COL-8)."""
+    signal = run_outcome(returncode, stdout, stderr)
+    assert (signal.status, signal.source) == (status, "nvidia-smi")
+    assert (signal.reason or "").startswith(reason)
+
+
+def test_smi_run_outcome_reads_the_xml() -> None:
+    signal = run_outcome(0, (FIXTURES / L4).read_bytes(), b"")
+    assert (signal.status, signal.driver_version) == ("ok", "555.42.06")
+    assert [d.pci_bus_id for d in signal.devices] == ["0000:01:00.0"]
 
 
 # ---------------------------------------------------------------------------- nvidia-smi adapter

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 
 from healthplane import wire
-from healthplane_collector.edac import read_edac
-from healthplane_collector.inventory import Inventory, InventoryError, read_inventory
-from healthplane_collector.ioerr import read_ioerr
-from healthplane_collector.mounts import READ_ONLY_BY_NATURE, read_mounts
+from healthplane_collector.inventory import Inventory, InventoryError, inventory_of
+from healthplane_collector.mounts import READ_ONLY_BY_NATURE
+from healthplane_collector.probe import read_edac, read_inventory, read_ioerr, read_mounts
+from tests.unit.collector.memory_files import MemoryFiles
 
 BOOT_ID = "38ca8589-451b-4ee2-9a36-5514fd96590b"
 CPUINFO = "".join(
@@ -202,3 +202,27 @@ def test_every_reader_is_honest_on_this_machine_COL_4_COL_11_ING_7() -> None:
     assert [g.index for g in inventory.gpus if g.vendor == "nvidia"] == list(
         range(sum(g.vendor == "nvidia" for g in inventory.gpus))
     )
+
+
+HOST = {
+    "proc/sys/kernel/hostname": "node-b\n",
+    "sys/devices/system/cpu/online": "0-1\n",
+    "proc/meminfo": "MemTotal: 2 kB\n",
+    "sys/bus/pci/devices/0000:3b:00.0/vendor": "0x10de\n",
+    "sys/bus/pci/devices/0000:3b:00.0/class": "0x030200\n",
+}
+
+
+def test_inventory_of_a_tree() -> None:
+    """The parser alone, on a tree held in memory: the kernel's hostname, the online CPU
+    range and no boot id stand in for what is missing."""
+    assert inventory_of(MemoryFiles(HOST)) == Inventory(
+        hostname="node-b", cores=2, memory_bytes=2048, boot_id=None,
+        gpus=(wire.ResourceDevice(kind="gpu", vendor="nvidia", index=0, pci_bus_id="0000:3b:00.0"),),
+    )
+
+
+def test_inventory_of_a_tree_without_memory_names_the_file() -> None:
+    tree = {key: text for key, text in HOST.items() if key != "proc/meminfo"}
+    with pytest.raises(InventoryError, match="/host/proc/meminfo: missing"):
+        inventory_of(MemoryFiles(tree))

@@ -7,7 +7,9 @@ from pathlib import Path
 import pytest
 
 from healthplane import wire
-from healthplane_collector.ioerr import read_ioerr
+from healthplane_collector.ioerr import ioerr_signal
+from healthplane_collector.probe import read_ioerr
+from tests.unit.collector.memory_files import MemoryFiles
 
 BLOCK = Path("sys/block")
 
@@ -124,3 +126,17 @@ def test_directory_where_the_counter_should_be_fails_COL_12(tmp_path: Path) -> N
 
     assert signal.status == "failed"
     assert signal.reason is not None and str(counter) in signal.reason
+
+
+@pytest.mark.parametrize(("tree", "expected"), [
+    ({}, wire.IoerrSignal(status="unavailable", reason="no block devices: /host/sys/block does not exist")),
+    ({"sys/block/": ""}, wire.IoerrSignal(status="unavailable", reason="no block devices in /host/sys/block")),
+    ({"sys/block/sdb/device/ioerr_cnt": "0x10\n", "sys/block/nvme0n1/size": "0\n"},
+     wire.IoerrSignal(status="ok", devices=[wire.IoErrorCount(name="sdb", count=16)])),
+    ({"sys/block/sda/device/ioerr_cnt": "16\n"},
+     wire.IoerrSignal(status="failed",
+                      reason="/host/sys/block/sda/device/ioerr_cnt: expected a 0x-prefixed hex value, found '16'")),
+])
+def test_ioerr_signal_of_a_tree(tree: dict[str, str], expected: wire.IoerrSignal) -> None:
+    """The parser alone, on a tree held in memory (FORMATS.md §6)."""
+    assert ioerr_signal(MemoryFiles(tree)) == expected

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from healthplane import wire
-from healthplane_collector.mounts import decode_octal, read_mounts
+from healthplane_collector.mounts import decode_octal, parse_mounts
+from healthplane_collector.probe import read_mounts
 
 HEALTHY = """\
 proc /proc proc rw,nosuid,nodev,noexec,relatime 0 0
@@ -188,3 +189,16 @@ def test_empty_proc_mounts_fails_rather_than_passing_COL_4(tmp_path: Path) -> No
     proc_mounts(tmp_path, "")
 
     assert read_mounts(tmp_path).status == "failed"
+
+
+@pytest.mark.parametrize(("content", "expected"), [
+    (b"/dev/sdb1 /data ext4 ro,relatime 0 0\n/dev/sdb2 /golden ext4 ro 0 0\n",
+     wire.MountsSignal(status="ok", read_only=[
+         wire.ReadOnlyMount(mount_point="/data", device="/dev/sdb1", fs_type="ext4")])),
+    (b"", wire.MountsSignal(status="failed", reason="/host/proc/mounts: lists no filesystems")),
+    (b"/dev/sdb1 /data\n", wire.MountsSignal(
+        status="failed", reason="/host/proc/mounts: line 1 is malformed: b'/dev/sdb1 /data'")),
+])
+def test_parse_mounts_of_the_file_bytes(content: bytes, expected: wire.MountsSignal) -> None:
+    """The parser alone: the bytes of /proc/mounts, the path to name, the expected globs."""
+    assert parse_mounts(Path("/host/proc/mounts"), content, ["/golden"]) == expected

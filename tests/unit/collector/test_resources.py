@@ -21,7 +21,8 @@ from healthplane_collector.agent import (
     _resources_changed,
     build_resource_report,
 )
-from healthplane_collector.inventory import Inventory, read_inventory
+from healthplane_collector.inventory import Inventory
+from healthplane_collector.probe import read_inventory
 from healthplane_collector.resources import merge_gpus
 from tests.unit.collector.test_inventory import machine, pci_device
 

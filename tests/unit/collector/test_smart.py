@@ -14,15 +14,20 @@ import msgspec
 import pytest
 
 from healthplane import wire
+from healthplane_collector.probe import read_smart
 from healthplane_collector.smart import (
     EXIT_STATUS_BITS,
     ScannedDevice,
     SmartParseError,
     decode_exit_status,
+    device_argv,
+    device_outcome,
     parse_smartctl,
     probe_failure,
-    read_smart,
     scan_devices,
+    scan_outcome,
+    smart_signal,
+    unread,
 )
 
 FIXTURES = Path(__file__).parents[2] / "fixtures" / "collector" / "smart"
@@ -292,6 +297,81 @@ def test_scan_without_devices_is_empty() -> None:
 def test_scan_garbage_raises(garbage: bytes) -> None:
     with pytest.raises(SmartParseError, match="smartctl --scan"):
         scan_devices(garbage)
+
+
+# ---------------------------------------------------------------------------- a run's outcome
+
+SDA = ScannedDevice(name="/dev/sda", type="sat", protocol="ATA")
+
+
+def test_device_argv_names_the_type_and_puts_the_device_last() -> None:
+    assert device_argv("/usr/sbin/smartctl", SDA) == ["/usr/sbin/smartctl", "-j", "-a", "-d", "sat", "/dev/sda"]
+    assert device_argv("smartctl", ScannedDevice(name="/dev/sdb")) == ["smartctl", "-j", "-a", "/dev/sdb"]
+
+
+@pytest.mark.parametrize(
+    ("returncode", "stdout", "stderr", "problem"),
+    [
+        (-9, b"", b"", "smartctl -a /dev/sda died of signal 9"),
+        (0, b'{"json_format', b"Segmentation fault\n",
+         "smartctl -a /dev/sda: smartctl output is not JSON"),
+    ],
+)
+def test_a_run_that_went_wrong_leaves_the_disk_unread_naming_why_COL_12(
+    returncode: int, stdout: bytes, stderr: bytes, problem: str
+) -> None:
+    reading, why = device_outcome(SDA, returncode, stdout, stderr)
+    assert why is not None and why.startswith(problem)
+    assert (reading.name, reading.passed, reading.error) == ("/dev/sda", None, why)
+
+
+def test_a_disk_smartctl_could_not_open_keeps_smartctl_words_COL_12() -> None:
+    name = "ata_open_failed.json"
+    reading, why = device_outcome(SDA, fixture_exit_status(name), fixture(name), b"")
+    assert why == "smartctl could not open /dev/sda: Smartctl open device: /dev/sdc [SAT] failed: No such device"
+    assert (reading.passed, reading.error) == (None, "Smartctl open device: /dev/sdc [SAT] failed: No such device")
+
+
+def test_garbage_names_the_first_stderr_line_COL_12() -> None:
+    _, why = device_outcome(SDA, 0, b"garbage", b"\n  Segmentation fault  \nmore\n")
+    assert why is not None and why.endswith("(stderr: Segmentation fault)")
+
+
+def test_a_failing_disk_is_a_reading_not_a_problem_COL_3() -> None:
+    name = "ata_wdc_failing_now.json"
+    reading, why = device_outcome(SDA, fixture_exit_status(name), fixture(name), b"")
+    assert why is None
+    assert (reading.passed, reading.exit_status_bits) == (False, ["disk_failing", "prefail_attributes_failing"])
+
+
+@pytest.mark.parametrize(
+    ("returncode", "stdout", "expected"),
+    [
+        (0, b'{"json_format_version": [1, 0]}',
+         wire.SmartSignal(status="unavailable", reason="smartctl --scan found no SMART-capable devices")),
+        (1, b'{"json_format_version": [1, 0], "devices": []}',
+         wire.SmartSignal(status="failed", reason="smartctl --scan exited 1 listing no devices")),
+        (0, b'{"json_format_version": [1, 0], "devices": [{"name": "/dev/sda", "type": "sat"}]}',
+         [ScannedDevice(name="/dev/sda", type="sat")]),
+    ],
+)
+def test_scan_outcome(returncode: int, stdout: bytes, expected: object) -> None:
+    assert scan_outcome(returncode, stdout) == expected
+
+
+def test_scan_outcome_of_garbage_fails() -> None:
+    outcome = scan_outcome(0, b"Segmentation fault")
+    assert isinstance(outcome, wire.SmartSignal) and outcome.status == "failed"
+    assert (outcome.reason or "").startswith("smartctl --scan: smartctl output is not JSON")
+
+
+def test_one_unread_disk_fails_the_signal_and_every_disk_is_listed_COL_12() -> None:
+    passing = wire.SmartDevice(name="/dev/nvme0", passed=True)
+    signal = smart_signal([unread(SDA, "smartctl -a /dev/sda timed out after 1s and was killed"), (passing, None)])
+    assert signal.status == "failed"
+    assert signal.reason == "smartctl -a /dev/sda timed out after 1s and was killed"
+    assert [d.name for d in signal.devices] == ["/dev/sda", "/dev/nvme0"]
+    assert smart_signal([(passing, None)]) == wire.SmartSignal(status="ok", devices=[passing])
 
 
 # ---------------------------------------------------------------------------- adapter
