@@ -1,4 +1,5 @@
-"""Adapters of the bridge: HP_RESOURCES -> KV ``substrate-nodes`` (+ NODE_REGISTERED).
+"""Wiring of the bridge: HP_RESOURCES -> KV ``substrate-nodes`` (+ NODE_REGISTERED), as
+``fold.decide`` plans it. A malformed report is set aside as a dead letter.
 
 Puts are pipelined (``publish_async`` to the bucket's subjects) and every ack is checked: a
 rejected put (bucket full, or a report larger than the one it replaces) leaves the report
@@ -11,55 +12,28 @@ import argparse
 import asyncio
 import os
 import time
-from collections.abc import Iterator
-from datetime import UTC, datetime
 from typing import Any
 
 from nats.js import JetStreamContext
-from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.errors import NoKeysError
-from prometheus_client import REGISTRY, Counter
-from prometheus_client.core import GaugeMetricFamily
-from prometheus_client.registry import Collector
 
-from healthplane import configstore, streams, subjects, wire
-from healthplane.runtime import metrics
+from healthplane import configstore, streams, wire
+from healthplane.runtime import consumers, metrics
+from healthplane.runtime.deadletters import SetAside
 from healthplane.runtime.lifecycle import ServiceContext, run_service, until_stopped
 from healthplane.runtime.publish import Outbound, Publisher, PublishError
 from healthplane.runtime.pull import Delivery, PullLoop
 from healthplane.runtime.replay import read_all
-from healthplane_substrate_bridge.core import decide_cap, registration_event, rejection_log
+from healthplane_substrate_bridge import fold
+from healthplane_substrate_bridge.metrics import GAUGES, PUT_FAILURES
+from healthplane_substrate_bridge.rules import decide_cap, rejection_log
 
 SERVICE = "substrate-bridge"
 CONSUMER = "substrate-bridge"
+STREAM = "HP_RESOURCES"
 BUCKET_STREAM = f"KV_{streams.NODES_BUCKET}"
 BUCKET_SUBJECT_PREFIX = f"$KV.{streams.NODES_BUCKET}."
 RETRY_DELAY_S = 2.0
-
-PUT_FAILURES = Counter(
-    "healthplane_substrate_nodes_bucket_put_failures_total",
-    "Resource reports the substrate-nodes bucket rejected (each redelivery counts again)",
-)
-
-
-class BucketGauges(Collector):
-    """``…_bytes_used`` / ``…_bytes_max``: absent until the first successful sample (BRG-3)."""
-
-    def __init__(self) -> None:
-        self.sample: tuple[int, int] | None = None
-
-    def collect(self) -> Iterator[GaugeMetricFamily]:
-        if self.sample is None:
-            return
-        used, cap = self.sample
-        yield GaugeMetricFamily("healthplane_substrate_nodes_bucket_bytes_used",
-                                "Bytes stored in the substrate-nodes bucket", value=used)
-        yield GaugeMetricFamily("healthplane_substrate_nodes_bucket_bytes_max",
-                                "Size cap of the substrate-nodes bucket", value=cap)
-
-
-GAUGES = BucketGauges()
-REGISTRY.register(GAUGES)
 
 
 def _configured_cap(applied: configstore.InForce | None) -> int | None:
@@ -92,93 +66,78 @@ class Bridge:
         self._ctx = ctx
         self._js = ctx.js
         self._log = ctx.log
-        self._known: set[str] = set()
-        self._registered: set[str] = set()  # NODE_REGISTERED subjects in HP_NODE_EVENTS
+        self.state = fold.BridgeState()
         self._rejections = rejection_log()
         self._sample_interval_s = sample_interval_s
-        self._rejected = metrics.MESSAGES_REJECTED
         self._publisher = Publisher(ctx.nc, window=4096)
-        self._processed = metrics.MESSAGES_PROCESSED.labels(SERVICE, "HP_RESOURCES")
-        self.loop = PullLoop(ctx.nc, "HP_RESOURCES", CONSUMER, self.handle, service=SERVICE,
+        self._set_aside = SetAside(ctx.nc, self._publisher, SERVICE, f"{SERVICE}.0", ctx.log)
+        self._processed = metrics.MESSAGES_PROCESSED.labels(SERVICE, STREAM)
+        self.loop = PullLoop(ctx.nc, STREAM, CONSUMER, self.handle, service=SERVICE,
                              batch=2048, log=ctx.log, recreate=self.ensure_consumer)
 
     async def start(self) -> None:
         await self.ensure_consumer()
         kv = await self._js.key_value(streams.NODES_BUCKET)
         try:
-            self._known = set(await kv.keys())
+            known = await kv.keys()
         except NoKeysError:
-            self._known = set()
+            known = []
         # This service is the one writer of NODE_REGISTERED: read once what is there, and the
         # set stays complete as it registers (a request per newcomer held a fleet coming up
         # to ~4,600 registrations/s).
         registered: set[str] = set()
         await read_all(self._ctx.nc, self._js, "HP_NODE_EVENTS", "hp.event.*.*.NODE_REGISTERED",
                        last_per_subject=True, headers_only=True, sink=lambda msg: registered.add(msg.subject))
-        self._registered = registered
-        self._log.info("bridge started", nodes=len(self._known), registered=len(registered))
+        self.state = fold.initial_state(known, registered)
+        self._log.info("bridge started", nodes=len(self.state.known), registered=len(registered))
 
     async def ensure_consumer(self) -> None:
         # A durable consumer: the KV is the bridge's state, so it resumes where it acked.
-        await self._js.add_consumer("HP_RESOURCES", ConsumerConfig(
-            durable_name=CONSUMER, ack_policy=AckPolicy.EXPLICIT, deliver_policy=DeliverPolicy.ALL,
-            ack_wait=60.0, max_ack_pending=8192, max_waiting=64))
+        await consumers.ensure(self._js, STREAM, consumers.durable(
+            CONSUMER, ack_wait_s=60.0, max_ack_pending=8192))
 
     async def handle(self, batch: list[Delivery]) -> None:
-        reports: list[tuple[Delivery, wire.ResourceReport, str]] = []
+        deliveries: list[Delivery] = []
+        reports: list[fold.Report] = []
         for delivery in batch:
             try:
                 report = wire.decode(wire.ResourceReport, delivery.msg.data)
             except wire.WireError as exc:
-                delivery.term(str(exc))
-                self._rejected.labels(SERVICE, "HP_RESOURCES", "malformed").inc()
-                self._log.warning("resource report rejected", seq=delivery.stream_seq,
-                                  subject=delivery.msg.subject, reason=str(exc))
+                await self._set_aside.reject(delivery, str(exc))
                 continue
-            reports.append((delivery, report, subjects.kv_node_key(report.cluster, report.node_id)))
-        # Registration first, so that a node in the bucket always has its NODE_REGISTERED.
-        newcomers = {key: (d, r) for d, r, key in reports if key not in self._known}
-        if newcomers:
+            deliveries.append(delivery)
+            reports.append(fold.Report(delivery.stream_seq, delivery.timestamp_ns, report))
+        plan = fold.decide(self.state, reports)
+        puts, skipped = plan.puts, plan.skipped
+        if plan.registrations:
             try:
-                await self._register(list(newcomers.values()))
+                await self._publisher.store_all([_registration(r) for r in plan.registrations])
+                fold.evolve(self.state, fold.Registered(tuple(r.subject for r in plan.registrations)))
             except PublishError as exc:
                 self._log.warning("registration not stored; reports left for redelivery", error=str(exc))
-                for delivery, _, key in reports:
-                    if key in newcomers:
-                        delivery.nak(RETRY_DELAY_S)
-                reports = [entry for entry in reports if entry[2] not in newcomers]
-        puts: list[Outbound] = [(f"{BUCKET_SUBJECT_PREFIX}{key}", delivery.msg.data, None)
-                                for delivery, _, key in reports]
+                puts, waiting, not_registered = plan.without_newcomers()
+                for put in waiting:
+                    deliveries[put.at].nak(RETRY_DELAY_S)
+                skipped += not_registered
+        for skip in skipped:
+            self._log.debug("registration skipped", key=skip.key, reason=skip.reason)
+        outbound: list[Outbound] = [(f"{BUCKET_SUBJECT_PREFIX}{put.key}", deliveries[put.at].msg.data, None)
+                                    for put in puts]
         try:
-            outcomes = await self._publisher.store_each(puts)
+            outcomes = await self._publisher.store_each(outbound)
         except PublishError as exc:  # the connection refused the whole batch
-            outcomes = [exc] * len(puts)
-        stored = 0
-        for (delivery, report, key), outcome in zip(reports, outcomes, strict=True):
+            outcomes = [exc] * len(outbound)
+        stored: list[str] = []
+        for put, outcome in zip(puts, outcomes, strict=True):
             if isinstance(outcome, PublishError):
-                self._on_rejected(delivery, report, outcome)
+                self._on_rejected(deliveries[put.at], reports[put.at].report, outcome)
                 continue
-            self._known.add(key)
-            stored += 1
-        self._processed.inc(stored)
-
-    async def _register(self, newcomers: list[tuple[Delivery, wire.ResourceReport]]) -> None:
-        """NODE_REGISTERED for nodes the bucket has not seen, unless the event stream already
-        has one (a put failed after registering, or the bucket lost the key)."""
-        events: list[Outbound] = []
-        for delivery, report in newcomers:
-            subject = subjects.event(report.cluster, report.node_id, "NODE_REGISTERED")
-            if subject in self._registered:
-                continue
-            occurred_at = datetime.fromtimestamp(delivery.timestamp_ns / 1e9, UTC)
-            event = registration_event(report, occurred_at)
-            events.append((subject, wire.encode(event), {
-                "Nats-Msg-Id": event.id, "Hp-Producer": SERVICE,
-                "Hp-Causation": f"HP_RESOURCES:{delivery.stream_seq}"}))
-        await self._publisher.store_all(events)
-        self._registered.update(subject for subject, _, _ in events)
+            stored.append(put.key)
+        fold.evolve(self.state, fold.Stored(tuple(stored)))
+        self._processed.inc(len(stored))
 
     def _on_rejected(self, delivery: Delivery, report: wire.ResourceReport, exc: Exception) -> None:
+        """BRG-2: not a dead letter: the report is redelivered until the bucket has room."""
         delivery.nak(RETRY_DELAY_S)
         PUT_FAILURES.inc()
         if self._rejections.allow(time.monotonic()):
@@ -208,6 +167,12 @@ class Bridge:
             await self.loop.run()
         finally:
             sampler.cancel()
+
+
+def _registration(register: fold.Register) -> Outbound:
+    return (register.subject, wire.encode(register.event), {
+        "Nats-Msg-Id": register.event.id, "Hp-Producer": SERVICE,
+        "Hp-Causation": f"{STREAM}:{register.seq}"})
 
 
 def main(args: argparse.Namespace) -> int:

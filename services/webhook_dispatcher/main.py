@@ -10,6 +10,9 @@ endpoint fills and overflows only its own queue (counted in
 
 Endpoints come from ``nodeEventWebhooks`` in the cluster config, read at start and then
 watched on ``hp.config``: ``healthplane config apply`` changes them without a restart.
+
+Wiring only: the decisions are ``rules``, the HTTP adapter ``send`` and ``transport``, the
+series ``metrics``. A record that is not a node event is set aside as a dead letter.
 """
 
 from __future__ import annotations
@@ -20,25 +23,37 @@ import os
 import random
 import time
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any
 
 from nats.aio.msg import Msg
-from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
-from prometheus_client import Counter, Gauge, Histogram
+from nats.js.api import ConsumerConfig, DeliverPolicy
 
 from healthplane import configstore, subjects, wire
 from healthplane.config import ConfigError
-from healthplane.runtime import metrics
+from healthplane.runtime import consumers, metrics
+from healthplane.runtime.deadletters import SetAside
 from healthplane.runtime.lifecycle import ServiceContext, run_service, until_stopped
 from healthplane.runtime.logs import LogBudget
+from healthplane.runtime.publish import Publisher
 from healthplane.runtime.pull import Delivery, PullLoop
 from healthplane.webhooks import signature_headers
-from healthplane_webhook_dispatcher.core import (
+from healthplane_webhook_dispatcher.metrics import (
+    CONFIG_VERSION,
+    DELIVERIES,
+    DROPPED,
+    ENDPOINTS,
+    LATENCY,
+    QUEUE_DEPTH,
+    DropReason,
+    forget_queue_depth,
+)
+from healthplane_webhook_dispatcher.rules import (
     CONTENT_TYPE,
     SERVICE,
     BoundedQueue,
     Endpoint,
     Settings,
+    after_attempt,
     backoff_delay,
     endpoints_from_config,
     envelope,
@@ -52,35 +67,6 @@ from healthplane_webhook_dispatcher.send import EndpointSender
 
 CONSUMER = "webhook-dispatcher"
 STREAM = "HP_NODE_EVENTS"
-
-Outcome = Literal["delivered", "failed", "rejected", "error"]
-DropReason = Literal["queue_full", "max_attempts", "rejected", "endpoint_removed", "shutdown"]
-
-DELIVERIES = Counter(
-    "healthplane_webhook_deliveries_total",
-    "Delivery attempts by result: delivered (2xx), failed (retryable status), rejected (4xx "
-    "other than 408/429), error (no HTTP answer: refused, reset, timeout)",
-    ["endpoint", "outcome"],
-)
-DROPPED = Counter(
-    "healthplane_webhook_dropped_total",
-    "Events an endpoint will never receive: queue_full (burst beyond its queue), max_attempts, "
-    "rejected (4xx), endpoint_removed (config apply), shutdown (still queued at stop)",
-    ["endpoint", "reason"],
-)
-LATENCY = Histogram(
-    "healthplane_webhook_request_seconds",
-    "Time of one delivery attempt, request sent to answer read (or failure)",
-    ["endpoint"],
-    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
-)
-QUEUE_DEPTH = Gauge(
-    "healthplane_webhook_queue_depth",
-    "Events waiting for a worker of this endpoint (bounded by HEALTHPLANE_WEBHOOK_QUEUE_SIZE)",
-    ["endpoint"],
-)
-ENDPOINTS = Gauge("healthplane_webhook_endpoints", "Webhook endpoints in force")
-CONFIG_VERSION = Gauge("healthplane_webhook_config_version", "Version of the cluster config in force")
 
 
 class Pending:
@@ -188,14 +174,12 @@ class EndpointWorker:
             attempt += 1
             endpoint = self.endpoint  # a reload may change secret or maxAttempts meanwhile
             status, detail, retry_after = await self._attempt(endpoint, pending)
-            if status is not None and judge(status) == "delivered":
-                return
-            if status is not None and judge(status) == "rejected":
-                self._drop(pending, "rejected", attempt, detail)
-                return
-            if attempt >= endpoint.max_attempts:
-                self._drop(pending, "max_attempts", attempt, detail)
-                return
+            match after_attempt(status, attempt, endpoint.max_attempts):
+                case "delivered":
+                    return
+                case "rejected" | "max_attempts" as reason:
+                    self._drop(pending, reason, attempt, detail)
+                    return
             await asyncio.sleep(backoff_delay(attempt, self._draw(), base_s=self._settings.backoff_base_s,
                                               cap_s=self._settings.backoff_cap_s, retry_after_s=retry_after))
 
@@ -239,7 +223,7 @@ class Dispatcher:
         self.config_version = 0
         self._closing: set[asyncio.Task[None]] = set()
         self._config_sub: Any = None
-        self._rejected = metrics.MESSAGES_REJECTED
+        self._set_aside = SetAside(ctx.nc, Publisher(ctx.nc), SERVICE, f"{SERVICE}.0", ctx.log)
         self._processed = metrics.MESSAGES_PROCESSED.labels(SERVICE, STREAM)
         self.loop = PullLoop(ctx.nc, STREAM, CONSUMER, self.handle, service=SERVICE, batch=512,
                              log=ctx.log, recreate=self.ensure_consumer)
@@ -264,9 +248,9 @@ class Dispatcher:
         # NEW on first creation: a first deployment notifies from now on instead of
         # replaying 90 days of history into every receiver. After that the durable
         # resumes from its ack floor.
-        await self._js.add_consumer(STREAM, ConsumerConfig(
-            durable_name=CONSUMER, ack_policy=AckPolicy.EXPLICIT, deliver_policy=DeliverPolicy.NEW,
-            filter_subject="hp.event.>", ack_wait=30.0, max_ack_pending=4096, max_waiting=64))
+        await consumers.ensure(self._js, STREAM, consumers.durable(
+            CONSUMER, deliver=DeliverPolicy.NEW, filter_subjects=("hp.event.>",), ack_wait_s=30.0,
+            max_ack_pending=4096))
 
     # ------------------------------------------------------------------ config
 
@@ -309,7 +293,7 @@ class Dispatcher:
             await worker.close(0.0, "endpoint_removed")
             # The label may have come back with another URL (only the query changed).
             if worker.endpoint.label not in {w.endpoint.label for w in self.workers.values()}:
-                _forget_queue_gauge(worker.endpoint.label)
+                forget_queue_depth(worker.endpoint.label)
 
         task = asyncio.create_task(close())
         self._closing.add(task)
@@ -319,12 +303,13 @@ class Dispatcher:
 
     async def handle(self, batch: list[Delivery]) -> None:
         """Hand each event to the queue of every endpoint that wants it, then ack (the pull
-        loop settles the batch when this returns). Never waits on a receiver."""
+        loop settles the batch when this returns). Never waits on a receiver; a malformed
+        record waits only for its dead letter to be stored."""
         workers = list(self.workers.values())
         for delivery in batch:
             event_type = event_type_of_subject(delivery.msg.subject)
             if event_type is None:
-                self._reject(delivery, "not a node event subject")
+                await self._set_aside.reject(delivery, "not a node event subject")
                 continue
             targets = [w for w in workers if w.endpoint.wants(event_type)]
             if not targets:
@@ -332,18 +317,12 @@ class Dispatcher:
             try:
                 event = wire.decode(wire.NodeEvent, delivery.msg.data)
             except wire.WireError as exc:
-                self._reject(delivery, str(exc))
+                await self._set_aside.reject(delivery, str(exc))
                 continue
             pending = Pending(event)
             for worker in targets:
                 worker.offer(pending)
         self._processed.inc(len(batch))
-
-    def _reject(self, delivery: Delivery, reason: str) -> None:
-        delivery.term(reason)
-        self._rejected.labels(SERVICE, STREAM, "malformed").inc()
-        self._log.warning("node event rejected", seq=delivery.stream_seq, subject=delivery.msg.subject,
-                          reason=reason)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -366,14 +345,7 @@ class Dispatcher:
         await asyncio.gather(*(w.close(self._settings.drain_s, "shutdown") for w in workers),
                              *self._closing)
         for worker in workers:
-            _forget_queue_gauge(worker.endpoint.label)
-
-
-def _forget_queue_gauge(label: str) -> None:
-    try:
-        QUEUE_DEPTH.remove(label)
-    except KeyError:
-        pass
+            forget_queue_depth(worker.endpoint.label)
 
 
 def _scrub_config_error(message: str, applied: wire.ConfigEnvelope) -> str:

@@ -9,7 +9,7 @@ they are done here the way the client does them (a test compares the bytes): the
 ``User-Agent``, userinfo in the URL as Basic auth (last header, as httpx's auth flow puts
 it), and the attempt's timeouts. Redirects are never followed.
 
-Where the environment names a proxy for the endpoint (``core.proxy_for``: ``HTTPS_PROXY``,
+Where the environment names a proxy for the endpoint (``rules.proxy_for``: ``HTTPS_PROXY``,
 ``HTTP_PROXY``, ``ALL_PROXY``, ``NO_PROXY`` with names, addresses and CIDR ranges), the
 endpoint gets an ``httpx.AsyncClient`` with httpx's own transport and that proxy instead.
 
@@ -34,7 +34,7 @@ from typing import Any
 import httpx
 
 from healthplane import __version__
-from healthplane_webhook_dispatcher.core import Settings, proxy_for
+from healthplane_webhook_dispatcher.rules import Settings, proxy_for
 from healthplane_webhook_dispatcher.transport import StreamTransport
 
 MAX_BODY_BYTES = 64 * 1024  # of an answer's body read; beyond it the connection is closed

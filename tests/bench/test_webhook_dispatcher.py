@@ -37,8 +37,8 @@ from healthplane.natsserver import NatsServer, free_port
 from healthplane.runtime import logs
 from healthplane.runtime.lifecycle import ServiceContext
 from healthplane.webhooks import signature_headers
-from healthplane_webhook_dispatcher.core import CONTENT_TYPE, Settings, endpoint_label, envelope
 from healthplane_webhook_dispatcher.main import Dispatcher
+from healthplane_webhook_dispatcher.rules import CONTENT_TYPE, Settings, endpoint_label, envelope
 from healthplane_webhook_dispatcher.send import EndpointSender
 from tests.bench import harness
 from tests.bench.bus import publish_all

@@ -20,8 +20,9 @@ from nats.js.api import KeyValueConfig, StorageType
 from healthplane import configstore, streams, subjects, wire
 from healthplane.config import parse_cluster_config
 from healthplane.natsserver import NatsServer, free_port
+from healthplane.runtime import deadletters
 from healthplane.runtime.replay import replay
-from healthplane_substrate_bridge.main import BucketGauges
+from healthplane_substrate_bridge.metrics import BucketGauges
 from tests.support.records import resource_report
 
 pytestmark = pytest.mark.nats
@@ -219,6 +220,25 @@ async def test_full_bucket_rejects_then_redelivers_until_space(nats_server: Nats
 
     await _until(all_landed, timeout=20)
     assert "n-new" in [e.node_id for e in await _registrations(js)]
+
+
+async def test_malformed_report_is_set_aside_and_the_next_lands(nats_server: NatsServer, nc,  # type: ignore[no-untyped-def]
+                                                                js: JetStreamContext, tmp_path: Path,
+                                                                bridges: list[BridgeProcess]) -> None:
+    # REL-3, issue 16.2: a report that does not decode is terminated, counted and kept in
+    # HP_DEAD_LETTERS byte for byte with why; the reports behind it go on.
+    bridge = _start(bridges, nats_server, tmp_path)
+    garbage = b'{"node_id": "cn-9", "cores": "many"'
+    ack = await js.publish(subjects.resource("default", "cn-9"), garbage)
+    await _publish(js, resource_report("cn-10"))
+    kv = await js.key_value(streams.NODES_BUCKET)
+    await _until(lambda: _has_key(kv, "default.cn-10"))
+    [dead] = await deadletters.read(nc, js, "substrate-bridge")
+    assert (dead.input_stream, dead.input_seq, dead.reason, dead.payload) == ("HP_RESOURCES", ack.seq, "malformed", garbage)
+    assert dead.producer == "substrate-bridge.0"
+    assert bridge.wait_for_line("input rejected")["seq"] == ack.seq
+    assert _counter(bridge.metrics(), "healthplane_messages_rejected_total") == 1
+    assert not await _has_key(kv, "default.cn-9")
 
 
 async def test_gauges_report_bucket_usage(nats_server: NatsServer, js: JetStreamContext, tmp_path: Path,

@@ -30,9 +30,10 @@ from prometheus_client import REGISTRY
 from healthplane import configstore, subjects, wire
 from healthplane.config import parse_cluster_config
 from healthplane.natsserver import NatsServer, free_port
+from healthplane.runtime import deadletters
 from healthplane.runtime.lifecycle import ServiceContext
-from healthplane_webhook_dispatcher.core import Settings, endpoint_label
 from healthplane_webhook_dispatcher.main import Dispatcher
+from healthplane_webhook_dispatcher.rules import Settings, endpoint_label
 from tests.support.webhook_receiver import HOSTILE, Hostile, Misbehaviour, Received, Receiver
 
 pytestmark = pytest.mark.nats
@@ -488,23 +489,27 @@ async def test_web1_first_config_applied_after_start(js: JetStreamContext, start
 
 
 async def test_rel3_malformed_event_is_refused_and_counted_without_blocking(
-        js: JetStreamContext, start_dispatcher: Any, receivers: Any) -> None:
-    """REL-3: a record that is not a node event is terminated and counted; the next one is
-    delivered."""
+        nc: NATS, js: JetStreamContext, start_dispatcher: Any, receivers: Any) -> None:
+    """REL-3: a record that is not a node event is terminated, counted and (issue 16.2) set
+    aside in HP_DEAD_LETTERS, byte for byte, with why; the next one is delivered."""
     receiver = await receivers()
     await apply_hooks(js, {"url": receiver.url, "secret": SECRET})
     running = await start_dispatcher()
     before = sample("healthplane_messages_rejected_total", service="webhook-dispatcher", stream="HP_NODE_EVENTS",
                     reason="malformed")
-    await js.publish(subjects.event("default", "cn-1", "POLICY_ACTED"), b'{"id": "half an event"')
+    half = b'{"id": "half an event"'
+    ack = await js.publish(subjects.event("default", "cn-1", "POLICY_ACTED"), half)
     good = node_event()
     await publish(js, good)
     [delivery] = await receiver.wait_for(1)
     assert delivery.event_id == good.id
     assert sample("healthplane_messages_rejected_total", service="webhook-dispatcher", stream="HP_NODE_EVENTS",
                   reason="malformed") == before + 1
-    [line] = running.log.named("node event rejected")
-    assert "malformed JSON" in line["reason"]
+    [line] = running.log.named("input rejected")
+    assert "malformed JSON" in line["reason"] and line["seq"] == ack.seq
+    [dead] = await deadletters.read(nc, js, "webhook-dispatcher")
+    assert (dead.input_stream, dead.input_seq, dead.reason, dead.payload) == ("HP_NODE_EVENTS", ack.seq, "malformed", half)
+    assert dead.producer == "webhook-dispatcher.0" and "malformed JSON" in dead.error
 
 
 # ---------------------------------------------------------------------------- hostile receivers (issue 16.1)

@@ -21,7 +21,7 @@ import pytest
 
 from healthplane.natsserver import free_port
 from healthplane.webhooks import signature_headers, verify
-from healthplane_webhook_dispatcher.core import Settings
+from healthplane_webhook_dispatcher.rules import Settings
 from healthplane_webhook_dispatcher.send import MAX_BODY_BYTES, EndpointSender, endpoint_client
 from healthplane_webhook_dispatcher.transport import MAX_HEAD_BYTES, StreamTransport
 from tests.support.webhook_receiver import Receiver

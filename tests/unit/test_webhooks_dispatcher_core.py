@@ -14,12 +14,13 @@ from hypothesis import strategies as st
 from healthplane import subjects, wire
 from healthplane.config import parse_cluster_config
 from healthplane.runtime.logs import LogBudget
-from healthplane_webhook_dispatcher.core import (
+from healthplane_webhook_dispatcher.rules import (
     CONTENT_TYPE,
     SOURCE_SERVICE,
     BoundedQueue,
     Endpoint,
     Settings,
+    after_attempt,
     backoff_delay,
     cloud_event,
     endpoint_label,
@@ -125,6 +126,21 @@ def test_web2_envelope_is_structured_cloudevent_with_the_cli_json_as_data() -> N
 ])
 def test_web4_which_answers_are_retried(status: int, verdict: str) -> None:
     assert judge(status) == verdict
+
+
+@pytest.mark.parametrize(("status", "attempt", "max_attempts", "then"), [
+    (200, 1, 5, "delivered"),
+    (204, 5, 5, "delivered"),
+    (404, 1, 5, "rejected"),     # a 4xx: sending it again cannot help
+    (400, 5, 5, "rejected"),
+    (429, 1, 5, "retry"),
+    (408, 4, 5, "retry"),
+    (503, 5, 5, "max_attempts"),
+    (None, 1, 5, "retry"),       # no HTTP answer at all
+    (None, 1, 1, "max_attempts"),
+])
+def test_web4_what_follows_an_attempt(status: int | None, attempt: int, max_attempts: int, then: str) -> None:
+    assert after_attempt(status, attempt, max_attempts) == then
 
 
 @given(attempt=st.integers(min_value=1, max_value=200), draw=st.floats(min_value=0, max_value=1, exclude_max=True),

@@ -319,24 +319,6 @@ class Publisher:
         if not future.done():
             future.cancel()
 
-    async def outcomes(self, futures: list[asyncio.Future[Ack]]) -> list[Ack | PublishError]:
-        """The ack or the error of each submitted record, in order, under one timer."""
-        if not futures:
-            return []
-        _, pending = await asyncio.wait(futures, timeout=self._timeout)
-        results: list[Ack | PublishError] = []
-        for future in futures:
-            if future in pending:
-                self._forget(future)
-                results.append(PublishError(f"no ack within {self._timeout:g}s"))
-                continue
-            exc = future.exception()
-            if exc is None:
-                results.append(future.result())
-            else:
-                results.append(exc if isinstance(exc, PublishError) else PublishError(str(exc)))
-        return results
-
     async def publish(self, subject: str, payload: bytes, headers: dict[str, str] | None = None) -> None:
         self._batch.append((subject, await self.submit(subject, payload, headers)))
 

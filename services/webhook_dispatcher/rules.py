@@ -1,7 +1,15 @@
 """Pure rules of the webhook dispatcher: which endpoints want an event, the CloudEvent
-envelope, how an HTTP answer is judged, how long to wait before a retry, and the bounded
-queue in front of each endpoint. No I/O, no clock, no randomness: times and random draws
-arrive as arguments (docs/webhooks.md explains the behaviour to operators)."""
+envelope, how an HTTP answer is judged and what follows it, how long to wait before a retry,
+and the bounded queue in front of each endpoint. No I/O, no clock, no randomness: times and
+random draws arrive as arguments (docs/webhooks.md explains the behaviour to operators).
+
+Rules and no ``fold.py``: the dispatcher folds no input into state. It reads its durable
+from the newest event (``DeliverPolicy.NEW``), acks each one as soon as it is queued and
+never replays; nothing it holds is rebuilt from a stream. The endpoints in force are
+replaced whole by each config record (:func:`plan_reload`), and the queues are buffers in
+front of live connections, not state a replay could repeat. What is left are decisions on
+one event, one config or one answer at a time: functions, not a step over inputs.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +17,7 @@ import ipaddress
 import math
 import re
 from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final, Generic, Literal, TypeVar
 from urllib.parse import urlsplit, urlunsplit
@@ -212,10 +220,6 @@ def plan_reload(current: Mapping[str, Endpoint], wanted: Sequence[Endpoint]) -> 
     )
 
 
-def any_wants(endpoints: Iterable[Endpoint], event_type: str) -> bool:
-    return any(e.wants(event_type) for e in endpoints)
-
-
 def event_type_of_subject(subject: str) -> str | None:
     """The TYPE token of ``hp.event.{cluster}.{node}.{TYPE}``, or None if it is not one."""
     prefix, _, token = subject.rpartition(".")
@@ -254,6 +258,7 @@ def envelope(event: wire.NodeEvent) -> bytes:
 # ---------------------------------------------------------------------------- answers and retries
 
 Verdict = Literal["delivered", "retry", "rejected"]
+Next = Literal["delivered", "retry", "rejected", "max_attempts"]
 
 
 def judge(status: int) -> Verdict:
@@ -264,6 +269,16 @@ def judge(status: int) -> Verdict:
     if 400 <= status < 500 and status not in (408, 429):
         return "rejected"
     return "retry"
+
+
+def after_attempt(status: int | None, attempt: int, max_attempts: int) -> Next:
+    """WEB-3/WEB-4, what follows attempt ``attempt`` (1-based) that got ``status`` (None: no
+    HTTP answer): done (``delivered``), dropped (``rejected`` by a 4xx, or ``max_attempts``
+    spent), or another attempt after a backoff (``retry``)."""
+    verdict = judge(status) if status is not None else "retry"
+    if verdict == "retry" and attempt >= max_attempts:
+        return "max_attempts"
+    return verdict
 
 
 def retry_after_seconds(value: str | None) -> float | None:
@@ -285,6 +300,12 @@ def backoff_delay(attempt: int, draw: float, *, base_s: float, cap_s: float,
     of failed deliveries does not return in lockstep. ``draw`` is uniform in [0, 1). A
     receiver's ``Retry-After`` is honoured up to ``cap_s``.
     """
+    # Not the shared ``runtime.backoff.Backoff``, which jitters ± around a nominal delay and
+    # caps that nominal value: here ``base_s``/``cap_s`` are ceilings of the wait
+    # (HEALTHPLANE_WEBHOOK_BACKOFF_CAP_SECONDS is the longest a retry ever waits) and the wait
+    # is drawn below them. A Backoff matches only with both settings rescaled by 3/4 and
+    # jitter 1/3, and then its rounding puts about 1 delay in 800 just outside
+    # [ceiling/2, ceiling]; a receiver's Retry-After has no place in it either.
     ceiling = min(cap_s, base_s * math.pow(2, min(attempt - 1, 62)))
     delay = ceiling / 2 + min(max(draw, 0.0), 1.0) * ceiling / 2
     if retry_after_s is not None:

@@ -1,5 +1,5 @@
-"""Pure rules of the bridge: which cap is in force, when to log a rejection, and the
-registration event. No I/O, no clock: times arrive as arguments."""
+"""Pure helpers of the bridge: which cap is in force, when to log a rejected put, and the
+registration event the fold asks for. No I/O, no clock: times arrive as arguments."""
 
 from __future__ import annotations
 
