@@ -11,9 +11,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import sys
 import time
 from typing import Any
 
+import pydantic
 from nats.js import JetStreamContext
 from nats.js.errors import NoKeysError
 
@@ -24,6 +26,7 @@ from healthplane.runtime.lifecycle import ServiceContext, run_service, until_sto
 from healthplane.runtime.publish import Outbound, Publisher, PublishError
 from healthplane.runtime.pull import Delivery, PullLoop
 from healthplane.runtime.replay import read_all
+from healthplane.settings import EnvSettings, SettingsError
 from healthplane_substrate_bridge import fold
 from healthplane_substrate_bridge.metrics import GAUGES, PUT_FAILURES
 from healthplane_substrate_bridge.rules import decide_cap, rejection_log
@@ -36,20 +39,25 @@ BUCKET_SUBJECT_PREFIX = f"$KV.{streams.NODES_BUCKET}."
 RETRY_DELAY_S = 2.0
 
 
-def _configured_cap(applied: configstore.InForce | None) -> int | None:
-    """The cap from the environment (an unvalidated path) or else the applied config."""
-    from_env = os.environ.get("HEALTHPLANE_NODES_BUCKET_MAX_BYTES")
-    if from_env:
-        return int(from_env)
+class Settings(EnvSettings):
+    # A cap from the environment is an unvalidated path: decide_cap clamps it (BRG-1).
+    nodes_bucket_max_bytes: int | None = pydantic.Field(None, gt=0, alias="NODES_BUCKET_MAX_BYTES")
+    bucket_sample_seconds: float = pydantic.Field(60.0, gt=0, alias="BUCKET_SAMPLE_SECONDS")
+
+
+def _configured_cap(settings: Settings, applied: configstore.InForce | None) -> int | None:
+    """The cap from the environment, or else the applied config."""
+    if settings.nodes_bucket_max_bytes is not None:
+        return settings.nodes_bucket_max_bytes
     return applied.config.substrate.nodes_bucket_max_bytes if applied else None
 
 
-async def apply_cap(js: JetStreamContext, log: Any) -> None:
+async def apply_cap(js: JetStreamContext, log: Any, settings: Settings) -> None:
     """Resize the bucket in place to the configured cap (BRG-1) and log the cap in force."""
     found = await configstore.read(js)
     for record in found.skipped:
         log.warning("config record skipped", seq=record.seq, reason=record.reason)
-    decision = decide_cap(_configured_cap(found.in_force))
+    decision = decide_cap(_configured_cap(settings, found.in_force))
     info = await js.stream_info(BUCKET_STREAM)
     if decision.in_force is not None and info.config.max_bytes != decision.in_force:
         info.config.max_bytes = decision.in_force
@@ -176,11 +184,15 @@ def _registration(register: fold.Register) -> Outbound:
 
 
 def main(args: argparse.Namespace) -> int:
-    sample_interval_s = float(os.environ.get("HEALTHPLANE_BUCKET_SAMPLE_SECONDS", "60"))
+    try:
+        settings = Settings.from_env(os.environ)
+    except SettingsError as exc:
+        print(f"healthplane service {SERVICE}: {exc}", file=sys.stderr)
+        return 2
 
     async def serve(ctx: ServiceContext) -> None:
-        await apply_cap(ctx.js, ctx.log)
-        bridge = Bridge(ctx, sample_interval_s)
+        await apply_cap(ctx.js, ctx.log, settings)
+        bridge = Bridge(ctx, settings.bucket_sample_seconds)
         await bridge.start()
         await until_stopped(ctx, bridge)
 

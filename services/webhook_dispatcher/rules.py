@@ -22,11 +22,13 @@ from dataclasses import dataclass, field
 from typing import Final, Generic, Literal, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
+import pydantic
 from cloudevents.core.formats.json import JSONFormat
 from cloudevents.core.v1.event import CloudEvent
 
 from healthplane import subjects, wire
 from healthplane.config import ClusterConfig
+from healthplane.settings import EnvSettings
 
 SERVICE: Final = "webhook-dispatcher"
 CONTENT_TYPE: Final = "application/cloudevents+json; charset=utf-8"
@@ -64,35 +66,24 @@ _JSON: Final = JSONFormat()
 # ---------------------------------------------------------------------------- settings
 
 
-@dataclass(frozen=True, slots=True)
-class Settings:
-    """Service tuning (environment ``HEALTHPLANE_WEBHOOK_*``); the endpoints themselves come
-    from the cluster config."""
+class Settings(EnvSettings):
+    """Service tuning (environment ``HEALTHPLANE_WEBHOOK_*``, through the one settings reader);
+    the endpoints themselves come from the cluster config."""
 
-    queue_size: int = 1024          # events waiting per endpoint; beyond it, dropped
-    concurrency: int = 16           # requests in flight per endpoint (one connection each)
-    timeout_s: float = 10.0         # one attempt's whole deadline: pool wait, connect, send, the answer
-    connect_timeout_s: float = 5.0
-    backoff_base_s: float = 0.5     # first retry after 0.25..0.5 s, doubling
-    backoff_cap_s: float = 30.0
-    drain_s: float = 5.0            # on SIGTERM: time the queues get to empty
+    PREFIX = "HEALTHPLANE_WEBHOOK_"
+    queue_size: int = pydantic.Field(1024, alias="QUEUE_SIZE")    # events waiting per endpoint; beyond it, dropped
+    concurrency: int = pydantic.Field(16, alias="CONCURRENCY")    # requests in flight per endpoint (one connection each)
+    # one attempt's whole deadline: pool wait, connect, send, the answer
+    timeout_s: float = pydantic.Field(10.0, gt=0, alias="TIMEOUT_SECONDS")
+    connect_timeout_s: float = pydantic.Field(5.0, gt=0, alias="CONNECT_TIMEOUT_SECONDS")
+    backoff_base_s: float = pydantic.Field(0.5, gt=0, alias="BACKOFF_BASE_SECONDS")  # first retry after 0.25..0.5 s, doubling
+    backoff_cap_s: float = pydantic.Field(30.0, gt=0, alias="BACKOFF_CAP_SECONDS")
+    drain_s: float = pydantic.Field(5.0, ge=0, alias="DRAIN_SECONDS")  # on SIGTERM: time the queues get to empty
 
-    @staticmethod
-    def from_env(environ: Mapping[str, str]) -> Settings:
-        def number(name: str, default: float) -> float:
-            raw = environ.get(f"HEALTHPLANE_WEBHOOK_{name}")
-            return float(raw) if raw else default
-
-        defaults = Settings()
-        return Settings(
-            queue_size=max(1, int(number("QUEUE_SIZE", defaults.queue_size))),
-            concurrency=max(1, int(number("CONCURRENCY", defaults.concurrency))),
-            timeout_s=number("TIMEOUT_SECONDS", defaults.timeout_s),
-            connect_timeout_s=number("CONNECT_TIMEOUT_SECONDS", defaults.connect_timeout_s),
-            backoff_base_s=number("BACKOFF_BASE_SECONDS", defaults.backoff_base_s),
-            backoff_cap_s=number("BACKOFF_CAP_SECONDS", defaults.backoff_cap_s),
-            drain_s=number("DRAIN_SECONDS", defaults.drain_s),
-        )
+    @pydantic.field_validator("queue_size", "concurrency")
+    @classmethod
+    def _at_least_one(cls, value: int) -> int:
+        return max(1, value)  # 0 means "as little as possible", not "none"
 
 
 # ---------------------------------------------------------------------------- endpoints
