@@ -3,8 +3,8 @@
 Where no proxy applies (the usual case), each request is built as ``httpx.Request`` and
 handed straight to the endpoint's ``transport.StreamTransport``: HTTP/1.1 over asyncio,
 pooled, with httpx's timeouts and exceptions. What ``httpx.AsyncClient.send`` adds on top
-(~250 µs of CPU a request on the 2-core development machine: default-header merging, the
-auth and redirect generators, cookies, event hooks) a delivery needs three things of, and
+(default-header merging, the auth and redirect generators, cookies, event hooks: most of a
+delivery's CPU, docs/benchmarks.md) a delivery needs three things of, and
 they are done here the way the client does them (a test compares the bytes): the
 ``User-Agent``, userinfo in the URL as Basic auth (last header, as httpx's auth flow puts
 it), and the attempt's timeouts. Redirects are never followed.

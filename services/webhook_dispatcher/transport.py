@@ -6,7 +6,7 @@ requests directly, send.py; under an ``httpx.AsyncClient`` it works as any trans
 The bytes on the wire are h11's, both ways: h11 writes the request (and refuses a header or
 target that would smuggle another) and parses the answer, its framing and whether the
 connection may carry another request. What is ours is the I/O around it, in place of
-httpcore + anyio (~1.2 ms of CPU per request on the 2-core development machine):
+httpcore + anyio, which cost several times the CPU per request (docs/benchmarks.md):
 
 - HTTP/1.1 with keep-alive over ``loop.create_connection``; TLS with an ``ssl.SSLContext``
   (httpx's default verification unless one is given) for ``https`` URLs.
