@@ -28,6 +28,7 @@ from typing import Any, Final, Literal, Protocol
 import msgspec
 
 from healthplane import __version__, subjects, wire
+from healthplane.runtime.backoff import Backoff
 from healthplane_collector import probe
 from healthplane_collector.hotplug import Reprobe
 from healthplane_collector.inventory import Inventory, InventoryError
@@ -233,7 +234,7 @@ class KmsgWatcher:
         """Poll the source until ``stopping``; a lost read → failed, backoff up to 60 s (COL-6)."""
         if self.unavailable:
             return
-        delay = 1.0
+        backoff = Backoff(1.0, KMSG_BACKOFF_MAX_S)
         loop = asyncio.get_running_loop()
         while not stopping.is_set():
             readable = asyncio.Event()
@@ -246,19 +247,19 @@ class KmsgWatcher:
                 try:
                     self.poll(datetime.now(UTC))
                     self.failure = None
-                    delay = 1.0
+                    backoff.reset()
                     await _wait_any(stopping, readable, within_s=None if self._source.is_device or self._source.is_fifo else 0.25)
                 finally:
                     if self._source.fd is not None and (self._source.is_device or self._source.is_fifo):
                         loop.remove_reader(self._source.fd)
             except OSError as exc:
                 self.failure = f"lost the read of {self.path}: {exc.strerror or exc}"
+                delay = backoff.next()
                 if self.log is not None:
                     self.log.warning("kmsg read lost, retrying", path=str(self.path), error=self.failure,
                                      retry_in_s=delay)
                 self._source.close()
                 await _wait_any(stopping, asyncio.Event(), within_s=delay)
-                delay = min(delay * 2, KMSG_BACKOFF_MAX_S)
         self._source.close()
 
     def signal(self, gpus_by_pci: Mapping[str, int]) -> wire.KmsgSignal:
