@@ -24,6 +24,7 @@ lint:
 
 # Benchmarks: prints a table and writes bench-results.json
 bench *ARGS:
+    python -m pip install --quiet -c .cache/constraints.txt -e '.[dev,bench]'  # faststream, measured against the pull loop
     python -m pytest -q -p no:cacheprovider tests/bench -o addopts="" -o timeout=3600 -s {{ARGS}}
 
 # Regenerate proto/ (JSON Schema + AsyncAPI) from the wire Structs
