@@ -20,7 +20,7 @@ import sys
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal, Self
 
 from cloudevents.v1.http import from_http
 
@@ -48,8 +48,37 @@ def _ok(_: Received) -> int:
     return 204
 
 
+class _LocalServer:
+    """A server on 127.0.0.1, any free port; closing it ends the connections parked in a
+    slow answer. Subclasses serve ``_serve`` at ``PATH``."""
+
+    PATH: ClassVar[str] = "/"
+    _server: asyncio.Server | None
+    _handlers: set[asyncio.Task[None]]
+
+    @property
+    def url(self) -> str:
+        assert self._server is not None
+        return f"http://127.0.0.1:{self._server.sockets[0].getsockname()[1]}{self.PATH}"
+
+    async def start(self) -> Self:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        return self
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            for handler in list(self._handlers):
+                handler.cancel()
+            await asyncio.gather(*self._handlers, return_exceptions=True)
+            await self._server.wait_closed()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        raise NotImplementedError
+
+
 @dataclass
-class Receiver:
+class Receiver(_LocalServer):
     secret: str
     answer: Answer = _ok
     received: list[Received] = field(default_factory=list)
@@ -57,25 +86,7 @@ class Receiver:
     connections: int = 0
     _server: asyncio.Server | None = None
     _handlers: set[asyncio.Task[None]] = field(default_factory=set)
-
-    @property
-    def url(self) -> str:
-        assert self._server is not None
-        port = self._server.sockets[0].getsockname()[1]
-        return f"http://127.0.0.1:{port}/hooks/healthplane"
-
-    async def start(self) -> Receiver:
-        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
-        return self
-
-    async def close(self) -> None:
-        if self._server is not None:
-            self._server.close()
-            # Connections parked in a slow answer end with the receiver.
-            for handler in list(self._handlers):
-                handler.cancel()
-            await asyncio.gather(*self._handlers, return_exceptions=True)
-            await self._server.wait_closed()
+    PATH: ClassVar[str] = "/hooks/healthplane"
 
     def ids(self) -> list[str]:
         return [r.event_id for r in self.received]
@@ -140,7 +151,7 @@ GIB = 1 << 30
 
 
 @dataclass
-class Hostile:
+class Hostile(_LocalServer):
     """A receiver on 127.0.0.1 that reads each request whole (a delivery did arrive) and
     answers it ``misbehaving``:
 
@@ -164,23 +175,7 @@ class Hostile:
     sent: int = 0
     _server: asyncio.Server | None = None
     _handlers: set[asyncio.Task[None]] = field(default_factory=set)
-
-    @property
-    def url(self) -> str:
-        assert self._server is not None
-        return f"http://127.0.0.1:{self._server.sockets[0].getsockname()[1]}/hooks/hostile"
-
-    async def start(self) -> Hostile:
-        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
-        return self
-
-    async def close(self) -> None:
-        if self._server is not None:
-            self._server.close()
-            for handler in list(self._handlers):
-                handler.cancel()
-            await asyncio.gather(*self._handlers, return_exceptions=True)
-            await self._server.wait_closed()
+    PATH: ClassVar[str] = "/hooks/hostile"
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         handler = asyncio.current_task()
