@@ -157,16 +157,17 @@ class SchedulerCore:
         if slots_per_node < 1:
             raise ValueError(f"slots per node must be at least 1 (got {slots_per_node})")
         self.slots = slots_per_node
-        self._index: _Index | None = None
 
     def initial_state(self) -> SchedulerState:
         return SchedulerState()
 
     def index(self, state: SchedulerState) -> _Index:
-        # Holding the state object (not its id) means a new state can never pass for the old one.
-        if self._index is None or self._index.state is not state:
-            self._index = _Index(state, self.slots)
-        return self._index
+        """The placement index, derived from ``state`` and kept on it (never encoded): a state
+        restored from a snapshot, or a new one, rebuilds its own."""
+        found: _Index | None = getattr(state, "placement_index", None)
+        if found is None or found.slots != self.slots:
+            found = state.placement_index = _Index(state, self.slots)  # type: ignore[attr-defined]
+        return found
 
     # ------------------------------------------------------------------ the fold
 
@@ -234,7 +235,7 @@ class SchedulerCore:
         state.drain_below_by_definition = {name: config.node_health_for(name).drain_below
                                            for name in config.provisioner_definitions}
         state.config_version = envelope.version
-        self._index = None  # every gate may have moved: rebuild the free-node heaps
+        state.placement_index = None  # type: ignore[attr-defined]  # every gate may have moved: rebuild
 
     def _on_termination(self, state: SchedulerState, index: _Index, result: wire.TerminationResult) -> None:
         state.answered[result.directive_id] = result.accepted

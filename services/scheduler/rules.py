@@ -57,7 +57,9 @@ class NodeState(msgspec.Struct, kw_only=True):
     reject_message: str | None = None
 
 
-class SchedulerState(msgspec.Struct, kw_only=True):
+class SchedulerState(msgspec.Struct, kw_only=True, dict=True):
+    # dict=True: room for the placement index the fold derives from the state and keeps with
+    # it (fold.py), never encoded: a snapshot is the fields alone.
     jobs: dict[str, JobState] = {}  # job_key -> job with steps still to run
     done: dict[str, str] = {}  # job_key -> "finished" | "failed": completed jobs, kept small
     nodes: dict[str, NodeState] = {}  # node_key -> what placement needs to know
