@@ -47,3 +47,19 @@ def test_an_unknown_value_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -
         build_parser().parse_args(["node", "events", "n1", "--type", "bogus"])
     assert stopped.value.code == 2
     assert "invalid choice: 'bogus'" in capsys.readouterr().err
+
+
+def test_bad_data_no_reader_expected_is_one_line(monkeypatch: pytest.MonkeyPatch,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    # Issue 15.1: whatever record a command meets, no traceback: one line naming it, exit 1.
+    from healthplane import wire
+    from healthplane.cli import main as run_cli
+    from healthplane.cli import node_cmd
+
+    async def meets_a_bad_record(args: object) -> int:
+        return wire.decode(wire.NodeView, b"{not json").jobs
+
+    monkeypatch.setattr(node_cmd, "_run", meets_a_bad_record)
+    assert run_cli(["node", "list"]) == 1
+    assert capsys.readouterr().err.splitlines() == [
+        "healthplane: invalid NodeView: malformed JSON (JSON is malformed: object keys must be strings (byte 1))"]

@@ -9,12 +9,13 @@ exit code: 0 success, 1 refused or failed, 2 usage error, 3 retryable (SPEC.md).
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Sequence
 from typing import Final
 
-from healthplane import __version__, registry
+from healthplane import __version__, registry, wire
 from healthplane.cli import dead_letters_cmd, node_cmd, policy_cmd
-from healthplane.cli.common import CommandGroup, connection_flags, one_of, output_flag
+from healthplane.cli.common import EXIT_REFUSED, CommandGroup, connection_flags, one_of, output_flag
 
 
 # `up` and `config` run code that is slow to import (the stack, the config models): their
@@ -101,3 +102,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return 0
+    except wire.WireError as exc:
+        # The last line of defence: a record no reader above expected is bad data, said in
+        # one line, never a traceback (each reader skips and names its own first).
+        print(f"healthplane: {exc}", file=sys.stderr)
+        return EXIT_REFUSED
