@@ -289,7 +289,6 @@ class Processor(Generic[S]):
         self.service, self.partition = service, partition
         self.producer = f"{service}.{partition}"
         self._core = core
-        self._state_type = state_type
         self._inputs = tuple(inputs)
         self._outputs = tuple(outputs)
         self._batch = batch
