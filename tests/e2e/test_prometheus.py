@@ -170,6 +170,12 @@ def test_obs_dashboard_and_rules_answer_on_a_live_stack_with_an_injected_fault(
     # A hardware Xid is critical: -45 (SCO-2), as `node show` says in tests/e2e/test_up.py.
     _wait("sim-001 scored 55", lambda: _by(_query(prometheus, score), "node_id").get(("sim-001",)) == 55, 30)
 
+    # A rate needs two samples in its window: on a loaded machine scrapes can time out, so
+    # wait for them rather than for a time.
+    _wait("two scrapes of every service within a minute", lambda: all(
+        float(r["value"][1]) >= 2 for r in _query(prometheus, "count_over_time(up[1m])")) and len(
+        _query(prometheus, "count_over_time(healthplane_substrate_nodes_bucket_put_failures_total[1m]) >= 2")) == 1,
+        60)
     # Every dashboard query is valid PromQL on real data ...
     answers = {title_expr: _query(prometheus, as_promql(title_expr[1])) for title_expr in dashboard_queries()}
 
