@@ -88,10 +88,8 @@ def test_events_that_arrive_together_are_one_reprobe_COL_11() -> None:
 
 @pytest.fixture
 def context() -> Any:
-    try:
-        return pyudev.Context()
-    except (ImportError, OSError) as exc:  # pragma: no cover - libudev missing
-        pytest.skip(f"no libudev: {exc}")
+    # libudev comes with the machine (pyudev's own requirement): without it this fails, loudly.
+    return pyudev.Context()
 
 
 def local(kind: str) -> Path:
@@ -101,7 +99,7 @@ def local(kind: str) -> Path:
         path = entry.resolve()
         if kind == "pci" or ((path / "device").exists() and "/virtual/" not in str(path)):
             return path
-    pytest.skip(f"no {kind} device in /sys here")
+    raise AssertionError(f"no {kind} device in /sys on this machine: the udev tests need one real device")
 
 
 class Received:
