@@ -24,7 +24,20 @@ class NatsServerError(RuntimeError):
     """The server could not start; the message is one line naming why."""
 
 
-def _die_with_parent() -> None:
+def terminate(process: subprocess.Popen[bytes] | None, timeout_s: float = 10.0) -> None:
+    """SIGTERM, then SIGKILL after ``timeout_s``: a child process that will not stop is not
+    waited for forever."""
+    if process is None or process.poll() is not None:
+        return
+    process.send_signal(signal.SIGTERM)
+    try:
+        process.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
+def die_with_parent() -> None:
     """Linux: the server gets SIGTERM when its parent dies, even by kill -9, so neither a
     killed test run nor a killed ``healthplane up`` leaves a server behind."""
     try:
@@ -103,7 +116,7 @@ class NatsServer:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
-                preexec_fn=_die_with_parent,
+                preexec_fn=die_with_parent,
             )
         deadline = time.monotonic() + READY_TIMEOUT_S
         while time.monotonic() < deadline:
@@ -119,14 +132,7 @@ class NatsServer:
         raise NatsServerError(f"nats-server did not listen on {self.url} within {READY_TIMEOUT_S:g}s")
 
     def stop(self, timeout_s: float = 10.0) -> None:
-        if self.process is None or self.process.poll() is not None:
-            return
-        self.process.send_signal(signal.SIGTERM)
-        try:
-            self.process.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+        terminate(self.process, timeout_s)
 
     def restart(self) -> None:
         self.stop()

@@ -14,10 +14,11 @@ import asyncio
 import os
 import shutil
 import signal
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 from healthplane import wire
 from healthplane_collector import edac, gpu_smi, inventory, ioerr, mounts, smart
@@ -158,16 +159,8 @@ class HostFiles:
         return os.path.lexists(path)
 
     def read_bytes(self, path: Path) -> bytes:
-        try:
+        with _as_sysfs_error(path, "read"):
             return path.read_bytes()
-        except FileNotFoundError:
-            raise SysfsError(f"{path}: missing or vanished while reading") from None
-        except IsADirectoryError:
-            raise SysfsError(f"{path}: is a directory where a file was expected") from None
-        except PermissionError:
-            raise SysfsError(f"{path}: permission denied") from None
-        except OSError as exc:
-            raise SysfsError(f"{path}: cannot read ({exc.strerror or exc})") from None
 
     def read_text(self, path: Path) -> str:
         try:
@@ -176,16 +169,25 @@ class HostFiles:
             raise SysfsError(f"{path}: not text (undecodable bytes)") from None
 
     def list_dir(self, path: Path) -> list[Path]:
-        try:
+        with _as_sysfs_error(path, "list"):
             return list(path.iterdir())
-        except FileNotFoundError:
-            raise SysfsError(f"{path}: missing or vanished while reading") from None
-        except NotADirectoryError:
-            raise SysfsError(f"{path}: is a file where a directory was expected") from None
-        except PermissionError:
-            raise SysfsError(f"{path}: permission denied") from None
-        except OSError as exc:
-            raise SysfsError(f"{path}: cannot list ({exc.strerror or exc})") from None
+
+
+@contextmanager
+def _as_sysfs_error(path: Path, verb: Literal["read", "list"]) -> Iterator[None]:
+    """A file or directory that is not what a reader expected, as one ``SysfsError`` naming it."""
+    try:
+        yield
+    except FileNotFoundError:
+        raise SysfsError(f"{path}: missing or vanished while reading") from None
+    except IsADirectoryError:
+        raise SysfsError(f"{path}: is a directory where a file was expected") from None
+    except NotADirectoryError:
+        raise SysfsError(f"{path}: is a file where a directory was expected") from None
+    except PermissionError:
+        raise SysfsError(f"{path}: permission denied") from None
+    except OSError as exc:
+        raise SysfsError(f"{path}: cannot {verb} ({exc.strerror or exc})") from None
 
 
 def read_edac(root: Path) -> wire.EdacSignal:

@@ -40,7 +40,7 @@ import nacl.exceptions
 import nacl.signing
 import nkeys
 
-from healthplane.natsserver import _die_with_parent, find_binary, free_port
+from healthplane.natsserver import die_with_parent, find_binary, free_port, terminate
 from healthplane.streams import CHANNELS
 
 HEADER = {"typ": "JWT", "alg": "ed25519-nkey"}
@@ -405,7 +405,7 @@ class Server:
         with open(self.log, "ab") as log_file:
             self.process = subprocess.Popen(
                 [find_binary(), "-c", str(self.conf)], stdout=log_file, stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=_die_with_parent)
+                stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=die_with_parent)
         _wait_listening(self.port, self.process, self.log, f"nats-server {self.name}")
         return self
 
@@ -421,14 +421,7 @@ class Server:
         return cpu_s(self.pid)
 
     def stop(self, timeout_s: float = 10.0) -> None:
-        if self.process is None or self.process.poll() is not None:
-            return
-        self.process.send_signal(signal.SIGTERM)
-        try:
-            self.process.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait(timeout_s)
+        terminate(self.process, timeout_s)
 
 
 class CalloutProcess:
@@ -451,7 +444,7 @@ class CalloutProcess:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "tests.bench.auth_support", "callout", str(self.config_path)],
                 cwd=root, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                start_new_session=True, preexec_fn=_die_with_parent)
+                start_new_session=True, preexec_fn=die_with_parent)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
@@ -470,14 +463,7 @@ class CalloutProcess:
         return cpu_s(self.process.pid)
 
     def stop(self, timeout_s: float = 10.0) -> None:
-        if self.process is None or self.process.poll() is not None:
-            return
-        self.process.send_signal(signal.SIGTERM)
-        try:
-            self.process.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait(timeout_s)
+        terminate(self.process, timeout_s)
 
 
 # ---------------------------------------------------------------------------- the callout (B)

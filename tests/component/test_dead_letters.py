@@ -4,7 +4,6 @@ and the state equals a replay without it."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import subprocess
@@ -20,7 +19,6 @@ from healthplane import streams
 from healthplane.natsserver import NatsServer
 from healthplane.runtime import deadletters, metrics
 from healthplane.runtime.connect import connect
-from healthplane.runtime.replay import replay
 from tests.support import toy
 
 pytestmark = pytest.mark.nats
@@ -42,18 +40,10 @@ async def _setup(js: JetStreamContext, inputs: list[bytes]) -> str:
 async def _run_to_end(nc: NATS, js: JetStreamContext, suffix: str, count: int, core: toy.ToyCore,
                       snapshot_every: int = 10**9) -> toy.ToyState:
     proc = toy.processor(nc, js, suffix, snapshot_every=snapshot_every, batch=8, core=core)
-    await proc.start()
-    task = asyncio.create_task(proc.run())
-    async with asyncio.timeout(30):
-        while proc.positions.get(f"TOY_IN{suffix}", 0) < count:
-            await asyncio.sleep(0.01)
-    proc.stop()
-    await task
-    return proc.state
+    return await toy.run_until_folded(proc, suffix, count)
 
 
-async def _outputs(js: JetStreamContext, suffix: str) -> list[dict[str, object]]:
-    return [msgspec.json.decode(m.data) async for m in replay(js, f"TOY_OUT{suffix}", f"toy{suffix}.out.>")]
+_outputs = toy.outputs
 
 
 @pytest.mark.parametrize(("broken", "reason", "error"), [
@@ -110,13 +100,7 @@ async def test_malformed_inputs_are_dead_letters_without_a_rebuild(nc: NATS) -> 
     inputs = [*_inputs(["a", "b"]), b"{not json", *_inputs(["a"])]
     suffix = await _setup(js, inputs)
     proc = toy.processor(nc, js, suffix, snapshot_every=10**9, batch=8)
-    await proc.start()
-    task = asyncio.create_task(proc.run())
-    async with asyncio.timeout(30):
-        while proc.positions.get(f"TOY_IN{suffix}", 0) < len(inputs):
-            await asyncio.sleep(0.01)
-    proc.stop()
-    await task
+    await toy.run_until_folded(proc, suffix, len(inputs))
     assert proc.rebuilds == 0 and proc.state == toy.fold(inputs)
     [dead] = await deadletters.read(nc, js, f"toy{suffix}")
     assert (dead.input_seq, dead.reason, dead.payload) == (3, "malformed", b"{not json")

@@ -21,15 +21,13 @@ from nats.js import JetStreamContext
 from healthplane import streams
 from healthplane.natsserver import NatsServer
 from healthplane.runtime.connect import connect
-from healthplane.runtime.replay import replay
 from tests.support import toy
 
 pytestmark = pytest.mark.nats
 ROOT = Path(__file__).resolve().parents[2]
 
 
-async def _outputs(js: JetStreamContext, suffix: str = "") -> list[dict[str, object]]:
-    return [msgspec.json.decode(m.data) async for m in replay(js, f"TOY_OUT{suffix}", f"toy{suffix}.out.>")]
+_outputs = toy.outputs
 
 
 def _assert_exactly_once(outputs: list[dict[str, object]], inputs: list[bytes]) -> None:
@@ -161,14 +159,7 @@ async def _restart_to(nc, js: JetStreamContext, suffix: str, count: int, snapsho
                       pairs: bool = False) -> toy.ToyState:
     """The next life: start, fold up to ``count`` inputs, stop cleanly; its state."""
     again = toy.processor(nc, js, suffix, snapshot_every=snapshot_every, batch=16, pairs=pairs)
-    await again.start()
-    task = asyncio.create_task(again.run())
-    async with asyncio.timeout(20):
-        while again.positions.get(f"TOY_IN{suffix}", 0) < count:
-            await asyncio.sleep(0.01)
-    again.stop()
-    await task
-    return again.state
+    return await toy.run_until_folded(again, suffix, count, timeout_s=20)
 
 
 @pytest.mark.parametrize("snapshot_every", [10**9, 100])

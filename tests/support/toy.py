@@ -99,6 +99,26 @@ def processor(nc, js, suffix: str = "", snapshot_every: int = 200, batch: int = 
     )
 
 
+async def run_until_folded(proc: Processor[ToyState], suffix: str, count: int, timeout_s: float = 30) -> ToyState:
+    """One life in this process: start, fold until ``count`` inputs of TOY_IN are in, stop
+    cleanly (snapshot included); the state it ended with."""
+    await proc.start()
+    task = asyncio.create_task(proc.run())
+    async with asyncio.timeout(timeout_s):
+        while proc.positions.get(f"TOY_IN{suffix}", 0) < count:
+            await asyncio.sleep(0.01)
+    proc.stop()
+    await task
+    return proc.state
+
+
+async def outputs(js: JetStreamContext, suffix: str = "") -> list[dict[str, object]]:
+    """Every output record, in stream order."""
+    from healthplane.runtime.replay import replay
+
+    return [msgspec.json.decode(m.data) async for m in replay(js, f"TOY_OUT{suffix}", f"toy{suffix}.out.>")]
+
+
 async def _main(url: str, snapshot_every: int) -> None:
     log = logs.configure("toy", json=True)
     nc = await connect(url, name="toy", log=log)

@@ -176,18 +176,34 @@ def _missing_internals(nc: NATS) -> str:
     return ""
 
 
-async def _test_frames(nc: NATS) -> str:
-    """A frame written by :func:`write_frames` must reach a subscription, as nc.publish's would."""
+def pub_frame(subject: str, payload: bytes, reply: str = "", header_section: bytes = b"") -> bytes:
+    """One ``PUB`` (or, with a header section, ``HPUB``) protocol frame: the one place a frame
+    is spelled out, for the publisher's batches, the pull loop's acks and the self-test."""
+    reply_part = f" {reply}" if reply else ""
+    if header_section:
+        size = len(header_section)
+        return b"".join((f"HPUB {subject}{reply_part} {size} {size + len(payload)}\r\n".encode(),
+                         header_section, payload, b"\r\n"))
+    return b"".join((f"PUB {subject}{reply_part} {len(payload)}\r\n".encode(), payload, b"\r\n"))
+
+
+async def _listening(nc: NATS) -> tuple[str, asyncio.Queue[Msg], Subscription]:
+    """A fresh inbox, subscribed, whose messages queue up for a self-test to read."""
     inbox = nc.new_inbox()
     heard: asyncio.Queue[Msg] = asyncio.Queue()
 
     async def on_msg(msg: Msg) -> None:
         heard.put_nowait(msg)
 
-    sub = await nc.subscribe(inbox, cb=on_msg)
+    return inbox, heard, await nc.subscribe(inbox, cb=on_msg)
+
+
+async def _test_frames(nc: NATS) -> str:
+    """A frame written by :func:`write_frames` must reach a subscription, as nc.publish's would."""
+    inbox, heard, sub = await _listening(nc)
     try:
         await nc.flush(timeout=SELF_TEST_TIMEOUT_S)
-        await write_frames(nc, b"PUB %s 9\r\nself-test\r\n" % inbox.encode(), 1, 9)
+        await write_frames(nc, pub_frame(inbox, b"self-test"), 1, 9)
         try:
             msg = await asyncio.wait_for(heard.get(), SELF_TEST_TIMEOUT_S)
         except TimeoutError:
@@ -202,13 +218,7 @@ async def _test_frames(nc: NATS) -> str:
 async def _test_parser(nc: NATS) -> str:
     """Messages to a routed subscription must reach the route, intact and in order, and not
     the subscription; once the route is gone they reach the subscription again."""
-    inbox = nc.new_inbox()
-    heard: asyncio.Queue[Msg] = asyncio.Queue()
-
-    async def on_msg(msg: Msg) -> None:
-        heard.put_nowait(msg)
-
-    sub = await nc.subscribe(inbox, cb=on_msg)
+    inbox, heard, sub = await _listening(nc)
     try:
         sid = subscription_id(nc, sub)
         if sid is None:

@@ -29,6 +29,7 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
 from healthplane.runtime import nats_internals
+from healthplane.runtime.nats_internals import pub_frame as pub_frame
 from healthplane.runtime.nats_internals import write_frames as write_frames
 
 # JetStream's answers that the same record will never be stored, however often it is sent
@@ -132,17 +133,6 @@ def header_block(headers: Mapping[str, str]) -> bytes:
 
 _HEADER_KEY = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 _NO_LINE_BREAKS = str.maketrans({"\r": " ", "\n": " "})
-
-
-def pub_frame(subject: str, payload: bytes, reply: str = "", header_section: bytes = b"") -> bytes:
-    """One ``PUB`` (or, with a header section, ``HPUB``) protocol frame: the one place a frame
-    is spelled out, for the publisher's batches and the pull loop's acks."""
-    reply_part = f" {reply}" if reply else ""
-    if header_section:
-        size = len(header_section)
-        return b"".join((f"HPUB {subject}{reply_part} {size} {size + len(payload)}\r\n".encode(),
-                         header_section, payload, b"\r\n"))
-    return b"".join((f"PUB {subject}{reply_part} {len(payload)}\r\n".encode(), payload, b"\r\n"))
 
 
 class _Batch:
