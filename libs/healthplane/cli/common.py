@@ -73,17 +73,25 @@ def warn(message: str) -> None:
     print(f"healthplane: warning: {message}", file=sys.stderr)
 
 
+def decoded_or_skipped(kind: type[R], data: bytes, where: Callable[[], str]) -> R | None:
+    """``data`` as a ``kind``, or ``None`` with one stderr line naming ``where()`` and why:
+    any client that may publish on a subject could have appended a record that is not one,
+    and it must never hide the others or end a read in a traceback (REL-3)."""
+    try:
+        return wire.decode(kind, data)
+    except wire.WireError as exc:
+        warn(f"{where()} skipped: {exc}")
+        return None
+
+
 def decoded(kind: type[R], messages: Iterable[Msg]) -> list[tuple[Msg, R]]:
-    """Each message with its record; one that is not a ``kind`` (any client that may publish
-    on the subject could have appended it) is named on stderr, once, and skipped, so one bad
-    record never hides the others or ends a read in a traceback (REL-3)."""
+    """Each message with its record; one that is not a ``kind`` is named and skipped."""
     out = []
     for msg in messages:
-        try:
-            out.append((msg, wire.decode(kind, msg.data)))
-        except wire.WireError as exc:
-            meta = msg.metadata
-            warn(f"{meta.stream} record {meta.sequence.stream} ({msg.subject}) skipped: {exc}")
+        record = decoded_or_skipped(kind, msg.data, lambda msg=msg: (  # type: ignore[misc]
+            f"{msg.metadata.stream} record {msg.metadata.sequence.stream} ({msg.subject})"))
+        if record is not None:
+            out.append((msg, record))
     return out
 
 

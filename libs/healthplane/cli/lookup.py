@@ -8,7 +8,7 @@ from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 
 from healthplane import subjects, wire
-from healthplane.cli.common import EXIT_USAGE, CommandFailed, decoded, warn
+from healthplane.cli.common import EXIT_USAGE, CommandFailed, decoded, decoded_or_skipped
 from healthplane.runtime.replay import read_all
 
 
@@ -30,13 +30,8 @@ async def find_node(nc: NATS, js: JetStreamContext, node_id: str, cluster: str |
 
 def views_of(payloads: Iterable[bytes]) -> list[wire.NodeView]:
     """The node views among ``payloads``; one that is not is named on stderr and skipped."""
-    views = []
-    for payload in payloads:
-        try:
-            views.append(wire.decode(wire.NodeView, payload))
-        except wire.WireError as exc:
-            warn(f"HP_NODES record skipped: {exc}")
-    return views
+    found = (decoded_or_skipped(wire.NodeView, payload, lambda: "HP_NODES record") for payload in payloads)
+    return [view for view in found if view is not None]
 
 
 def is_view(payload: bytes) -> bool:

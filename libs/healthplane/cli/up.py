@@ -153,8 +153,8 @@ def _supervise(child: Child, nats_url: str, log_dir: Path, now: float) -> bool:
     if code is None:
         return False
     decision = after_exit(RESTART_POLICY, code, child.failures_at, now)
-    if code != 0:
-        child.failures_at.append(now)
+    if code != 0:  # only the start limit's window is kept: a service that fails once a day stays small
+        child.failures_at = [t for t in child.failures_at if now - t < RESTART_POLICY.window_s] + [now]
     match decision:
         case Restart(delay_s):
             child.state, child.restart_at = "restarting", now + delay_s

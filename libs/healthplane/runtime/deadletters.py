@@ -17,6 +17,7 @@ replay without them.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -29,6 +30,7 @@ from nats.js import JetStreamContext
 from healthplane import __version__, subjects
 from healthplane.runtime import metrics
 from healthplane.runtime.backoff import Backoff
+from healthplane.runtime.logs import LogBudget
 from healthplane.runtime.publish import Outbound, Publisher, PublishError
 from healthplane.runtime.pull import Delivery
 from healthplane.runtime.replay import read_all
@@ -122,13 +124,17 @@ class SetAside:
         self._nc, self._publisher, self._log = nc, publisher, log
         self.service, self.producer = service, producer
         self._before_write = before_write
+        # A peer flooding garbage gets one line per interval, the rest counted in it: every
+        # rejection is still counted and dead-lettered.
+        self._log_budget = LogBudget(interval_s=10.0)
 
     async def reject(self, delivery: Delivery, why: str, kind: str = "malformed") -> None:
         delivery.term(why)
         metrics.MESSAGES_REJECTED.labels(self.service, delivery.stream, kind).inc()
-        if self._log is not None:
+        if self._log is not None and self._log_budget.allow(time.monotonic()):
             self._log.warning("input rejected", stream=delivery.stream, seq=delivery.stream_seq,
-                              subject=delivery.msg.subject, reason=why)
+                              subject=delivery.msg.subject, reason=why,
+                              suppressed_since_last=self._log_budget.take_suppressed())
         await self.dead_letter(delivery, "malformed", why)
 
     async def dead_letter(self, delivery: Delivery, reason: Reason, why: str) -> None:
