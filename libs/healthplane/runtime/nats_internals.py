@@ -471,17 +471,25 @@ class _AckRoute(_Route):
         return True
 
 
+def _router_for(nc: NATS, sub: Subscription) -> tuple[_Router, int] | None:
+    """The connection's parser router and ``sub``'s id, where the parser path passed its
+    self-test and the router can be put in place now."""
+    engagement = _ENGAGEMENTS.get(nc)
+    sid = subscription_id(nc, sub)
+    if engagement is None or not engagement.parser or sid is None:
+        return None
+    router = _Router.install(nc)
+    return None if router is None else (router, sid)
+
+
 def route_acks(nc: NATS, sub: Subscription, prefix_len: int, handler: AckHandler) -> bool:
     """Route the acks that reach ``sub`` (tokens after ``prefix_len`` bytes of their subject)
     to ``handler``; False where the parser path is off or cannot be put in place now (then
     they keep coming through the subscription)."""
-    engagement = _ENGAGEMENTS.get(nc)
-    sid = subscription_id(nc, sub)
-    if engagement is None or not engagement.parser or sid is None:
+    found = _router_for(nc, sub)
+    if found is None:
         return False
-    router = _Router.install(nc)
-    if router is None:
-        return False
+    router, sid = found
     router.add(sid, _AckRoute(handler, prefix_len))
     return True
 
@@ -525,13 +533,10 @@ class PayloadTap(_Route):
 def tap_payloads(nc: NATS, sub: Subscription, out: list[bytes], progress: Callable[[], None]) -> PayloadTap | None:
     """Tap the deliveries to ``sub`` (see :class:`PayloadTap`); None where the parser path is
     off or cannot be put in place now (the subscription then gets them the ordinary way)."""
-    engagement = _ENGAGEMENTS.get(nc)
-    sid = subscription_id(nc, sub)
-    if engagement is None or not engagement.parser or sid is None:
+    found = _router_for(nc, sub)
+    if found is None:
         return None
-    router = _Router.install(nc)
-    if router is None:
-        return None
+    router, sid = found
     tap = PayloadTap(router, sid, out, progress)
     router.add(sid, tap)
     return tap
