@@ -16,6 +16,11 @@ import sys
 import sysconfig
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from healthplane.creds import Keystore
+    from healthplane.tls import ServerTls
 
 READY_TIMEOUT_S = 15.0
 
@@ -78,29 +83,48 @@ def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
 
 
 class NatsServer:
-    """One nats-server process with its store under ``store_dir``."""
+    """One nats-server process with its store under ``store_dir``.
 
-    def __init__(self, store_dir: Path | str, port: int = 0, host: str = "127.0.0.1") -> None:
+    With a ``keystore`` (``healthplane.creds``) the server runs in operator mode: every
+    connection authenticates and the account JWT's role templates are its permissions
+    (SEC-1); without one it runs open, which only ``--insecure`` and a few tests ask for.
+    With ``tls`` (``healthplane.tls.ServerTls``) clients must speak TLS (SEC-4).
+    """
+
+    def __init__(self, store_dir: Path | str, port: int = 0, host: str = "127.0.0.1",
+                 keystore: Keystore | None = None, tls: ServerTls | None = None) -> None:
         self.store_dir = Path(store_dir)
         self.host = host
         self.port = port or free_port(host)
+        self.keystore = keystore
+        self.tls = tls
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
-        return f"nats://{self.host}:{self.port}"
+        return f"{'tls' if self.tls else 'nats'}://{self.host}:{self.port}"
+
+    @property
+    def secure(self) -> bool:
+        return self.keystore is not None
 
     def _write_config(self) -> Path:
         self.store_dir.mkdir(parents=True, exist_ok=True)
         conf = self.store_dir / "nats-server.conf"
         # Snapshots of large fleets exceed the 1 MiB default payload.
-        conf.write_text(
+        text = (
             f'listen: "{self.host}:{self.port}"\n'
             "max_payload: 8MB\n"
             f'jetstream {{ store_dir: "{self.store_dir / "jetstream"}" }}\n'
-            "server_name: healthplane\n",
-            encoding="utf-8",
+            "server_name: healthplane\n"
         )
+        if self.keystore is not None:
+            self.keystore.refresh()  # this build's permission templates
+            text += self.keystore.server_config(self.store_dir / "jwt")
+        if self.tls is not None:
+            text += self.tls.server_config()
+        conf.write_text(text, encoding="utf-8")
+        os.chmod(conf, 0o600)
         return conf
 
     def start(self) -> NatsServer:

@@ -49,6 +49,10 @@ class Channel:
     record: str | None
     writer: str
     description: str
+    # The identities (healthplane.permissions roles) nats-server lets publish here; a
+    # ``{type}`` address takes its writers from EVENT_WRITERS instead, an ``{actor}`` or
+    # ``{service}`` parameter is bound to the publisher's own identity.
+    writers: tuple[str, ...] = ()
 
     @property
     def subject(self) -> str:
@@ -67,6 +71,8 @@ class StreamDef:
     max_msgs: int = -1
     max_bytes: int = -1
     description: str = ""
+    # The services that read it (consumers, direct gets); viewers and admins read every stream.
+    readers: tuple[str, ...] = ()
 
     @property
     def subjects(self) -> tuple[str, ...]:
@@ -90,55 +96,94 @@ class StreamDef:
         )
 
 
+# Who may publish what (SEC-1): the identities of healthplane.permissions. A collector writes
+# for its own node only, the simulated fleet for its own cluster.
+WRITES_NODE: Final = ("collector", "sim")
+# The control plane's services (registry.CONTROL_PLANE; the library does not import it).
+SERVICES: Final = ("health-ingest", "scorer", "policy", "eviction", "webhook-dispatcher", "substrate-bridge",
+                   "scheduler")
+# The one writer of each node event type (ARCHITECTURE.md): nats-server lets no other
+# identity append it, and the webhook dispatcher names it as the CloudEvent's source.
+EVENT_WRITERS: Final[dict[str, str]] = {
+    "CONDITION_RAISED": "health-ingest",
+    "CONDITION_CLEARED": "health-ingest",
+    "HEARTBEAT_MISSED": "health-ingest",
+    "HEARTBEAT_RESUMED": "health-ingest",
+    "SCORE_CHANGED": "scorer",
+    "POLICY_RECOMMENDED": "policy",
+    "POLICY_ACTED": "policy",
+    "POLICY_HALTED": "policy",
+    "NODE_REGISTERED": "substrate-bridge",
+    "NODE_CORDONED": "eviction",
+    "NODE_UNCORDONED": "eviction",
+    "NODE_DRAINED": "eviction",
+    "NODE_EVICTED": "eviction",
+    "NODE_DEPROVISIONED": "eviction",
+    "NODE_REPLACED": "eviction",
+    "NODE_SERVICED": "eviction",
+    "HOLD_CREATED": "eviction",
+    "HOLD_RELEASED": "eviction",
+    "JOB_FAILURE_ATTRIBUTED": "eviction",
+}
+
 STREAMS: Final[tuple[StreamDef, ...]] = (
     StreamDef("HP_REPORTS", (
-        Channel("hp.report.{cluster}.{node}", "report", "collector", "Health report, periodic or out-of-band"),),
-        max_age=DAY, max_msgs_per_subject=64, description="health reports from collectors"),
+        Channel("hp.report.{cluster}.{node}", "report", "collector", "Health report, periodic or out-of-band", WRITES_NODE),),
+        max_age=DAY, max_msgs_per_subject=64, description="health reports from collectors",
+        readers=("health-ingest",)),
     StreamDef("HP_RESOURCES", (
-        Channel("hp.resource.{cluster}.{node}", "resource", "collector", "Resource report: inventory and readiness"),),
-        max_msgs_per_subject=1, description="latest resource report per node"),
+        Channel("hp.resource.{cluster}.{node}", "resource", "collector", "Resource report: inventory and readiness", WRITES_NODE),),
+        max_msgs_per_subject=1, description="latest resource report per node",
+        readers=("health-ingest", "scorer", "policy", "eviction", "substrate-bridge")),
     StreamDef("HP_ASSESSMENTS", (
         Channel("hp.assess.{cluster}.{node}", "assess", "health-ingest",
-                "The node's complete active condition set after one report"),),
-        max_msgs_per_subject=1, description="latest condition set per node"),
+                "The node's complete active condition set after one report", ("health-ingest",)),),
+        max_msgs_per_subject=1, description="latest condition set per node", readers=("scorer",)),
     StreamDef("HP_NODE_EVENTS", (
         Channel("hp.event.{cluster}.{node}.{type}", "event", "the service that owns the type",
                 "Node event, the durable record"),),
-        max_age=90 * DAY, description="append-only node events, 90 days"),
+        max_age=90 * DAY, description="append-only node events, 90 days",
+        readers=("health-ingest", "scorer", "policy", "eviction", "webhook-dispatcher", "substrate-bridge")),
     StreamDef("HP_NODES", (
-        Channel("hp.node.{cluster}.{node}", "node", "scorer", "Latest folded view of a node"),),
-        max_msgs_per_subject=1, description="latest folded view per node (node list / node show)"),
+        Channel("hp.node.{cluster}.{node}", "node", "scorer", "Latest folded view of a node", ("scorer",)),),
+        max_msgs_per_subject=1, description="latest folded view per node (node list / node show)",
+        readers=("policy", "scheduler")),
     StreamDef("HP_COMMANDS", (
-        Channel("hp.cmd.{cluster}.{node}.{verb}", "cmd", "CLI, policy", "Operator or automation command"),
+        Channel("hp.cmd.{cluster}.{node}.{verb}.{actor}", "cmd", "CLI, policy",
+                "Operator or automation command; the last token is the sender's identity", ("admin", "policy")),
         Channel("hp.outcome.{cluster}.{node}", "outcome", "eviction",
-                "What became of a command: applied, refused, retry"),
+                "What became of a command: applied, refused, retry", ("eviction",)),
         Channel("hp.provision.{cluster}.{node}", "provision", "provisioner",
-                "The provisioner's answer to a terminate directive"),
-        Channel("hp.policy.{cluster}.{action}", "policy", "CLI", "Instruction to the policy service: breaker-reset"),
+                "The provisioner's answer to a terminate directive", ("scheduler",)),
+        Channel("hp.policy.{cluster}.{action}.{actor}", "policy", "CLI",
+                "Instruction to the policy service: breaker-reset; the last token is the sender's identity", ("admin",)),
         Channel("hp.provider.{cluster}.{node}", "provider", "sim provider",
-                "How the simulated provisioner answers terminations of one node")),
-        max_age=7 * DAY, description="operator and automation commands with their outcomes"),
+                "How the simulated provisioner answers terminations of one node", ("admin",))),
+        max_age=7 * DAY, description="operator and automation commands with their outcomes",
+        readers=("eviction", "policy", "scheduler")),
     StreamDef("HP_ALLOCATIONS", (
-        Channel("hp.alloc.{cluster}.{node}.{alloc}", "alloc", "scheduler", "Allocation lifecycle"),
-        Channel("hp.job.{cluster}.{job}", "job", "sim submit", "Work submitted to the reference scheduler")),
-        max_age=7 * DAY, description="submitted jobs and the allocation lifecycle from the scheduler"),
+        Channel("hp.alloc.{cluster}.{node}.{alloc}", "alloc", "scheduler", "Allocation lifecycle", ("scheduler",)),
+        Channel("hp.job.{cluster}.{job}", "job", "sim submit", "Work submitted to the reference scheduler", ("admin",))),
+        max_age=7 * DAY, description="submitted jobs and the allocation lifecycle from the scheduler",
+        readers=("scorer", "policy", "eviction", "scheduler", "sim")),
     # Limits, not a work queue: eviction reads its own directives back after a restart (REL-1),
     # and a work queue would delete them once the scheduler acked them.
     StreamDef("HP_DIRECTIVES", (
         Channel("hp.directive.{cluster}.{node}", "directive", "eviction",
-                "Instruction to the scheduler or provisioner"),),
-        max_age=7 * DAY, description="instructions to the scheduler and provisioner"),
+                "Instruction to the scheduler or provisioner", ("eviction",)),),
+        max_age=7 * DAY, description="instructions to the scheduler and provisioner", readers=("scheduler",)),
     StreamDef("HP_CONFIG", (
-        Channel("hp.config", "config", "config apply", "The whole validated cluster config, versioned"),),
-        max_msgs=100, description="history of applied cluster configs"),
+        Channel("hp.config", "config", "config apply", "The whole validated cluster config, versioned", ("admin",)),),
+        max_msgs=100, description="history of applied cluster configs", readers=SERVICES),
     StreamDef("HP_SNAPSHOTS", (
         Channel("hp.snapshot.{service}.{partition}", "snapshot", "every stateful service",
-                "Latest folded state per service and partition"),),
-        max_msgs_per_subject=1, description="latest snapshot per service and partition"),
+                "Latest folded state per service and partition", SERVICES),),
+        max_msgs_per_subject=1, description="latest snapshot per service and partition", readers=SERVICES),
     # Bounded in bytes as well as age: a peer that floods garbage fills it, never the disk.
     StreamDef("HP_DEAD_LETTERS", (
         Channel("hp.dead.{service}.{stream}", None, "every service",
-                "An input the service could not process, byte for byte; what happened in Hp-Dead-* headers"),),
+                "An input the service could not process, byte for byte; what happened in Hp-Dead-* headers",
+                SERVICES),),
         max_age=30 * DAY, max_bytes=256 * 1024 * 1024,
         description="inputs a service could not process, with the error (30 days)"),
 )

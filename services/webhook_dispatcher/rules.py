@@ -26,7 +26,7 @@ import pydantic
 from cloudevents.core.formats.json import JSONFormat
 from cloudevents.core.v1.event import CloudEvent
 
-from healthplane import subjects, wire
+from healthplane import streams, subjects, wire
 from healthplane.config import ClusterConfig
 from healthplane.settings import EnvSettings
 
@@ -38,27 +38,7 @@ SOURCE_PREFIX: Final = "/healthplane/"
 # The CloudEvent ``source`` is the service that owns the event type (ARCHITECTURE.md: each
 # type has exactly one writer). Not the event's ``actor``: NODE_CORDONED written by eviction
 # for `healthplane node cordon` carries the operator as actor, but its source is eviction.
-SOURCE_SERVICE: Final[Mapping[str, str]] = {
-    "CONDITION_RAISED": "health-ingest",
-    "CONDITION_CLEARED": "health-ingest",
-    "HEARTBEAT_MISSED": "health-ingest",
-    "HEARTBEAT_RESUMED": "health-ingest",
-    "SCORE_CHANGED": "scorer",
-    "POLICY_RECOMMENDED": "policy",
-    "POLICY_ACTED": "policy",
-    "POLICY_HALTED": "policy",
-    "NODE_REGISTERED": "substrate-bridge",
-    "NODE_CORDONED": "eviction",
-    "NODE_UNCORDONED": "eviction",
-    "NODE_DRAINED": "eviction",
-    "NODE_EVICTED": "eviction",
-    "NODE_DEPROVISIONED": "eviction",
-    "NODE_REPLACED": "eviction",
-    "NODE_SERVICED": "eviction",
-    "HOLD_CREATED": "eviction",
-    "HOLD_RELEASED": "eviction",
-    "JOB_FAILURE_ATTRIBUTED": "eviction",
-}
+SOURCE_SERVICE: Final[Mapping[str, str]] = streams.EVENT_WRITERS
 
 _JSON: Final = JSONFormat()
 

@@ -1,4 +1,9 @@
-"""Connecting to NATS: reconnect forever with backoff, log every transition."""
+"""Connecting to NATS: reconnect forever with backoff, log every transition.
+
+With credentials the client takes its inbox prefix from them (``creds.inbox_prefix``): the
+server lets each identity receive replies only under its own prefix (SEC-1). TLS comes
+from ``tls=`` or ``HEALTHPLANE_NATS_TLS_*`` and always verifies the server (SEC-4).
+"""
 
 from __future__ import annotations
 
@@ -8,7 +13,9 @@ from typing import Any
 
 from nats.aio.client import Client as NATS
 
+from healthplane import creds as credentials
 from healthplane.runtime.backoff import Backoff
+from healthplane.tls import ClientTls, TlsError
 
 DEFAULT_URL = "nats://127.0.0.1:4222"
 
@@ -28,6 +35,7 @@ async def connect(
     creds: str | None = None,
     log: Any = None,
     give_up_after: float | None = None,
+    tls: ClientTls | None = None,
 ) -> NATS:
     """Connect, retrying the first connection with growing backoff (capped at 5 s).
 
@@ -36,6 +44,12 @@ async def connect(
     """
     url = url or default_url()
     creds = creds or default_creds()
+    try:
+        inbox = credentials.inbox_prefix(creds) if creds else None
+        tls = tls or ClientTls.from_env()
+        ssl_context = tls.context() if tls else None
+    except (credentials.CredsError, TlsError) as exc:
+        raise ConnectionError(str(exc)) from exc
 
     async def on_error(exc: Exception) -> None:
         if log is not None:
@@ -63,6 +77,9 @@ async def connect(
                 servers=[url],
                 name=name,
                 user_credentials=creds,
+                inbox_prefix=inbox or "_INBOX",
+                tls=ssl_context,
+                tls_hostname=_host_of(url) if ssl_context else None,
                 allow_reconnect=True,
                 max_reconnect_attempts=-1,
                 reconnect_time_wait=1,
@@ -84,6 +101,12 @@ async def connect(
             if log is not None:
                 log.warning("nats not reachable, retrying", url=url, retry_in_s=round(delay, 2), error=reason)
             await asyncio.sleep(delay)
+
+
+def _host_of(url: str) -> str | None:
+    from urllib.parse import urlsplit
+
+    return urlsplit(url.split(",")[0]).hostname
 
 
 async def _discard(client: NATS) -> None:

@@ -1,0 +1,177 @@
+"""What each identity may publish and subscribe to (SEC-1), generated from the stream table.
+
+nats-server enforces this, not our code: every role becomes a *scoped signing key* in the
+control plane's account JWT (``healthplane.creds``), whose permission template is
+:func:`template`. A user signed by that key gets exactly these permissions, the server
+filling in the user's own tags: ``{{tag(cluster)}}``/``{{tag(node)}}`` for a node,
+``{{tag(user)}}`` for a person. The user JWTs themselves carry no permissions, so a change
+here reaches every identity with one push of the account JWT and no credential re-issued.
+
+Where the permissions come from (``healthplane.streams``, the table the streams come from):
+
+* **publish**: every channel whose ``writers`` name the role, its address parameters bound
+  to the publisher (``{cluster}``/``{node}`` to a node's own, ``{actor}``/``{service}`` to its
+  own identity, ``{type}`` to the event types ``EVENT_WRITERS`` gives it), the rest ``*``;
+* **read**: a stream's ``readers`` (viewers and admins read every stream): the JetStream API
+  subjects that consume and get from that stream, and nothing that changes it;
+* **inbox**: every identity receives replies only under its own prefix (:func:`inbox`), so
+  no identity reads another's JetStream acks or command answers.
+
+Reads are granted per stream, not per subject filter: JetStream's consumer-create subject
+does not carry every filter, and a service reads whole streams anyway. Nodes read nothing.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Final
+
+from healthplane import streams
+from healthplane.subjects import encode_token
+
+NODE: Final = "collector"
+SIM: Final = "sim"
+VIEWER: Final = "viewer"
+ADMIN: Final = "admin"
+USER_ROLES: Final = (VIEWER, ADMIN)
+SERVICE_ROLES: Final = streams.SERVICES
+ROLES: Final = (NODE, SIM, VIEWER, ADMIN, *SERVICE_ROLES)
+
+# The template functions nats-server expands from a user JWT's tags.
+CLUSTER: Final = "{{tag(cluster)}}"
+NODE_ID: Final = "{{tag(node)}}"
+USER: Final = "{{tag(user)}}"
+
+KV_STREAMS: Final = (f"KV_{streams.NODES_BUCKET}", f"KV_{streams.LEASES_BUCKET}")
+_PARAMETER = re.compile(r"^\{(\w+)\}$")
+
+
+@dataclass(frozen=True, slots=True)
+class Permissions:
+    publish: tuple[str, ...]
+    subscribe: tuple[str, ...]
+
+    def template(self) -> dict[str, object]:
+        """The ``template`` of a scoped signing key (nats-io/jwt ``UserPermissionLimits``)."""
+        return {"pub": {"allow": list(self.publish)}, "sub": {"allow": list(self.subscribe)},
+                "subs": -1, "data": -1, "payload": -1}
+
+
+def inbox(role: str) -> str:
+    """The inbox prefix of ``role``'s identities, as a template (nats-py ``inbox_prefix``)."""
+    if role == NODE:
+        return f"_INBOX.node.{CLUSTER}.{NODE_ID}"
+    if role == SIM:
+        return f"_INBOX.sim.{CLUSTER}"
+    if role in USER_ROLES:
+        return f"_INBOX.user.{USER}"
+    return f"_INBOX.service.{encode_token(role)}"
+
+
+def _bindings(role: str) -> dict[str, str]:
+    """How the address parameters bind for ``role``; a parameter not named here is ``*``."""
+    if role == NODE:
+        return {"cluster": CLUSTER, "node": NODE_ID}
+    if role == SIM:
+        return {"cluster": CLUSTER}
+    if role in USER_ROLES:
+        return {"actor": USER}
+    return {"actor": encode_token(role), "service": encode_token(role)}
+
+
+def _bind(address: str, bindings: dict[str, str], event_type: str | None = None) -> str:
+    tokens = []
+    for token in address.split("."):
+        parameter = _PARAMETER.match(token)
+        if parameter is None:
+            tokens.append(token)
+        elif parameter.group(1) == "type" and event_type is not None:
+            tokens.append(encode_token(event_type))
+        else:
+            tokens.append(bindings.get(parameter.group(1), "*"))
+    return ".".join(tokens)
+
+
+def publishes(role: str) -> tuple[str, ...]:
+    """The record subjects ``role`` may append to (templates)."""
+    bindings = _bindings(role)
+    out: list[str] = []
+    for channel in streams.CHANNELS:
+        if "{type}" in channel.address:
+            owned = [kind for kind, writer in streams.EVENT_WRITERS.items() if writer == role]
+            out += [_bind(channel.address, bindings, kind) for kind in owned]
+        elif role in channel.writers:
+            out.append(_bind(channel.address, bindings))
+    return tuple(out)
+
+
+def reads(role: str) -> tuple[str, ...]:
+    """The streams ``role`` may read (KV buckets are streams too)."""
+    if role in USER_ROLES:
+        return tuple(s.name for s in streams.STREAMS) + KV_STREAMS
+    if role in (NODE,):
+        return ()
+    names = [s.name for s in streams.STREAMS if role in s.readers]
+    if role in SERVICE_ROLES:
+        names.append(f"KV_{streams.LEASES_BUCKET}")  # any service may run replicated (a lease)
+    if role == "substrate-bridge":
+        names.append(f"KV_{streams.NODES_BUCKET}")
+    return tuple(names)
+
+
+def stream_reads(stream: str) -> tuple[str, ...]:
+    """The JetStream API subjects that read ``stream``: info, gets, consumers and their acks."""
+    api = "$JS.API"
+    return (
+        f"{api}.STREAM.INFO.{stream}", f"{api}.STREAM.MSG.GET.{stream}",
+        f"{api}.DIRECT.GET.{stream}", f"{api}.DIRECT.GET.{stream}.>",
+        f"{api}.CONSUMER.CREATE.{stream}", f"{api}.CONSUMER.CREATE.{stream}.>",
+        f"{api}.CONSUMER.DURABLE.CREATE.{stream}.>", f"{api}.CONSUMER.INFO.{stream}.>",
+        f"{api}.CONSUMER.DELETE.{stream}.>", f"{api}.CONSUMER.MSG.NEXT.{stream}.>",
+        f"{api}.CONSUMER.NAMES.{stream}", f"{api}.CONSUMER.LIST.{stream}",
+        f"$JS.ACK.{stream}.>", f"$JS.FC.{stream}.>",
+    )
+
+
+def _extra_publish(role: str) -> tuple[str, ...]:
+    """What is not a record: lease keys, stream management, the simulator's control subjects."""
+    if role == NODE:
+        return ()
+    common = ("$JS.API.INFO", "$JS.API.STREAM.NAMES", "$JS.API.STREAM.INFO.*")
+    if role in SERVICE_ROLES:
+        own_lease = f"$KV.{streams.LEASES_BUCKET}.{encode_token(role)}"
+        if role == "substrate-bridge":  # it sizes the nodes bucket (BRG-1) and writes it
+            return (*common, own_lease, f"$JS.API.STREAM.UPDATE.KV_{streams.NODES_BUCKET}",
+                    f"$KV.{streams.NODES_BUCKET}.>")
+        return (*common, own_lease)
+    if role == ADMIN:
+        # Creates and converges the streams (``healthplane up``), drives the simulator, and
+        # replays dead letters to the subject they came from (any record subject but the
+        # actor-bound commands: those only as itself).
+        replayable = tuple(c.subject for c in streams.CHANNELS
+                           if "{actor}" not in c.address and c.record is not None)
+        return (*common, "$JS.API.STREAM.CREATE.*", "$JS.API.STREAM.UPDATE.*", "hp.sim.>", *replayable)
+    return common
+
+
+def _extra_subscribe(role: str) -> tuple[str, ...]:
+    if role == SIM:  # the simulator's injected faults and the provisioner's answers
+        return (f"hp.sim.{CLUSTER}.inject", f"hp.provision.{CLUSTER}.*")
+    if role == NODE:  # its own remediation subject (REM)
+        return (f"hp.remediate.{CLUSTER}.{NODE_ID}",)
+    if role in USER_ROLES:  # the CLI waits for its commands' outcomes
+        return ("hp.outcome.>",)
+    return ()
+
+
+def of(role: str) -> Permissions:
+    """Everything ``role`` may do on the bus, as the template of its signing key."""
+    if role not in ROLES:
+        raise ValueError(f"unknown role {role!r}; one of {', '.join(ROLES)}")
+    own_inbox = f"{inbox(role)}.>"
+    publish = [*publishes(role), *_extra_publish(role), own_inbox]
+    for stream in reads(role):
+        publish += stream_reads(stream)
+    subscribe = [own_inbox, *_extra_subscribe(role)]
+    return Permissions(tuple(dict.fromkeys(publish)), tuple(dict.fromkeys(subscribe)))
