@@ -213,7 +213,7 @@ class Issued:
                            "cluster": self.cluster})
 
 
-def _write_secret(path: Path, text: str) -> None:
+def write_secret(path: Path, text: str) -> None:
     """Created 0600 before a byte is written, then moved into place whole."""
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     staged = path.with_name(path.name + ".new")
@@ -262,7 +262,7 @@ class Keystore:
     def _ensure_seed(self, name: str, prefix: int) -> nkeys.KeyPair:
         path = self._path(name)
         if not path.exists():
-            _write_secret(path, _new_pair(prefix).seed.decode() + "\n")
+            write_secret(path, _new_pair(prefix).seed.decode() + "\n")
         return self._seed(name)
 
     @classmethod
@@ -279,18 +279,18 @@ class Keystore:
             for role in permissions.ROLES:
                 store._ensure_seed(f"signers/{role}.nk", nkeys.PREFIX_BYTE_ACCOUNT)
             if not store._path("operator.jwt").exists():  # signed once: a reload refuses a new one
-                _write_secret(store._path("operator.jwt"), encode_jwt({"sub": public(operator), "name": "healthplane",
+                write_secret(store._path("operator.jwt"), encode_jwt({"sub": public(operator), "name": "healthplane",
                               "nats": {"system_account": public(system), "type": "operator", "version": 2}},
                               operator))
             if not store._path("sys.jwt").exists():
-                _write_secret(store._path("sys.jwt"), encode_jwt({"sub": public(system), "name": SYSTEM_ACCOUNT,
+                write_secret(store._path("sys.jwt"), encode_jwt({"sub": public(system), "name": SYSTEM_ACCOUNT,
                               "nats": {"limits": dict(_ACCOUNT_LIMITS), "type": "account", "version": 2}}, operator))
             if not store._path("sys-user.creds").exists():
                 user = _new_pair(nkeys.PREFIX_BYTE_USER)
                 jwt = encode_jwt({"sub": public(user), "name": "sys", "nats": {
                     "subs": _NO_LIMIT, "data": _NO_LIMIT, "payload": _NO_LIMIT, "pub": {}, "sub": {},
                     "type": "user", "version": 2}}, system)
-                _write_secret(store._path("sys-user.creds"), creds_text(jwt, bytes(user.seed)))
+                write_secret(store._path("sys-user.creds"), creds_text(jwt, bytes(user.seed)))
             store._sign_account()
         return store
 
@@ -328,7 +328,7 @@ class Keystore:
         if revoked:
             nats["revocations"] = revoked
         jwt = encode_jwt({"sub": public(account), "name": ACCOUNT, "nats": nats}, operator)
-        _write_secret(self._path("hp.jwt"), jwt + "\n")
+        write_secret(self._path("hp.jwt"), jwt + "\n")
         return jwt
 
     def refresh(self) -> str:
@@ -371,7 +371,7 @@ class Keystore:
         jwt = encode_jwt(claims, self._seed(f"signers/{role}.nk"), now=moment)
         seed = bytes(user.seed)
         if out is not None:
-            _write_secret(out, creds_text(jwt, seed))
+            write_secret(out, creds_text(jwt, seed))
         self._record(Issued(name, role, public(user), moment, claims.get("exp"), str(out) if out else None, cluster))
         return jwt, seed
 
@@ -449,7 +449,7 @@ class Keystore:
             revoked = {k: v for k, v in self.revocations().items() if k not in expired}
             for issued in matching:
                 revoked[issued.public_key] = moment
-            _write_secret(self._path("revocations.json"), json.dumps(revoked, indent=1) + "\n")
+            write_secret(self._path("revocations.json"), json.dumps(revoked, indent=1) + "\n")
             return matching, self._sign_account(revoked)
 
 

@@ -52,10 +52,15 @@ class Permissions:
     publish: tuple[str, ...]
     subscribe: tuple[str, ...]
 
+    responds: bool = False  # may answer a request it received (one reply, nothing else)
+
     def template(self) -> dict[str, object]:
         """The ``template`` of a scoped signing key (nats-io/jwt ``UserPermissionLimits``)."""
-        return {"pub": {"allow": list(self.publish)}, "sub": {"allow": list(self.subscribe)},
-                "subs": -1, "data": -1, "payload": -1}
+        out: dict[str, object] = {"pub": {"allow": list(self.publish)}, "sub": {"allow": list(self.subscribe)},
+                                  "subs": -1, "data": -1, "payload": -1}
+        if self.responds:
+            out["resp"] = {"max": 1, "ttl": 0}
+        return out
 
 
 def inbox(role: str) -> str:
@@ -81,16 +86,25 @@ def _bindings(role: str) -> dict[str, str]:
 
 
 def _bind(address: str, bindings: dict[str, str], event_type: str | None = None) -> str:
+    """The address with its parameters bound; an unbound last one is ``>`` (a snapshot's
+    partition may be several tokens), any other ``*``."""
+    parts = address.split(".")
     tokens = []
-    for token in address.split("."):
+    for index, token in enumerate(parts):
         parameter = _PARAMETER.match(token)
         if parameter is None:
             tokens.append(token)
         elif parameter.group(1) == "type" and event_type is not None:
             tokens.append(encode_token(event_type))
         else:
-            tokens.append(bindings.get(parameter.group(1), "*"))
+            tokens.append(bindings.get(parameter.group(1), ">" if index == len(parts) - 1 else "*"))
     return ".".join(tokens)
+
+
+def _writes(role: str, channel: streams.Channel) -> bool:
+    if "{type}" in channel.address:
+        return role in streams.EVENT_WRITERS.values()
+    return role in channel.writers
 
 
 def publishes(role: str) -> tuple[str, ...]:
@@ -112,7 +126,9 @@ def reads(role: str) -> tuple[str, ...]:
         return tuple(s.name for s in streams.STREAMS) + KV_STREAMS
     if role in (NODE,):
         return ()
-    names = [s.name for s in streams.STREAMS if role in s.readers]
+    # A service also reads what it writes: on restart it skips inputs its output already
+    # reflects (exactly-once, ARCHITECTURE.md rule 4).
+    names = [s.name for s in streams.STREAMS if role in s.readers or any(_writes(role, c) for c in s.channels)]
     if role in SERVICE_ROLES:
         names.append(f"KV_{streams.LEASES_BUCKET}")  # any service may run replicated (a lease)
     if role == "substrate-bridge":
@@ -174,4 +190,5 @@ def of(role: str) -> Permissions:
     for stream in reads(role):
         publish += stream_reads(stream)
     subscribe = [own_inbox, *_extra_subscribe(role)]
-    return Permissions(tuple(dict.fromkeys(publish)), tuple(dict.fromkeys(subscribe)))
+    # The simulator answers `sim inject` requests on the asker's inbox.
+    return Permissions(tuple(dict.fromkeys(publish)), tuple(dict.fromkeys(subscribe)), responds=role == SIM)

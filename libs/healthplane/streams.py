@@ -185,7 +185,7 @@ STREAMS: Final[tuple[StreamDef, ...]] = (
                 "An input the service could not process, byte for byte; what happened in Hp-Dead-* headers",
                 SERVICES),),
         max_age=30 * DAY, max_bytes=256 * 1024 * 1024,
-        description="inputs a service could not process, with the error (30 days)"),
+        description="inputs a service could not process, with the error (30 days)", readers=SERVICES),
 )
 CHANNELS: Final[tuple[Channel, ...]] = tuple(c for s in STREAMS for c in s.channels)
 STREAMS_BY_NAME: Final = {s.name: s for s in STREAMS}

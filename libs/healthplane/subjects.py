@@ -84,8 +84,11 @@ def node_view(cluster: str, node_id: str) -> str:
     return f"{PREFIX}.node.{encode_token(cluster)}.{encode_token(node_id)}"
 
 
-def command(cluster: str, node_id: str, verb: str) -> str:
-    return f"{PREFIX}.cmd.{encode_token(cluster)}.{encode_token(node_id)}.{encode_token(verb)}"
+def command(cluster: str, node_id: str, verb: str, actor: str) -> str:
+    """``hp.cmd.{cluster}.{node}.{verb}.{actor}``: the last token is the sender's identity,
+    which nats-server binds (SEC-1: admin ``alice`` may publish only ``hp.cmd.*.*.*.alice``)."""
+    return (f"{PREFIX}.cmd.{encode_token(cluster)}.{encode_token(node_id)}.{encode_token(verb)}."
+            f"{encode_token(actor)}")
 
 
 def command_outcome(cluster: str, node_id: str) -> str:
@@ -118,10 +121,18 @@ def provider(cluster: str, node_id: str) -> str:
     return f"{PREFIX}.provider.{encode_token(cluster)}.{encode_token(node_id)}"
 
 
-def policy_command(cluster: str, action: str) -> str:
+def policy_command(cluster: str, action: str, actor: str) -> str:
     """An operator's instruction to the policy service (breaker reset): kept with the commands,
-    outside ``hp.cmd.>`` so that eviction never sees it."""
-    return f"{PREFIX}.policy.{encode_token(cluster)}.{encode_token(action)}"
+    outside ``hp.cmd.>`` so that eviction never sees it; the last token is the sender."""
+    return f"{PREFIX}.policy.{encode_token(cluster)}.{encode_token(action)}.{encode_token(actor)}"
+
+
+def sender(subject: str, tokens: int) -> str | None:
+    """The identity token of a command subject that has ``tokens`` tokens before it
+    (``hp.cmd`` 5, ``hp.policy`` 4); ``None`` on a subject without one (an insecure peer
+    that predates the token: its payload's actor is then unverified)."""
+    parts = subject.split(".")
+    return decode_token(parts[tokens]) if len(parts) == tokens + 1 else None
 
 
 CONFIG: Final = f"{PREFIX}.config"
@@ -171,6 +182,7 @@ class NodeSubject:
     cluster: str
     node_id: str
     rest: str | None
+    actor: str | None = None  # a command's sender (its sixth token)
 
 
 _NODE_KINDS = frozenset({"report", "resource", "assess", "event", "node", "cmd", "outcome", "alloc", "directive", "provision", "provider"})
@@ -181,10 +193,11 @@ def parse(subject: str) -> NodeSubject:
     parts = subject.split(".")
     if len(parts) < 4 or parts[0] != PREFIX or parts[1] not in _NODE_KINDS:
         raise SubjectError(f"not a Healthplane node subject: {subject!r}")
-    if len(parts) > 5:
+    if len(parts) > (6 if parts[1] == "cmd" else 5):
         raise SubjectError(f"too many tokens in subject: {subject!r}")
-    rest = decode_token(parts[4]) if len(parts) == 5 else None
-    return NodeSubject(parts[1], decode_token(parts[2]), decode_token(parts[3]), rest)
+    rest = decode_token(parts[4]) if len(parts) >= 5 else None
+    actor = decode_token(parts[5]) if len(parts) == 6 else None
+    return NodeSubject(parts[1], decode_token(parts[2]), decode_token(parts[3]), rest, actor)
 
 
 def parse_kv_node_key(key: str) -> tuple[str, str]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 from typing import Final
 
-from healthplane.cli.common import CommandGroup, one_of
+from healthplane.cli.common import CommandGroup, connection_flags, one_of
 
 FAULTS: Final = (
     "xid:<N>", "ecc-correctable", "ecc-uncorrectable", "row-remap-failure", "edac-ce", "edac-ue",
@@ -27,8 +27,7 @@ def add_collector_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gpu-source", **one_of(["auto", "nvml", "nvidia-smi"]), default="auto")
     parser.add_argument("--once", action="store_true", help="print one health report and exit, without NATS")
     parser.add_argument("-o", "--output", **one_of(["text", "json"]), default="json")
-    parser.add_argument("--nats-url", help="NATS server (env HEALTHPLANE_NATS_URL)")
-    parser.add_argument("--creds", help="NATS credentials file")
+    connection_flags(parser)
     parser.add_argument("--metrics-port", type=int, default=0)
 
 
@@ -49,8 +48,7 @@ def add_sim_arguments(parser: argparse.ArgumentParser) -> None:
     inject.add_argument("--cluster", default="default")
     work = add_work_arguments(actions)
     for sub in (run_parser, inject, *work):
-        sub.add_argument("--nats-url")
-        sub.add_argument("--creds")
+        connection_flags(sub)
 
 
 def add_work_arguments(actions: argparse._SubParsersAction[argparse.ArgumentParser]) -> list[argparse.ArgumentParser]:

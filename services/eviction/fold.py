@@ -162,6 +162,10 @@ class EvictionCore:
         parsed = subjects.parse(subject)
         if (parsed.cluster, parsed.node_id, parsed.rest) != (command.cluster, command.node_id, command.verb):
             raise Reject(f"command {command.id} does not match its subject {subject}")
+        # The subject's last token is who sent it, bound by nats-server (SEC-1): a payload
+        # that names anyone else is a forgery, never applied.
+        if parsed.actor is not None and parsed.actor != command.actor:
+            raise Reject(f"command {command.id} names actor {command.actor!r} but was sent by {parsed.actor!r}")
         node = state.nodes.get(node_key(command.cluster, command.node_id))
         if node is None or not node.known or node.gone:
             out.outcome(command, "refused", rules.unknown_node(command.node_id))

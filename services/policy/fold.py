@@ -64,6 +64,9 @@ def record_of(inbound: Inbound) -> tuple[Record, datetime | None]:
             return result, result.at
         if kind == "policy":
             command = wire.decode(wire.PolicyCommand, data)
+            sender = subjects.sender(inbound.subject, 4)  # bound by nats-server (SEC-1)
+            if sender is not None and sender != command.actor:
+                raise Reject(f"breaker reset names actor {command.actor!r} but was sent by {sender!r}")
             return command, None
         raise Reject(f"unexpected subject {inbound.subject}")
     if stream == "HP_CONFIG":
@@ -77,7 +80,8 @@ def emit_of(output: wire.NodeEvent | wire.Command) -> Emit:
     # again after a crash (triggered by another input) is still recognised as the same one.
     if isinstance(output, wire.NodeEvent):
         return Emit(subjects.event(output.cluster, output.node_id, output.type), wire.encode(output), msg_id=output.id)
-    return Emit(subjects.command(output.cluster, output.node_id, output.verb), wire.encode(output), msg_id=output.id)
+    return Emit(subjects.command(output.cluster, output.node_id, output.verb, output.actor), wire.encode(output),
+                msg_id=output.id)
 
 
 class PolicyCore:

@@ -251,6 +251,6 @@ async def test_rel3_a_malformed_command_does_not_block_the_next(nats_server: Nat
                                                                 services: object) -> None:
     await register(js, "cn-7")
     await registered(js, "cn-7")
-    await js.publish(subjects.command("default", "cn-7", "cordon"), b'{"id": 1}')
+    await js.publish(subjects.command("default", "cn-7", "cordon", "test"), b'{"id": 1}')
     cordon = node_cli(nats_server, "cordon", "cn-7")
     assert cordon.returncode == 0 and cordon.stdout.startswith("cordon hold created for cn-7: ")

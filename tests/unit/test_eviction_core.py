@@ -48,7 +48,7 @@ class Harness:
     def command(self, verb: str, node: str = NODE, **fields: Any) -> wire.CommandOutcome:
         command = wire.Command(id=f"cmd-{self.seq}", node_id=node, cluster="default", verb=verb,  # type: ignore[arg-type]
                                actor="alice", issued_at=T0, **fields)
-        emits = self.feed("HP_COMMANDS", subjects.command("default", node, verb), command)
+        emits = self.feed("HP_COMMANDS", subjects.command("default", node, verb, "alice"), command)
         outcomes = [wire.decode(wire.CommandOutcome, e.payload) for e in emits if ".outcome." in e.subject]
         assert len(outcomes) == 1
         return outcomes[0]
@@ -303,7 +303,7 @@ def test_evi4_force_tears_down_now_and_prints_the_providers_answer() -> None:
     h = Harness()
     h.resources(provisioned=True)
     h.alloc("job.0.0")
-    emits = h.feed("HP_COMMANDS", subjects.command("default", NODE, "deprovision"), wire.Command(
+    emits = h.feed("HP_COMMANDS", subjects.command("default", NODE, "deprovision", "alice"), wire.Command(
         id="force-1", node_id=NODE, cluster="default", verb="deprovision", actor="alice", issued_at=T0, force=True))
     terminate = directives(emits)
     assert [d.action for d in terminate] == ["terminate"] and not [e for e in emits if ".outcome." in e.subject]
@@ -395,7 +395,7 @@ def test_rel3_a_command_on_the_wrong_subject_is_rejected() -> None:
     h = Harness()
     h.resources()
     command = wire.Command(id="x", node_id=NODE, cluster="default", verb="cordon", actor="a", issued_at=T0)
-    inbound = Inbound(stream="HP_COMMANDS", seq=1, subject=subjects.command("default", "other", "cordon"),
+    inbound = Inbound(stream="HP_COMMANDS", seq=1, subject=subjects.command("default", "other", "cordon", "a"),
                       data=wire.encode(command), headers={}, at=T0, caught_up=True)
     try:
         h.core.step(h.state, inbound)

@@ -50,7 +50,7 @@ def test_readable_ids_stay_readable(node_id: str, token: str) -> None:
 
 def test_every_builder_yields_one_token_per_part() -> None:
     assert subjects.report("default", "10.0.0.42/9100") == "hp.report.default.10=2E0=2E0=2E42=2F9100"
-    assert subjects.command("default", "cn-1", "drain") == "hp.cmd.default.cn-1.drain"
+    assert subjects.command("default", "cn-1", "drain", "ops.alice") == "hp.cmd.default.cn-1.drain.ops=2Ealice"
     assert subjects.allocation("c", "n", "job.1/0") == "hp.alloc.c.n.job=2E1=2F0"
     assert subjects.node_events("c", "n.1") == "hp.event.c.n=2E1.*"
     assert subjects.snapshot("scorer", 3) == "hp.snapshot.scorer.3"

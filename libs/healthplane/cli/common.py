@@ -4,6 +4,9 @@ why it could not."""
 from __future__ import annotations
 
 import argparse
+import asyncio
+import getpass
+import os
 import sys
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
@@ -13,8 +16,8 @@ from typing import TypedDict, TypeVar
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
-from healthplane import wire
-from healthplane.runtime.connect import DEFAULT_URL, connect
+from healthplane import creds, permissions, tls, wire
+from healthplane.runtime.connect import DEFAULT_URL, connect, default_creds
 
 R = TypeVar("R", bound=wire.Record)
 
@@ -63,6 +66,69 @@ def one_of(choices: Sequence[str]) -> Choices:
 def connection_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--nats-url", help=f"NATS server (env HEALTHPLANE_NATS_URL, default {DEFAULT_URL})")
     parser.add_argument("--creds", help="NATS credentials file (env HEALTHPLANE_NATS_CREDS)")
+    parser.add_argument("--tls-ca", help=f"CA that verifies the server (env {tls.ENV_CA})")
+    parser.add_argument("--tls-cert", help=f"client certificate (env {tls.ENV_CERT})")
+    parser.add_argument("--tls-key", help=f"client key (env {tls.ENV_KEY})")
+
+
+def export_tls_flags(args: argparse.Namespace) -> None:
+    """``--tls-*`` given: this process and what it starts (``up``'s services) use them, through
+    the same variables ``runtime.connect`` reads."""
+    for flag, variable in (("tls_ca", tls.ENV_CA), ("tls_cert", tls.ENV_CERT), ("tls_key", tls.ENV_KEY)):
+        value = getattr(args, flag, None)
+        if value:
+            os.environ[variable] = os.path.abspath(value)
+
+
+def actor(args: argparse.Namespace) -> str:
+    """Who a command is from. With credentials, their identity: nats-server lets it publish
+    only commands that carry that name (SEC-1). Without (``--insecure``), the login name or
+    ``HEALTHPLANE_ACTOR``, unverified."""
+    path = getattr(args, "creds", None) or default_creds()
+    if path:
+        try:
+            role, name = creds.identity_of(path)
+        except creds.CredsError as exc:
+            raise CommandFailed(str(exc)) from exc
+        if role in permissions.ROLES and name:
+            return name
+    if os.environ.get("HEALTHPLANE_ACTOR"):
+        return os.environ["HEALTHPLANE_ACTOR"]
+    try:
+        return getpass.getuser()
+    except Exception:
+        return "unknown"
+
+
+async def publish_checked(nc: NATS, args: argparse.Namespace, what: str, subject: str, payload: bytes,
+                          headers: dict[str, str] | None = None) -> None:
+    """A JetStream publish that fails at once, naming the permission, when the server refuses
+    it, instead of waiting out the ack."""
+    ack = asyncio.ensure_future(nc.jetstream().publish(subject, payload, headers=headers, timeout=CONNECT_TIMEOUT_S))
+    try:
+        await refused(nc, args, what)
+        await ack
+    except TimeoutError as exc:
+        raise CommandFailed(f"no answer from JetStream for {subject}; retry", EXIT_RETRY) from exc
+    finally:
+        ack.cancel()
+
+
+async def refused(nc: NATS, args: argparse.Namespace, what: str) -> None:
+    """Raise ``CommandFailed`` naming the permission when the server refused what this
+    client just published: its -ERR comes before the answer to a flush."""
+    await nc.flush(timeout=CONNECT_TIMEOUT_S)
+    error = nc.last_error
+    if error is not None and "permissions violation" in str(error).lower():
+        role = "this identity"
+        path = getattr(args, "creds", None) or default_creds()
+        if path:
+            try:
+                found_role, name = creds.identity_of(path)
+                role = f"{name} (role {found_role})"
+            except creds.CredsError:
+                pass
+        raise CommandFailed(f"permission denied: {role} may not {what} ({str(error).removeprefix('nats: ')})")
 
 
 def output_flag(parser: argparse.ArgumentParser) -> None:

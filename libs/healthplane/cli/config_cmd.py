@@ -10,7 +10,15 @@ from typing import Any
 import yaml
 
 from healthplane import configstore
-from healthplane.cli.common import EXIT_RETRY, CommandFailed, fail, nats_client, warn
+from healthplane.cli.common import (
+    EXIT_RETRY,
+    CommandFailed,
+    actor,
+    fail,
+    nats_client,
+    refused,
+    warn,
+)
 from healthplane.config import ConfigError, load_cluster_config
 
 SECRET_MASK = "********"
@@ -40,7 +48,12 @@ async def _apply(args: argparse.Namespace) -> int:
         return fail(CommandFailed(str(exc)))
     try:
         async with nats_client(args) as nc:
-            version = await configstore.apply(nc.jetstream(), config, on_skipped=lambda r: warn(r.line()))
+            try:
+                version = await configstore.apply(nc.jetstream(), config, actor=actor(args),
+                                                  on_skipped=lambda r: warn(r.line()))
+            except TimeoutError as exc:
+                await refused(nc, args, "apply config (publish hp.config)")
+                raise CommandFailed("no answer from JetStream for hp.config; retry", EXIT_RETRY) from exc
     except configstore.ConfigConflict as exc:
         return fail(CommandFailed(str(exc), EXIT_RETRY))
     except CommandFailed as exc:

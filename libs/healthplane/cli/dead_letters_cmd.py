@@ -12,7 +12,14 @@ import json
 
 from nats.js.errors import NotFoundError
 
-from healthplane.cli.common import EXIT_USAGE, CommandFailed, fail, nats_client, one_of
+from healthplane.cli.common import (
+    EXIT_USAGE,
+    CommandFailed,
+    connection_flags,
+    fail,
+    nats_client,
+    one_of,
+)
 from healthplane.runtime import deadletters
 
 
@@ -24,8 +31,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     again = actions.add_parser("replay", help="send the input of dead letter ID again (after a fix)")
     again.add_argument("id", type=int, help="the ID `dead-letters list` shows")
     for sub in (listing, again):
-        sub.add_argument("--nats-url")
-        sub.add_argument("--creds")
+        connection_flags(sub)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -14,8 +14,15 @@ from collections.abc import Sequence
 from typing import Final
 
 from healthplane import __version__, registry, wire
-from healthplane.cli import dead_letters_cmd, node_cmd, policy_cmd
-from healthplane.cli.common import EXIT_REFUSED, CommandGroup, connection_flags, one_of, output_flag
+from healthplane.cli import creds_cmd, dead_letters_cmd, node_cmd, policy_cmd
+from healthplane.cli.common import (
+    EXIT_REFUSED,
+    CommandGroup,
+    connection_flags,
+    export_tls_flags,
+    one_of,
+    output_flag,
+)
 
 
 # `up` and `config` run code that is slow to import (the stack, the config models): their
@@ -28,6 +35,9 @@ def _up_arguments(parser: argparse.ArgumentParser) -> None:
     where.add_argument("--nats-port", type=int, default=4222, help="port of the embedded server (0 = any free)")
     parser.add_argument("--config", help="cluster config to apply (default: built-in defaults)")
     parser.add_argument("--data-dir", default=".healthplane", help="store and stack.json (default ./.healthplane)")
+    parser.add_argument("--insecure", action="store_true",
+                        help="no authentication on the bus (anyone who reaches the server may command it)")
+    parser.add_argument("--tls", action="store_true", help="TLS with a throwaway CA made in DATA_DIR/tls")
 
 
 def _run_up(args: argparse.Namespace) -> int:
@@ -75,6 +85,8 @@ LIBRARY_GROUPS: Final = (
     CommandGroup("dead-letters", "inputs the services set aside: list, replay", dead_letters_cmd.add_arguments,
                  dead_letters_cmd.run),
     CommandGroup("config", "validate, apply and show the cluster config", _config_arguments, _run_config),
+    CommandGroup("creds", "identities on the bus: init, node, user, service, token, revoke, list",
+                 creds_cmd.add_arguments, creds_cmd.run),
 )
 
 
@@ -96,6 +108,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     groups = command_groups()
     args = build_parser(groups).parse_args(argv)
     run = next(group.run for group in groups if group.name == args.command)
+    export_tls_flags(args)
     try:
         return run(args)
     except KeyboardInterrupt:

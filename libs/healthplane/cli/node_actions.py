@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import getpass
 import json
-import os
 import sys
 import uuid
 from collections.abc import Iterable
@@ -30,9 +28,12 @@ from healthplane.cli.common import (
     EXIT_RETRY,
     EXIT_USAGE,
     CommandFailed,
+    actor,
+    connection_flags,
     fail,
     nats_client,
     one_of,
+    refused,
 )
 from healthplane.cli.lookup import find_node, views_of
 from healthplane.runtime.publish import Publisher
@@ -65,8 +66,7 @@ def add_arguments(actions: Any) -> None:
         parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
                             help=f"seconds to wait for the outcome (default {DEFAULT_TIMEOUT_S:g})")
         parser.add_argument("-o", "--output", **one_of(["text", "json"]), default="text")
-        parser.add_argument("--nats-url")
-        parser.add_argument("--creds")
+        connection_flags(parser)
         return parser
 
     action("cordon", "stop new work reaching a node (a cordon hold)")
@@ -92,8 +92,7 @@ def add_arguments(actions: Any) -> None:
     release.add_argument("--cluster")
     release.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S)
     release.add_argument("-o", "--output", **one_of(["text", "json"]), default="text")
-    release.add_argument("--nats-url")
-    release.add_argument("--creds")
+    connection_flags(release)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -138,29 +137,21 @@ def confirm(question: str) -> bool:
     return answer.strip().lower() in ("y", "yes")
 
 
-def actor() -> str:
-    if os.environ.get("HEALTHPLANE_ACTOR"):
-        return os.environ["HEALTHPLANE_ACTOR"]
-    try:
-        return getpass.getuser()
-    except Exception:
-        return "unknown"
-
-
 # ---------------------------------------------------------------------------- sending
 
 
 def command_for(args: argparse.Namespace, node_id: str, cluster: str, batch_id: str | None) -> wire.Command:
     verb: wire.CommandVerb = "hold-release" if args.node_command == "hold" else args.node_command
     return wire.Command(
-        id=str(uuid.uuid4()), node_id=node_id, cluster=cluster, verb=verb, actor=actor(),
+        id=str(uuid.uuid4()), node_id=node_id, cluster=cluster, verb=verb, actor=actor(args),
         issued_at=datetime.now(UTC), reason=getattr(args, "reason", None),
         active=getattr(args, "active", False), evict=getattr(args, "evict", False),
         force=getattr(args, "force", False), batch_id=batch_id,
         hold_ids=list(getattr(args, "hold_ids", []) or []), effect=getattr(args, "effect", None))
 
 
-async def send(nc: NATS, commands: list[wire.Command], wait_s: float) -> dict[str, wire.CommandOutcome]:
+async def send(nc: NATS, args: argparse.Namespace, commands: list[wire.Command],
+               wait_s: float) -> dict[str, wire.CommandOutcome]:
     """Append every command and collect the outcomes that arrive within ``wait_s`` seconds."""
     wanted = {c.id for c in commands}
     outcomes: dict[str, wire.CommandOutcome] = {}
@@ -183,8 +174,9 @@ async def send(nc: NATS, commands: list[wire.Command], wait_s: float) -> dict[st
     try:
         publisher = Publisher(nc)
         for command in commands:
-            await publisher.publish(subjects.command(command.cluster, command.node_id, command.verb),
+            await publisher.publish(subjects.command(command.cluster, command.node_id, command.verb, command.actor),
                                     wire.encode(command), {"Nats-Msg-Id": command.id})
+        await refused(nc, args, f"send {commands[0].verb} commands (publish hp.cmd)")
         await publisher.flush()
         try:
             await asyncio.wait_for(done.wait(), wait_s)
@@ -223,7 +215,7 @@ async def _run(args: argparse.Namespace) -> int:
             return await _all(nc, js, args)
         node_id, cluster = await _target(nc, js, args.node, args.cluster)
         command = command_for(args, node_id, cluster, None)
-        outcomes = await send(nc, [command], args.timeout)
+        outcomes = await send(nc, args, [command], args.timeout)
         return report_one(args, command, outcomes.get(command.id))
 
 
@@ -251,7 +243,7 @@ async def _all(nc: NATS, js: JetStreamContext, args: argparse.Namespace) -> int:
     views = await _views(nc, js, args.cluster)
     batch = str(uuid.uuid4())
     commands = [command_for(args, v.node_id, v.cluster, batch) for v in views]
-    outcomes = await send(nc, commands, args.timeout) if commands else {}
+    outcomes = await send(nc, args, commands, args.timeout) if commands else {}
     return report_all(args, commands, outcomes)
 
 
@@ -318,7 +310,7 @@ async def _release(nc: NATS, js: JetStreamContext, args: argparse.Namespace) -> 
     if not commands:
         print("0 hold(s) released: none matched")
         return EXIT_OK
-    outcomes = await send(nc, commands, args.timeout)
+    outcomes = await send(nc, args, commands, args.timeout)
     if len(commands) == 1:
         return report_one(args, commands[0], outcomes.get(commands[0].id))
     return report_all(args, commands, outcomes)

@@ -23,7 +23,15 @@ from nats.js import JetStreamContext
 
 from healthplane import subjects, wire
 from healthplane.cli import node_actions
-from healthplane.cli.common import EXIT_USAGE, CommandFailed, decoded, fail, nats_client, one_of
+from healthplane.cli.common import (
+    EXIT_USAGE,
+    CommandFailed,
+    connection_flags,
+    decoded,
+    fail,
+    nats_client,
+    one_of,
+)
 from healthplane.cli.lookup import find_node, is_view
 from healthplane.runtime.replay import read_all, read_payloads, start_of_last
 
@@ -48,8 +56,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     events.add_argument("--page-token")
     for sub in (listing, show, events):
         sub.add_argument("-o", "--output", **one_of(["text", "json"]), default="text")
-        sub.add_argument("--nats-url")
-        sub.add_argument("--creds")
+        connection_flags(sub)
     node_actions.add_arguments(actions)
 
 

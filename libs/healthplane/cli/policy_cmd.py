@@ -8,12 +8,18 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import getpass
 import uuid
 from datetime import UTC, datetime
 
 from healthplane import subjects, wire
-from healthplane.cli.common import CommandFailed, fail, nats_client
+from healthplane.cli.common import (
+    CommandFailed,
+    actor,
+    connection_flags,
+    fail,
+    nats_client,
+    publish_checked,
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -23,8 +29,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     reset = actions.add_parser("reset", help="close a TRIPPED breaker; automated cordons resume")
     reset.add_argument("--cluster", default="default", help="cluster whose breaker to reset (default: default)")
     reset.add_argument("--reason", help="why, recorded with the reset")
-    reset.add_argument("--nats-url")
-    reset.add_argument("--creds")
+    connection_flags(reset)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -36,17 +41,11 @@ def run(args: argparse.Namespace) -> int:
 
 async def _reset(args: argparse.Namespace) -> int:
     command = wire.PolicyCommand(id=str(uuid.uuid4()), cluster=args.cluster, action="breaker-reset",
-                                 actor=_whoami(), issued_at=datetime.now(UTC), reason=args.reason)
+                                 actor=actor(args), issued_at=datetime.now(UTC), reason=args.reason)
     async with nats_client(args) as nc:
-        await nc.jetstream().publish(subjects.policy_command(args.cluster, "breaker-reset"), wire.encode(command),
-                                     stream="HP_COMMANDS", headers={"Nats-Msg-Id": command.id})
+        await publish_checked(nc, args, "reset the circuit breaker",
+                              subjects.policy_command(args.cluster, "breaker-reset", command.actor),
+                              wire.encode(command), {"Nats-Msg-Id": command.id})
     print(f"circuit breaker reset requested for cluster {args.cluster} (id {command.id}); "
           f"automated cordons resume once the policy service applies it")
     return 0
-
-
-def _whoami() -> str:
-    try:
-        return getpass.getuser()
-    except Exception:
-        return "unknown"

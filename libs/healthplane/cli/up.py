@@ -20,11 +20,13 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from healthplane import configstore, registry, streams
+from healthplane import configstore, registry, streams, tls
 from healthplane.config import ClusterConfig, ConfigError, load_cluster_config
+from healthplane.creds import CredsError, Keystore, write_secret
 from healthplane.natsserver import NatsServer, NatsServerError, free_port
 from healthplane.runtime.connect import connect
 from healthplane.supervise import (
@@ -49,6 +51,7 @@ class Child:
     command: list[str]
     port: int
     process: subprocess.Popen[bytes]
+    creds: Path | None = None
     restarts: int = 0
     state: str = "running"  # running | restarting | failed | stopped
     failures_at: list[float] = field(default_factory=list)
@@ -83,30 +86,39 @@ def run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, request_stop)
     signal.signal(signal.SIGINT, request_stop)
     try:
+        identities = None if args.insecure else _identities(data_dir, config.cluster)
+        if args.insecure:
+            print(INSECURE_WARNING, file=sys.stderr)
+        server_tls = tls.make_throwaway(data_dir / "tls") if args.tls else None
+        if server_tls is not None:  # every client of this stack, and what it starts, verifies it
+            os.environ[tls.ENV_CA] = str(server_tls.ca)
         if args.nats_url:
             nats_url = args.nats_url
         else:
-            server = NatsServer(data_dir / "nats", port=args.nats_port).start()
+            server = NatsServer(data_dir / "nats", port=args.nats_port,
+                                keystore=identities.keystore if identities else None, tls=server_tls).start()
             nats_url = server.url
         try:
-            asyncio.run(_prepare(nats_url, config))
+            asyncio.run(_prepare(nats_url, config, identities.admin if identities else None))
         except (ConnectionError, streams.StreamConflict, configstore.ConfigConflict) as exc:
             raise CannotStart(str(exc)) from exc
 
         log_dir = data_dir / "logs"
         log_dir.mkdir(exist_ok=True)
         for name in registry.CONTROL_PLANE:
-            children.append(_start_service(name, nats_url, log_dir))
+            children.append(_start_service(name, nats_url, log_dir, identities))
         if not args.no_sim:
-            fleet = ["sim", "run", "--nodes", str(args.nodes), "--provisioned", str(args.nodes // 2)]
-            children.append(_start_child("sim", fleet, nats_url, log_dir))
+            fleet = ["sim", "run", "--nodes", str(args.nodes), "--provisioned", str(args.nodes // 2),
+                     "--cluster", config.cluster]
+            children.append(_start_child("sim", fleet, nats_url, log_dir, identities))
         _check_alive(children, log_dir)
 
         def write_stack() -> None:
-            _write_stack(data_dir, nats_url, server, children)
+            _write_stack(data_dir, nats_url, server, children, identities, server_tls)
 
         write_stack()
         _print_table(nats_url, server, children, data_dir, simulated=0 if args.no_sim else args.nodes)
+        _print_access(nats_url, identities, server_tls, args)
 
         while not stop_requested:
             time.sleep(0.2)
@@ -114,6 +126,8 @@ def run(args: argparse.Namespace) -> int:
                 write_stack()
         print("\nstopping…", file=sys.stderr)
         return 0
+    except CredsError as exc:
+        return _fail(str(exc))
     except (CannotStart, NatsServerError) as exc:
         return _fail(str(exc))
     finally:
@@ -124,8 +138,46 @@ def run(args: argparse.Namespace) -> int:
             server.stop()
 
 
-async def _prepare(nats_url: str, config: ClusterConfig) -> None:
-    nc = await connect(nats_url, name="healthplane-up", give_up_after=10)
+INSECURE_WARNING = ("healthplane up: --insecure: nats-server runs WITHOUT authentication; anyone who can reach it "
+                    "can publish reports, commands and config")
+
+
+@dataclass(frozen=True)
+class Identities:
+    """The stack's credentials (SEC-3): every file 0600 under DATA_DIR/creds."""
+
+    keystore: Keystore
+    admin: Path
+    viewer: Path
+    admin_token: Path
+    viewer_token: Path
+    by_child: dict[str, Path]
+
+
+def _identities(data_dir: Path, cluster: str) -> Identities:
+    """Keys made once (``creds init``); credentials issued once and kept across starts."""
+    keystore = Keystore.init(data_dir / "creds")
+    directory = keystore.directory
+
+    def kept(path: Path, issue: Callable[[Path], object]) -> Path:
+        if not path.exists():
+            issue(path)
+        return path.resolve()
+
+    by_child = {name: kept(directory / f"{name}.creds", lambda p, n=name: keystore.service(n, p))
+                for name in registry.CONTROL_PLANE}
+    by_child["sim"] = kept(directory / "sim.creds", lambda p: keystore.sim(cluster, p))
+    admin = kept(directory / "admin.creds", lambda p: keystore.user("admin", "admin", p))
+    viewer = kept(directory / "viewer.creds", lambda p: keystore.user("viewer", "viewer", p))
+    tokens = {}
+    for role in ("admin", "viewer"):
+        tokens[role] = kept(directory / f"{role}.token",
+                            lambda p, r=role: write_secret(p, keystore.token(r, r) + "\n"))
+    return Identities(keystore, admin, viewer, tokens["admin"], tokens["viewer"], by_child)
+
+
+async def _prepare(nats_url: str, config: ClusterConfig, admin: Path | None) -> None:
+    nc = await connect(nats_url, name="healthplane-up", creds=str(admin) if admin else None, give_up_after=10)
     try:
         js = nc.jetstream()
         await streams.ensure(js)
@@ -143,7 +195,7 @@ def _supervise(child: Child, nats_url: str, log_dir: Path, now: float) -> bool:
     what ``stack.json`` says of it changed."""
     log = log_dir / f"{child.name}.log"
     if child.state == "restarting" and child.restart_at is not None and now >= child.restart_at:
-        child.process = _spawn(child.name, child.command, child.port, nats_url, log_dir)
+        child.process = _spawn(child.name, child.command, child.port, nats_url, log_dir, child.creds)
         child.restarts += 1
         child.state, child.restart_at = "running", None
         print(f"healthplane up: {child.name} restarted (pid {child.process.pid}, restart {child.restarts})",
@@ -170,32 +222,45 @@ def _supervise(child: Child, nats_url: str, log_dir: Path, now: float) -> bool:
     return True
 
 
-def _write_stack(data_dir: Path, nats_url: str, server: NatsServer | None, children: list[Child]) -> None:
-    stack = {
+def _write_stack(data_dir: Path, nats_url: str, server: NatsServer | None, children: list[Child],
+                 identities: Identities | None, server_tls: tls.ServerTls | None) -> None:
+    # Paths only, never key material (SEC-6).
+    stack: dict[str, object] = {
         "natsUrl": nats_url,
         "natsServerPid": server.process.pid if server and server.process else None,
-        "services": [
-            {"name": c.name, "pid": c.process.pid, "metricsUrl": c.metrics_url, "state": c.state,
-             "restarts": c.restarts} for c in children
-        ],
+        "insecure": identities is None,
     }
+    if identities is not None:
+        stack |= {"adminCreds": str(identities.admin), "viewerCreds": str(identities.viewer),
+                  "adminToken": str(identities.admin_token), "viewerToken": str(identities.viewer_token)}
+    if server_tls is not None:
+        stack["tlsCa"] = str(server_tls.ca)
+    stack["services"] = [
+        {"name": c.name, "pid": c.process.pid, "metricsUrl": c.metrics_url, "state": c.state,
+         "restarts": c.restarts} for c in children
+    ]
     # Replaced whole, never half-written: a reader polling it sees the old or the new one.
     staged = data_dir / "stack.json.new"
     staged.write_text(json.dumps(stack, indent=2) + "\n", encoding="utf-8")
     staged.replace(data_dir / "stack.json")
 
 
-def _start_service(name: str, nats_url: str, log_dir: Path) -> Child:
-    return _start_child(name, ["service", name], nats_url, log_dir)
+def _start_service(name: str, nats_url: str, log_dir: Path, identities: Identities | None) -> Child:
+    return _start_child(name, ["service", name], nats_url, log_dir, identities)
 
 
-def _start_child(name: str, command: list[str], nats_url: str, log_dir: Path) -> Child:
+def _start_child(name: str, command: list[str], nats_url: str, log_dir: Path, identities: Identities | None) -> Child:
     port = free_port()
-    return Child(name, command, port, _spawn(name, command, port, nats_url, log_dir))
+    creds = identities.by_child[name] if identities else None
+    return Child(name, command, port, _spawn(name, command, port, nats_url, log_dir, creds), creds)
 
 
-def _spawn(name: str, command: list[str], port: int, nats_url: str, log_dir: Path) -> subprocess.Popen[bytes]:
+def _spawn(name: str, command: list[str], port: int, nats_url: str, log_dir: Path,
+           creds: Path | None) -> subprocess.Popen[bytes]:
     env = {**os.environ, "HEALTHPLANE_NATS_URL": nats_url, "HEALTHPLANE_LOG_FORMAT": "json"}
+    env.pop("HEALTHPLANE_NATS_CREDS", None)  # each child its own identity, never the caller's
+    if creds is not None:
+        env["HEALTHPLANE_NATS_CREDS"] = str(creds)
     with open(log_dir / f"{name}.log", "ab") as log_file:
         return subprocess.Popen(
             [sys.executable, "-m", "healthplane.cli", *command, "--metrics-port", str(port)],
@@ -238,6 +303,26 @@ def _stop_all(children: list[Child]) -> None:
         except subprocess.TimeoutExpired:
             child.process.kill()
             child.process.wait()
+
+
+def _print_access(nats_url: str, identities: Identities | None, server_tls: tls.ServerTls | None,
+                  args: argparse.Namespace) -> None:
+    """The lines an operator pastes to point the CLI at this stack (SEC-3)."""
+    exports = []
+    if args.nats_url or args.nats_port != 4222:
+        exports.append(f"HEALTHPLANE_NATS_URL={nats_url}")
+    if identities is not None:
+        exports.append(f"HEALTHPLANE_NATS_CREDS={identities.admin}")
+    if server_tls is not None:
+        exports.append(f"{tls.ENV_CA}={server_tls.ca}")
+    if exports:
+        print(f"export {' '.join(exports)}")
+    if identities is not None:
+        print(f"(admin; a read-only viewer: {identities.viewer}; more: `healthplane creds --data-dir "
+              f"{args.data_dir} user NAME --role admin|viewer`)")
+    else:
+        print("no authentication (--insecure): the CLI needs no credentials")
+    sys.stdout.flush()
 
 
 def _print_table(nats_url: str, server: NatsServer | None, children: list[Child], data_dir: Path,

@@ -1,0 +1,152 @@
+"""``healthplane creds init | node | user | service | token | revoke | list | server-config``
+(SEC-2): identities issued offline from the keys of ``DATA_DIR/creds`` (``--data-dir``) or
+any key directory (``--keys``). Issuing needs no server; revoking pushes the re-signed
+account to the running one, which refuses the identity at once."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+
+from healthplane import creds, permissions
+from healthplane.cli.common import EXIT_RETRY, CommandFailed, fail, one_of, output_flag
+from healthplane.creds import CredsError, Keystore
+
+DEFAULT_DATA_DIR = ".healthplane"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    actions = parser.add_subparsers(dest="creds_command", required=True, metavar="ACTION")
+
+    def keys_flags(sub: argparse.ArgumentParser) -> None:
+        where = sub.add_mutually_exclusive_group()
+        where.add_argument("--data-dir", help=f"the keys of `healthplane up` in DIR/creds (default {DEFAULT_DATA_DIR})")
+        where.add_argument("--keys", help="a key directory (`creds init --keys DIR`)")
+
+    keys_flags(actions.add_parser("init", help="create the operator, the account and the signing keys"))
+    node = actions.add_parser("node", help="a collector's credentials: its own report and resource only")
+    node.add_argument("node_id", metavar="NODE")
+    node.add_argument("--cluster", default="default")
+    node.add_argument("-o", "--out", help="file to write (default ./NODE.creds), 0600")
+    keys_flags(node)
+    user = actions.add_parser("user", help="an operator's credentials")
+    user.add_argument("name", metavar="NAME")
+    user.add_argument("--role", required=True, **one_of(permissions.USER_ROLES))
+    user.add_argument("-o", "--out", help="file to write (default ./NAME.creds), 0600")
+    keys_flags(user)
+    service = actions.add_parser("service", help="a service's credentials: its row of the stream table")
+    service.add_argument("name", metavar="NAME", **one_of(permissions.SERVICE_ROLES))
+    service.add_argument("-o", "--out", help="file to write (default ./NAME.creds), 0600")
+    keys_flags(service)
+    token = actions.add_parser("token", help="print a bearer token for the HTTP API")
+    token.add_argument("name", metavar="NAME")
+    token.add_argument("--role", required=True, **one_of(permissions.USER_ROLES))
+    keys_flags(token)
+    revoke = actions.add_parser("revoke", help="revoke every credential issued to NAME")
+    revoke.add_argument("name", metavar="NAME")
+    revoke.add_argument("--cluster", help="only the node NAME of this cluster")
+    revoke.add_argument("--nats-url", help="the running server (default: DATA_DIR/stack.json's)")
+    keys_flags(revoke)
+    listing = actions.add_parser("list", help="every credential issued, and which are revoked")
+    keys_flags(listing)
+    output_flag(listing)
+    server = actions.add_parser("server-config", help="the operator-mode part of nats-server's config")
+    server.add_argument("--resolver-dir", required=True, help="where the server keeps account JWTs")
+    server.add_argument("-o", "--out", help="file to write (default stdout)")
+    keys_flags(server)
+
+
+def _keys_dir(args: argparse.Namespace) -> Path:
+    return Path(args.keys) if args.keys else Path(args.data_dir or DEFAULT_DATA_DIR) / "creds"
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        return _run(args)
+    except CredsError as exc:
+        return fail(CommandFailed(str(exc)))
+    except CommandFailed as exc:
+        return fail(exc)
+
+
+def _run(args: argparse.Namespace) -> int:
+    directory = _keys_dir(args)
+    if args.creds_command == "init":
+        Keystore.init(directory)
+        print(f"keys in {directory} (0600); issue identities with `healthplane creds node|user|service`")
+        return 0
+    store = Keystore.open(directory)
+    match args.creds_command:
+        case "node":
+            out = store.node(args.node_id, args.cluster, Path(args.out or f"{args.node_id}.creds"))
+            print(f"credentials for node {args.node_id} (cluster {args.cluster}) in {out}")
+        case "user":
+            out = store.user(args.name, args.role, Path(args.out or f"{args.name}.creds"))
+            print(f"credentials for {args.name} (role {args.role}) in {out}")
+        case "service":
+            out = store.service(args.name, Path(args.out or f"{args.name}.creds"))
+            print(f"credentials for service {args.name} in {out}")
+        case "token":
+            print(store.token(args.name, args.role))
+        case "revoke":
+            return _revoke(args, store)
+        case "list":
+            _list(args, store)
+        case "server-config":
+            text = store.server_config(Path(args.resolver_dir).resolve())
+            if args.out:
+                creds.write_secret(Path(args.out), text)
+            else:
+                sys.stdout.write(text)
+    return 0
+
+
+def _revoke(args: argparse.Namespace, store: Keystore) -> int:
+    revoked, _account = store.revoke(args.name, args.cluster)
+    print(f"revoked {len(revoked)} credential(s) of {args.name}")
+    url = args.nats_url or _stack_url(args)
+    if url is None:
+        print("no running server known (no --nats-url, no stack.json): the revocation applies when the "
+              "server starts with this account", file=sys.stderr)
+        return 0
+    try:
+        asyncio.run(creds.push_account(url, store))
+    except (OSError, TimeoutError, CredsError) as exc:
+        raise CommandFailed(f"revoked in {store.directory}, but the server at {url} was not told "
+                            f"({exc or type(exc).__name__}); run revoke again", EXIT_RETRY) from exc
+    except Exception as exc:  # nats-py's own connection errors
+        raise CommandFailed(f"revoked in {store.directory}, but the server at {url} was not told "
+                            f"({exc or type(exc).__name__}); run revoke again", EXIT_RETRY) from exc
+    print(f"the server at {url} refuses them now")
+    return 0
+
+
+def _stack_url(args: argparse.Namespace) -> str | None:
+    if args.keys:
+        return None
+    try:
+        stack = json.loads((Path(args.data_dir or DEFAULT_DATA_DIR) / "stack.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    url = stack.get("natsUrl")
+    return url if isinstance(url, str) else None
+
+
+def _list(args: argparse.Namespace, store: Keystore) -> None:
+    revoked = store.revocations()
+    rows = [{"name": i.name, "role": i.role, "cluster": i.cluster, "publicKey": i.public_key,
+             "issuedAt": datetime.fromtimestamp(i.issued_at, UTC).isoformat(),
+             "expiresAt": datetime.fromtimestamp(i.expires_at, UTC).isoformat() if i.expires_at else None,
+             "revoked": i.public_key in revoked and i.issued_at <= revoked[i.public_key], "path": i.path}
+            for i in store.issued()]
+    if args.output == "json":
+        print(json.dumps(rows, indent=2))
+        return
+    print(f"{'NAME':<24} {'ROLE':<18} {'CLUSTER':<12} {'ISSUED':<26} STATE")
+    for row in rows:
+        print(f"{row['name']:<24} {row['role']:<18} {row['cluster'] or '-':<12} {row['issuedAt']:<26} "
+              f"{'revoked' if row['revoked'] else 'valid'}")
