@@ -1,5 +1,11 @@
 """Shared fixtures: a real nats-server per test on a free loopback port with a temporary
-store, stopped by pid. Never a mocked bus."""
+store, stopped by pid. Never a mocked bus.
+
+Every server runs secure (SEC-1, issue 18): operator mode with the keys of a fresh
+``creds`` keystore, and this process's clients connect as an admin (``HEALTHPLANE_NATS_CREDS``,
+which the CLI and services a test starts inherit unless the test gives them their own
+identity with ``tests.support.secure``). ``@pytest.mark.insecure`` runs a test without auth.
+"""
 
 from __future__ import annotations
 
@@ -11,13 +17,28 @@ from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 
 from healthplane import streams
+from healthplane.creds import Keystore
 from healthplane.natsserver import NatsServer
 from healthplane.runtime.connect import connect
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "insecure: the test's nats-server runs without authentication")
+
+
 @pytest.fixture
-def nats_server(tmp_path: Path) -> Iterator[NatsServer]:
-    server = NatsServer(tmp_path / "nats").start()
+def keystore(tmp_path: Path) -> Keystore:
+    return Keystore.init(tmp_path / "creds")
+
+
+@pytest.fixture
+def nats_server(tmp_path: Path, keystore: Keystore, monkeypatch: pytest.MonkeyPatch,
+                request: pytest.FixtureRequest) -> Iterator[NatsServer]:
+    secure = request.node.get_closest_marker("insecure") is None
+    monkeypatch.delenv("HEALTHPLANE_NATS_CREDS", raising=False)
+    if secure:
+        monkeypatch.setenv("HEALTHPLANE_NATS_CREDS", str(keystore.user("test", "admin", tmp_path / "test-admin.creds")))
+    server = NatsServer(tmp_path / "nats", keystore=keystore if secure else None).start()
     try:
         yield server
     finally:

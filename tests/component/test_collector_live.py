@@ -18,6 +18,7 @@ from nats.js import JetStreamContext
 
 from healthplane import subjects, wire
 from healthplane.natsserver import NatsServer
+from tests.support.secure import env_for
 
 pytestmark = pytest.mark.nats
 
@@ -48,7 +49,7 @@ def start_collector(server: NatsServer, tmp_path: Path, config: Path) -> subproc
     return subprocess.Popen(
         [sys.executable, "-m", "healthplane.cli", "collector", "--root", str(tmp_path / "root"),
          "--state-dir", str(tmp_path / "state"), "--gpu-source", "nvidia-smi", "--config", str(config)],
-        env={**os.environ, "HEALTHPLANE_NATS_URL": server.url, "HEALTHPLANE_LOG_FORMAT": "json",
+        env={**env_for(server, "collector", "lab/gpu-node-7"),
              "PATH": str(tmp_path / "bin")},  # no smartctl, no nvidia-smi: honest "unavailable"
         stdout=subprocess.DEVNULL, stderr=open(tmp_path / "collector.log", "ab"))
 

@@ -19,6 +19,7 @@ from healthplane import subjects, wire
 from healthplane.natsserver import NatsServer
 from healthplane.runtime.replay import read_all
 from tests.component.test_health_ingest import until
+from tests.support.secure import env_for
 
 pytestmark = pytest.mark.nats
 NOW = datetime(2026, 11, 30, 9, 0, tzinfo=UTC)
@@ -26,14 +27,14 @@ NOW = datetime(2026, 11, 30, 9, 0, tzinfo=UTC)
 
 def start(server: NatsServer, name: str, log: Path) -> subprocess.Popen[bytes]:
     return subprocess.Popen([sys.executable, "-m", "healthplane.cli", "service", name],
-                            env={**os.environ, "HEALTHPLANE_NATS_URL": server.url, "HEALTHPLANE_LOG_FORMAT": "json"},
+                            env=env_for(server, name),
                             stdout=subprocess.DEVNULL, stderr=open(log, "ab"))
 
 
 def node_cli(server: NatsServer, *args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "healthplane.cli", "node", *args, "--nats-url", server.url],
                           capture_output=True, text=True, timeout=60, input=stdin,
-                          env={**os.environ, "HEALTHPLANE_ACTOR": "alice"})
+                          env=env_for(server, "admin", "alice", HEALTHPLANE_ACTOR="alice"))
 
 
 async def register(js: JetStreamContext, node_id: str, *, provisioned: bool = False, ready: bool = True) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
 import subprocess
 import sys
@@ -20,6 +19,7 @@ from healthplane.natsserver import NatsServer
 from healthplane.runtime.replay import replay
 from healthplane_collector.agent import Collector, Settings
 from healthplane_collector.sim import SimNode
+from tests.support.secure import env_for
 
 pytestmark = pytest.mark.nats
 NOW = datetime(2026, 11, 30, 9, 0, tzinfo=UTC)
@@ -27,7 +27,7 @@ NOW = datetime(2026, 11, 30, 9, 0, tzinfo=UTC)
 
 def start_ingest(server: NatsServer, log: Path) -> subprocess.Popen[bytes]:
     return subprocess.Popen([sys.executable, "-m", "healthplane.cli", "service", "health-ingest"],
-                            env={**os.environ, "HEALTHPLANE_NATS_URL": server.url, "HEALTHPLANE_LOG_FORMAT": "json"},
+                            env=env_for(server, "health-ingest"),
                             stdout=subprocess.DEVNULL, stderr=open(log, "ab"))
 
 

@@ -4,7 +4,6 @@ the TTL wakes up fenced off; the node views equal a replay."""
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
 import subprocess
 import sys
@@ -20,6 +19,7 @@ from healthplane.runtime.lease import HEADER, Lease
 from healthplane.runtime.processor import Inbound
 from healthplane.runtime.replay import read_all, replay
 from healthplane_scorer.fold import ScorerCore, node_view
+from tests.support.secure import env_for
 
 pytestmark = pytest.mark.nats
 T0 = datetime(2026, 11, 30, 9, 0, tzinfo=UTC)
@@ -50,7 +50,7 @@ def _assessment(node: str, n: int) -> wire.Assessment:
 
 def _scorer(server: NatsServer, log: Path) -> subprocess.Popen[bytes]:
     return subprocess.Popen([sys.executable, "-m", "healthplane.cli", "service", "scorer"],
-                            env={**os.environ, "HEALTHPLANE_NATS_URL": server.url, "HEALTHPLANE_LOG_FORMAT": "json"},
+                            env=env_for(server, "scorer"),
                             stdout=subprocess.DEVNULL, stderr=open(log, "ab"))
 
 

@@ -5,7 +5,6 @@ injected clock: the service decides with the time each record carries."""
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
 import subprocess
 import sys
@@ -24,6 +23,7 @@ from healthplane import configstore, subjects, wire
 from healthplane.config import parse_cluster_config
 from healthplane.natsserver import NatsServer, free_port
 from healthplane.runtime.replay import replay
+from tests.support.secure import env_for
 
 pytestmark = pytest.mark.nats
 CLUSTER = "lab"
@@ -39,7 +39,7 @@ async def policy_service(server: NatsServer, js: JetStreamContext, log: Path, me
     earlier = _read(log).count("service started")  # a restart appends to the same log
     process = subprocess.Popen(
         [sys.executable, "-m", "healthplane.cli", "service", "policy", "--metrics-port", str(metrics_port)],
-        env={**os.environ, "HEALTHPLANE_NATS_URL": server.url, "HEALTHPLANE_LOG_FORMAT": "json"},
+        env=env_for(server, "policy"),
         stdout=subprocess.DEVNULL, stderr=open(log, "ab"))
     try:
         async def started() -> bool:

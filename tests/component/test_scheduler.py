@@ -29,6 +29,7 @@ from healthplane.runtime.replay import read_all
 from healthplane_collector.sim import Fleet
 from healthplane_scheduler.fold import INPUTS, OUTPUTS, SERVICE, SchedulerCore
 from healthplane_scheduler.rules import SchedulerState
+from tests.support.secure import env_for
 
 pytestmark = pytest.mark.nats
 CLUSTER = "default"
@@ -264,7 +265,7 @@ async def test_stopped_mid_run_and_restarted_nothing_is_emitted_twice(nc: NATS, 
 
 def start_scheduler(server: NatsServer, log: Path) -> subprocess.Popen[bytes]:
     return subprocess.Popen([sys.executable, "-m", "healthplane.cli", "service", "scheduler"],
-                            env={**os.environ, "HEALTHPLANE_NATS_URL": server.url, "HEALTHPLANE_LOG_FORMAT": "json",
+                            env={**env_for(server, "scheduler"),
                                  "HEALTHPLANE_SCHEDULER_TICK_SECONDS": "0.05"},
                             stdout=subprocess.DEVNULL, stderr=open(log, "ab"))
 

@@ -4,7 +4,6 @@ example end to end, SCORE_CHANGED only on change (SCO-1, SCO-5)."""
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
 import subprocess
 import sys
@@ -18,13 +17,14 @@ from healthplane.natsserver import NatsServer
 from healthplane.runtime.replay import replay
 from healthplane_collector.sim import SimNode
 from tests.component.test_health_ingest import NOW, report_of, until
+from tests.support.secure import env_for
 
 pytestmark = pytest.mark.nats
 
 
 def start(server: NatsServer, name: str, log: Path) -> subprocess.Popen[bytes]:
     return subprocess.Popen([sys.executable, "-m", "healthplane.cli", "service", name],
-                            env={**os.environ, "HEALTHPLANE_NATS_URL": server.url, "HEALTHPLANE_LOG_FORMAT": "json"},
+                            env=env_for(server, name),
                             stdout=subprocess.DEVNULL, stderr=open(log, "ab"))
 
 
@@ -89,7 +89,7 @@ async def test_only_the_leader_exports_node_series_and_failover_moves_them(
     ingest = start(nats_server, "health-ingest", tmp_path / "ingest.log")
     scorers = [subprocess.Popen(
         [sys.executable, "-m", "healthplane.cli", "service", "scorer", "--metrics-port", str(port)],
-        env={**os.environ, "HEALTHPLANE_NATS_URL": nats_server.url, "HEALTHPLANE_LOG_FORMAT": "json"},
+        env=env_for(nats_server, "scorer"),
         stdout=subprocess.DEVNULL, stderr=open(tmp_path / f"scorer-{port}.log", "ab")) for port in ports]
     try:
         await js.publish(subjects.resource("lab", "fresh-1"), wire.encode(resource_report("fresh-1", cluster="lab")))

@@ -34,6 +34,7 @@ from healthplane.runtime import deadletters
 from healthplane.runtime.lifecycle import ServiceContext
 from healthplane_webhook_dispatcher.main import Dispatcher
 from healthplane_webhook_dispatcher.rules import Settings, endpoint_label
+from tests.support.secure import env_for
 from tests.support.webhook_receiver import HOSTILE, Hostile, Misbehaviour, Received, Receiver
 
 pytestmark = pytest.mark.nats
@@ -438,7 +439,7 @@ async def test_secrets_never_reach_logs_or_metrics(nats_server: NatsServer, js: 
     with open(log_path, "wb") as log_file:
         process = subprocess.Popen(
             [sys.executable, "-m", "healthplane.cli", "service", "webhook-dispatcher", "--metrics-port", str(metrics_port)],
-            env={**os.environ, "HEALTHPLANE_NATS_URL": nats_server.url, "HEALTHPLANE_LOG_FORMAT": "json",
+            env={**env_for(nats_server, "webhook-dispatcher"),
                  "HEALTHPLANE_WEBHOOK_BACKOFF_BASE_SECONDS": "0.05", "HEALTHPLANE_WEBHOOK_DRAIN_SECONDS": "0.5"},
             stdout=subprocess.DEVNULL, stderr=log_file)
     try:

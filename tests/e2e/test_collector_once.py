@@ -5,7 +5,6 @@ nothing behind it. And the collector's resource report on a fixture tree (COL-11
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -17,6 +16,7 @@ from nats.js import JetStreamContext
 
 from healthplane import subjects, wire
 from healthplane.natsserver import NatsServer
+from tests.support.secure import env_for
 from tests.unit.collector.test_inventory import machine, pci_device
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "collector" / "nvidia_smi"
@@ -71,7 +71,7 @@ async def test_resource_report_names_the_gpus_the_driver_reads_COL_11(
         process = subprocess.Popen(
             [sys.executable, "-m", "healthplane.cli", "collector", "--root", str(root), "--state-dir",
              str(tmp_path / "state"), "--gpu-source", "nvidia-smi", "--config", str(config)],
-            env={**os.environ, "HEALTHPLANE_NATS_URL": nats_server.url, "HEALTHPLANE_LOG_FORMAT": "json",
+            env={**env_for(nats_server, "collector", "lab/gpu-node-7"),
                  "PATH": str(tmp_path / "bin")},  # nvidia-smi only: no smartctl
             stdout=subprocess.DEVNULL, stderr=stderr)
     try:

@@ -8,7 +8,7 @@ import asyncio
 import getpass
 import os
 import sys
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import TypedDict, TypeVar
@@ -20,6 +20,7 @@ from healthplane import creds, permissions, tls, wire
 from healthplane.runtime.connect import DEFAULT_URL, connect, default_creds
 
 R = TypeVar("R", bound=wire.Record)
+T = TypeVar("T")
 
 EXIT_OK, EXIT_REFUSED, EXIT_USAGE, EXIT_RETRY = 0, 1, 2, 3
 CONNECT_TIMEOUT_S = 5.0
@@ -100,35 +101,42 @@ def actor(args: argparse.Namespace) -> str:
         return "unknown"
 
 
+async def acked_or_refused(nc: NATS, args: argparse.Namespace, what: str, pending: Awaitable[T]) -> T:
+    """``pending`` (a publish waiting for its ack), or ``CommandFailed`` naming the permission
+    as soon as the server refuses it: a refused publish never gets an ack, and waiting one out
+    would only end in a timeout that does not say why."""
+    before = nc.last_error
+    task = asyncio.ensure_future(pending)
+    try:
+        while not task.done():
+            error = nc.last_error
+            if error is not None and error is not before and "permissions violation" in str(error).lower():
+                raise CommandFailed(f"permission denied: {_identity(args)} may not {what} "
+                                    f"({str(error).removeprefix('nats: ')})")
+            await asyncio.wait({task}, timeout=0.02)
+        return task.result()
+    finally:
+        task.cancel()
+
+
+def _identity(args: argparse.Namespace) -> str:
+    path = getattr(args, "creds", None) or default_creds()
+    if path:
+        try:
+            role, name = creds.identity_of(path)
+            return f"{name} (role {role})"
+        except creds.CredsError:
+            pass
+    return "this identity"
+
+
 async def publish_checked(nc: NATS, args: argparse.Namespace, what: str, subject: str, payload: bytes,
                           headers: dict[str, str] | None = None) -> None:
-    """A JetStream publish that fails at once, naming the permission, when the server refuses
-    it, instead of waiting out the ack."""
-    ack = asyncio.ensure_future(nc.jetstream().publish(subject, payload, headers=headers, timeout=CONNECT_TIMEOUT_S))
     try:
-        await refused(nc, args, what)
-        await ack
+        await acked_or_refused(nc, args, what, nc.jetstream().publish(subject, payload, headers=headers,
+                                                                       timeout=CONNECT_TIMEOUT_S))
     except TimeoutError as exc:
         raise CommandFailed(f"no answer from JetStream for {subject}; retry", EXIT_RETRY) from exc
-    finally:
-        ack.cancel()
-
-
-async def refused(nc: NATS, args: argparse.Namespace, what: str) -> None:
-    """Raise ``CommandFailed`` naming the permission when the server refused what this
-    client just published: its -ERR comes before the answer to a flush."""
-    await nc.flush(timeout=CONNECT_TIMEOUT_S)
-    error = nc.last_error
-    if error is not None and "permissions violation" in str(error).lower():
-        role = "this identity"
-        path = getattr(args, "creds", None) or default_creds()
-        if path:
-            try:
-                found_role, name = creds.identity_of(path)
-                role = f"{name} (role {found_role})"
-            except creds.CredsError:
-                pass
-        raise CommandFailed(f"permission denied: {role} may not {what} ({str(error).removeprefix('nats: ')})")
 
 
 def output_flag(parser: argparse.ArgumentParser) -> None:

@@ -13,10 +13,10 @@ from healthplane import configstore
 from healthplane.cli.common import (
     EXIT_RETRY,
     CommandFailed,
+    acked_or_refused,
     actor,
     fail,
     nats_client,
-    refused,
     warn,
 )
 from healthplane.config import ConfigError, load_cluster_config
@@ -49,10 +49,9 @@ async def _apply(args: argparse.Namespace) -> int:
     try:
         async with nats_client(args) as nc:
             try:
-                version = await configstore.apply(nc.jetstream(), config, actor=actor(args),
-                                                  on_skipped=lambda r: warn(r.line()))
+                version = await acked_or_refused(nc, args, "apply config (publish hp.config)", configstore.apply(
+                    nc.jetstream(), config, actor=actor(args), on_skipped=lambda r: warn(r.line())))
             except TimeoutError as exc:
-                await refused(nc, args, "apply config (publish hp.config)")
                 raise CommandFailed("no answer from JetStream for hp.config; retry", EXIT_RETRY) from exc
     except configstore.ConfigConflict as exc:
         return fail(CommandFailed(str(exc), EXIT_RETRY))

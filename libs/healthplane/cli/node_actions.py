@@ -28,12 +28,12 @@ from healthplane.cli.common import (
     EXIT_RETRY,
     EXIT_USAGE,
     CommandFailed,
+    acked_or_refused,
     actor,
     connection_flags,
     fail,
     nats_client,
     one_of,
-    refused,
 )
 from healthplane.cli.lookup import find_node, views_of
 from healthplane.runtime.publish import Publisher
@@ -176,8 +176,7 @@ async def send(nc: NATS, args: argparse.Namespace, commands: list[wire.Command],
         for command in commands:
             await publisher.publish(subjects.command(command.cluster, command.node_id, command.verb, command.actor),
                                     wire.encode(command), {"Nats-Msg-Id": command.id})
-        await refused(nc, args, f"send {commands[0].verb} commands (publish hp.cmd)")
-        await publisher.flush()
+        await acked_or_refused(nc, args, f"send {commands[0].verb} commands (publish hp.cmd)", publisher.flush())
         try:
             await asyncio.wait_for(done.wait(), wait_s)
         except TimeoutError:
