@@ -440,15 +440,16 @@ class Keystore:
         """Revoke every credential issued under ``name`` (in ``cluster``, for a node): the
         revoked ones and the new account JWT (push it to a running server: :func:`push_account`)."""
         moment = int(time.time() if now is None else now)
-        matching = [i for i in self.issued() if i.name == name and (cluster is None or i.cluster == cluster)]
+        issued = self.issued()  # one pass: at a million identities a second read costs seconds
+        matching = [i for i in issued if i.name == name and (cluster is None or i.cluster == cluster)]
         if not matching:
             where = f" in cluster {cluster!r}" if cluster else ""
             raise CredsError(f"no credentials issued to {name!r}{where} (see `healthplane creds list`)")
         with _locked(self.directory):
-            expired = {i.public_key for i in self.issued() if i.expires_at is not None and i.expires_at < moment}
+            expired = {i.public_key for i in issued if i.expires_at is not None and i.expires_at < moment}
             revoked = {k: v for k, v in self.revocations().items() if k not in expired}
-            for issued in matching:
-                revoked[issued.public_key] = moment
+            for credential in matching:
+                revoked[credential.public_key] = moment
             write_secret(self._path("revocations.json"), json.dumps(revoked, indent=1) + "\n")
             return matching, self._sign_account(revoked)
 

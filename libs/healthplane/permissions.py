@@ -69,8 +69,8 @@ def inbox(role: str) -> str:
         return f"_INBOX.node.{CLUSTER}.{NODE_ID}"
     if role == SIM:
         return f"_INBOX.sim.{CLUSTER}"
-    if role in USER_ROLES:
-        return f"_INBOX.user.{USER}"
+    if role in USER_ROLES:  # by role too: a viewer alice never reads an admin alice's replies
+        return f"_INBOX.{role}.{USER}"
     return f"_INBOX.service.{encode_token(role)}"
 
 
@@ -101,7 +101,7 @@ def _bind(address: str, bindings: dict[str, str], event_type: str | None = None)
     return ".".join(tokens)
 
 
-def _writes(role: str, channel: streams.Channel) -> bool:
+def writes(role: str, channel: streams.Channel) -> bool:
     if "{type}" in channel.address:
         return role in streams.EVENT_WRITERS.values()
     return role in channel.writers
@@ -128,7 +128,7 @@ def reads(role: str) -> tuple[str, ...]:
         return ()
     # A service also reads what it writes: on restart it skips inputs its output already
     # reflects (exactly-once, ARCHITECTURE.md rule 4).
-    names = [s.name for s in streams.STREAMS if role in s.readers or any(_writes(role, c) for c in s.channels)]
+    names = [s.name for s in streams.STREAMS if role in s.readers or any(writes(role, c) for c in s.channels)]
     if role in SERVICE_ROLES:
         names.append(f"KV_{streams.LEASES_BUCKET}")  # any service may run replicated (a lease)
     if role == "substrate-bridge":
@@ -167,7 +167,9 @@ def _extra_publish(role: str) -> tuple[str, ...]:
         # actor-bound commands: those only as itself).
         replayable = tuple(c.subject for c in streams.CHANNELS
                            if "{actor}" not in c.address and c.record is not None)
-        return (*common, "$JS.API.STREAM.CREATE.*", "$JS.API.STREAM.UPDATE.*", "hp.sim.>", *replayable)
+        # It may also repair the nodes bucket by hand (purge a stale node's key).
+        return (*common, "$JS.API.STREAM.CREATE.*", "$JS.API.STREAM.UPDATE.*", "hp.sim.>",
+                f"$KV.{streams.NODES_BUCKET}.>", *replayable)
     return common
 
 

@@ -25,6 +25,7 @@ PARAMETERS = {
     "service": "Service name",
     "partition": "Partition number",
     "stream": "The input stream of the record set aside, e.g. HP_REPORTS",
+    "actor": "The sender's identity (its credentials' user or service name), bound by nats-server (SEC-1)",
 }
 DEAD_LETTER = "DeadLetter"
 

@@ -75,7 +75,7 @@ def make_throwaway(directory: Path, hosts: tuple[str, ...] = ("127.0.0.1", "loca
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
     files = ServerTls(directory / "server.pem", directory / "server-key.pem", directory / "ca.pem")
     if files.cert.exists() and files.key.exists() and files.ca.exists():
@@ -108,7 +108,7 @@ def make_throwaway(directory: Path, hosts: tuple[str, ...] = ("127.0.0.1", "loca
                    .issuer_name(ca_name).public_key(server_key.public_key()).serial_number(x509.random_serial_number())
                    .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=365))
                    .add_extension(x509.SubjectAlternativeName(names), critical=False)
-                   .add_extension(x509.ExtendedKeyUsage([x509.ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+                   .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
                    .sign(ca_key, hashes.SHA256()))
     write_key(files.key, server_key)
     write_key(directory / "ca-key.pem", ca_key)

@@ -447,7 +447,7 @@ class NodeView(Record, frozen=True, kw_only=True):
 
 
 class Command(Sparse, frozen=True, kw_only=True):
-    """``hp.cmd.{cluster}.{node}.{verb}``: an operator's or automation's request."""
+    """``hp.cmd.{cluster}.{node}.{verb}.{actor}``: an operator's or automation's request."""
 
     id: str
     node_id: str
@@ -482,7 +482,7 @@ class CommandOutcome(Sparse, frozen=True, kw_only=True):
 
 
 class PolicyCommand(Sparse, frozen=True, kw_only=True):
-    """``hp.policy.{cluster}.{action}``: an operator's instruction to the policy service itself
+    """``hp.policy.{cluster}.{action}.{actor}``: an operator's instruction to the policy service itself
     (``healthplane policy breaker reset``); kept with the commands, never seen by eviction."""
 
     id: str

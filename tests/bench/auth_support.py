@@ -594,3 +594,23 @@ def _main(argv: list[str]) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(_main(sys.argv[1:]))
+
+
+def versions() -> str:
+    """What an auth figure was measured on: the server, the key libraries, the machine."""
+    import platform
+    from importlib import metadata
+
+    server = subprocess.run([find_binary(), "--version"], capture_output=True, text=True, timeout=10).stdout.strip()
+    packages = ", ".join(f"{p} {metadata.version(p)}" for p in ("nats-py", "nkeys", "PyNaCl"))
+    load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    return f"{server}; Python {platform.python_version()}; {packages}; {os.cpu_count()} CPUs; load {load}"
+
+
+def print_summary(title: str, results: dict[str, object]) -> None:
+    if not results:
+        return
+    print(f"\n\n{title}\n  " + versions())
+    width = max(len(k) for k in results)
+    for key, value in results.items():
+        print(f"  {key.ljust(width)}  {value}")

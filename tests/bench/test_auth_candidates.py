@@ -23,13 +23,10 @@ from __future__ import annotations
 
 import asyncio
 import os
-import platform
 import statistics
-import subprocess
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +34,6 @@ import nats
 import pytest
 from nats.aio.client import Client as NATS
 
-from healthplane.natsserver import find_binary
 from tests.bench import harness
 
 nkeys = pytest.importorskip(
@@ -55,6 +51,7 @@ from tests.bench.auth_support import (  # noqa: E402
     config_none,
     new_pair,
     node_inbox,
+    print_summary,
     public,
 )
 
@@ -170,19 +167,8 @@ def bench(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bench]:
         _print_summary()
 
 
-def _versions() -> str:
-    server = subprocess.run([find_binary(), "--version"], capture_output=True, text=True, timeout=10).stdout.strip()
-    packages = ", ".join(f"{p} {metadata.version(p)}" for p in ("nats-py", "nkeys", "PyNaCl"))
-    return f"{server}; Python {platform.python_version()}; {packages}; {os.cpu_count()} CPUs"
-
-
 def _print_summary() -> None:
-    if not results:
-        return
-    print("\n\nSEC-2 candidates (tests/bench/test_auth_candidates.py)\n  " + _versions())
-    width = max(len(k) for k in results)
-    for key, value in results.items():
-        print(f"  {key.ljust(width)}  {value}")
+    print_summary("SEC-2 candidates (tests/bench/test_auth_candidates.py)", results)
 
 
 # ---------------------------------------------------------------------------- SEC-1: permissions

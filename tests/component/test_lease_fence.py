@@ -15,11 +15,12 @@ from nats.js import JetStreamContext
 
 from healthplane import subjects, wire
 from healthplane.natsserver import NatsServer
+from healthplane.runtime.connect import connect
 from healthplane.runtime.lease import HEADER, Lease
 from healthplane.runtime.processor import Inbound
 from healthplane.runtime.replay import read_all, replay
 from healthplane_scorer.fold import ScorerCore, node_view
-from tests.support.secure import env_for
+from tests.support.secure import creds_for, env_for
 
 pytestmark = pytest.mark.nats
 T0 = datetime(2026, 11, 30, 9, 0, tzinfo=UTC)
@@ -28,16 +29,21 @@ SMART = wire.Condition(type="disk_degraded", reason="SmartFailing", severity="cr
                        message="SMART health check failing on /dev/sda", first_seen=T0, observations=1)
 
 
-async def test_the_fence_closes_before_the_lease_can_expire(js: JetStreamContext) -> None:
+async def test_the_fence_closes_before_the_lease_can_expire(nats_server: NatsServer, js: JetStreamContext) -> None:
     # Issue 16.3: no renewal for TTL minus the margin, and the holder may no longer write.
-    lease = Lease(js, "fence-test", "me", ttl_s=3.0)
-    assert lease.fence() is None  # never held
-    assert await lease.attempt()
-    revision = lease.fence()
-    assert revision is not None and lease.is_leader
-    await asyncio.sleep(2.1)  # past 3 s - max(1 s, 3 s / 5)
-    assert lease.fence() is None and not lease.is_leader
-    await lease.release()
+    # As the scorer: a service may hold only its own lease key (SEC-1).
+    nc = await connect(nats_server.url, name="fence-test", creds=creds_for(nats_server, "scorer"), give_up_after=5)
+    try:
+        lease = Lease(nc.jetstream(), "scorer", "me", ttl_s=3.0)
+        assert lease.fence() is None  # never held
+        assert await lease.attempt()
+        revision = lease.fence()
+        assert revision is not None and lease.is_leader
+        await asyncio.sleep(2.1)  # past 3 s - max(1 s, 3 s / 5)
+        assert lease.fence() is None and not lease.is_leader
+        await lease.release()
+    finally:
+        await nc.close()
 
 
 def _assessment(node: str, n: int) -> wire.Assessment:

@@ -24,12 +24,13 @@ from healthplane import configstore, subjects, wire
 from healthplane.config import parse_cluster_config
 from healthplane.natsserver import NatsServer
 from healthplane.runtime import logs, snapshots
+from healthplane.runtime.connect import connect
 from healthplane.runtime.processor import Inbound, Processor
 from healthplane.runtime.replay import read_all
 from healthplane_collector.sim import Fleet
 from healthplane_scheduler.fold import INPUTS, OUTPUTS, SERVICE, SchedulerCore
 from healthplane_scheduler.rules import SchedulerState
-from tests.support.secure import env_for
+from tests.support.secure import creds_for, env_for
 
 pytestmark = pytest.mark.nats
 CLUSTER = "default"
@@ -366,12 +367,14 @@ async def test_sim_provider_reject_is_what_the_scheduler_answers(nats_server: Na
     assert (answer.accepted, answer.message) == (False, "InsufficientInstanceCapacity: try again later")
 
 
-async def test_an_accepted_termination_silences_the_simulated_node(nc: NATS, js: JetStreamContext) -> None:
+async def test_an_accepted_termination_silences_the_simulated_node(nats_server: NatsServer, nc: NATS,
+                                                                    js: JetStreamContext) -> None:
     """The provisioner's accepted termination means the instance is gone: its simulated node
-    stops reporting."""
+    stops reporting. The fleet runs as the simulator's identity, as under `up`."""
     fleet = Fleet(2, CLUSTER, interval_s=1)
     stopping = asyncio.Event()
-    running = asyncio.create_task(fleet.run(nc, stopping, logs.get(service="sim")))
+    sim = await connect(nats_server.url, name="sim", creds=creds_for(nats_server, "sim", CLUSTER), give_up_after=5)
+    running = asyncio.create_task(fleet.run(sim, stopping, logs.get(service="sim")))
     try:
         await asyncio.sleep(0.3)
         result = wire.TerminationResult(directive_id="t1", node_id="sim-001", cluster=CLUSTER, accepted=True,
@@ -386,3 +389,4 @@ async def test_an_accepted_termination_silences_the_simulated_node(nc: NATS, js:
     finally:
         stopping.set()
         await asyncio.wait_for(running, 10)
+        await sim.close()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -24,19 +23,19 @@ from healthplane.runtime import deadletters
 from healthplane.runtime.replay import replay
 from healthplane_substrate_bridge.metrics import BucketGauges
 from tests.support.records import resource_report
+from tests.support.secure import env_for
 
 pytestmark = pytest.mark.nats
 MIB = 1024 * 1024
 
 
 class BridgeProcess:
-    def __init__(self, url: str, log: Path, **env: str) -> None:
+    def __init__(self, server: NatsServer, log: Path, **env: str) -> None:
         self.port = free_port()
         self.log = log
         self.process = subprocess.Popen(
             [sys.executable, "-m", "healthplane.cli", "service", "substrate-bridge", "--metrics-port", str(self.port)],
-            env={**os.environ, "HEALTHPLANE_NATS_URL": url, "HEALTHPLANE_LOG_FORMAT": "json",
-                 "HEALTHPLANE_BUCKET_SAMPLE_SECONDS": "0.2", **env},
+            env=env_for(server, "substrate-bridge", HEALTHPLANE_BUCKET_SAMPLE_SECONDS="0.2", **env),
             stdout=subprocess.DEVNULL, stderr=open(log, "ab"),
         )
 
@@ -72,7 +71,7 @@ def bridges(nats_server: NatsServer, tmp_path: Path) -> Iterator[list[BridgeProc
 
 
 def _start(bridges: list[BridgeProcess], server: NatsServer, tmp_path: Path, **env: str) -> BridgeProcess:
-    bridge = BridgeProcess(server.url, tmp_path / f"bridge-{len(bridges)}.log", **env)
+    bridge = BridgeProcess(server, tmp_path / f"bridge-{len(bridges)}.log", **env)
     bridges.append(bridge)
     bridge.wait_for_line("bridge started")
     return bridge

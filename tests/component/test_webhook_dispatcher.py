@@ -31,10 +31,11 @@ from healthplane import configstore, subjects, wire
 from healthplane.config import parse_cluster_config
 from healthplane.natsserver import NatsServer, free_port
 from healthplane.runtime import deadletters
+from healthplane.runtime.connect import connect
 from healthplane.runtime.lifecycle import ServiceContext
 from healthplane_webhook_dispatcher.main import Dispatcher
 from healthplane_webhook_dispatcher.rules import Settings, endpoint_label
-from tests.support.secure import env_for
+from tests.support.secure import creds_for, env_for
 from tests.support.webhook_receiver import HOSTILE, Hostile, Misbehaviour, Received, Receiver
 
 pytestmark = pytest.mark.nats
@@ -108,12 +109,16 @@ def sample(name: str, **labels: str) -> float:
 
 
 @pytest.fixture
-async def start_dispatcher(nc: NATS, js: JetStreamContext) -> AsyncIterator[Callable[..., Awaitable[Running]]]:
+async def start_dispatcher(nats_server: NatsServer, js: JetStreamContext) -> AsyncIterator[
+        Callable[..., Awaitable[Running]]]:
+    """An in-process dispatcher on a connection of its own identity (SEC-1), as in production."""
     started: list[tuple[Dispatcher, asyncio.Task[None]]] = []
+    own = await connect(nats_server.url, name="webhook-dispatcher", give_up_after=5,
+                        creds=creds_for(nats_server, "webhook-dispatcher"))
 
     async def start(settings: Settings = FAST, clock: Callable[[], float] = time.time) -> Running:
         log = RecordingLog()
-        ctx = ServiceContext("webhook-dispatcher", nc, js, log, "", asyncio.Event())
+        ctx = ServiceContext("webhook-dispatcher", own, own.jetstream(), log, "", asyncio.Event())
         dispatcher = Dispatcher(ctx, settings, clock=clock)
         await dispatcher.start()
         started.append((dispatcher, asyncio.create_task(dispatcher.run())))
@@ -123,6 +128,7 @@ async def start_dispatcher(nc: NATS, js: JetStreamContext) -> AsyncIterator[Call
     for dispatcher, task in started:
         dispatcher.stop()
         await asyncio.wait_for(task, 10)
+    await own.close()
 
 
 @pytest.fixture

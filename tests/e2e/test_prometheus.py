@@ -165,7 +165,8 @@ def test_obs_dashboard_and_rules_answer_on_a_live_stack_with_an_injected_fault(
 
     injected = subprocess.run(
         [sys.executable, "-m", "healthplane.cli", "sim", "inject", "sim-001", "--fault", "xid:79", "--gpu", "0",
-         "--nats-url", str(stack["natsUrl"])], capture_output=True, text=True, timeout=30)
+         "--nats-url", str(stack["natsUrl"]), "--creds", str(stack["adminCreds"])],
+        capture_output=True, text=True, timeout=30)
     assert injected.returncode == 0, injected.stderr
     # A hardware Xid is critical: -45 (SCO-2), as `node show` says in tests/e2e/test_up.py.
     _wait("sim-001 scored 55", lambda: _by(_query(prometheus, score), "node_id").get(("sim-001",)) == 55, 30)

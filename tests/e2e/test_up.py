@@ -5,8 +5,10 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import time
@@ -14,6 +16,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from nats.aio.client import Client as NATS
 
 from healthplane import configstore, streams
 from healthplane.runtime.connect import connect
@@ -58,7 +61,7 @@ def test_up_starts_answers_and_ctrl_c_leaves_nothing(tmp_path: Path) -> None:
         pids = [nats_pid] + [int(s["pid"]) for s in stack["services"]]  # type: ignore[union-attr, index]
 
         async def check() -> None:
-            nc = await connect(str(stack["natsUrl"]), name="test", give_up_after=10)
+            nc = await connect(str(stack["natsUrl"]), name="test", creds=str(stack["adminCreds"]), give_up_after=10)
             js = nc.jetstream()
             for definition in streams.STREAMS:
                 await js.stream_info(definition.name)
@@ -76,6 +79,55 @@ def test_up_starts_answers_and_ctrl_c_leaves_nothing(tmp_path: Path) -> None:
     assert "nats-server" in out and "SERVICE" in out
     for pid in pids:
         assert not _alive(pid), f"process {pid} outlived `healthplane up`"
+
+
+def test_sec3_up_is_secure_by_default_and_lists_paths_never_keys(tmp_path: Path) -> None:
+    process = _up(tmp_path, "--no-sim")
+    try:
+        stack_path = tmp_path / "hp" / "stack.json"
+        stack = _wait_for_stack(stack_path, process)
+        assert stack["insecure"] is False
+        for key in ("adminCreds", "viewerCreds", "adminToken", "viewerToken"):
+            path = Path(str(stack[key]))
+            assert path.is_file() and stat.S_IMODE(path.stat().st_mode) == 0o600, key
+        text = stack_path.read_text()
+        assert "-----BEGIN" not in text and "eyJ" not in text and not re.search(r"\bSU[A-Z2-7]{50,}", text)
+
+        async def check() -> None:
+            anonymous = NATS()
+            with pytest.raises(Exception, match=r"(?i)authorization"):
+                await anonymous.connect(servers=[str(stack["natsUrl"])], allow_reconnect=False, connect_timeout=2)
+            await anonymous.close()
+            nc = await connect(str(stack["natsUrl"]), name="test", creds=str(stack["adminCreds"]), give_up_after=10)
+            await nc.close()
+
+        asyncio.run(check())
+    finally:
+        process.send_signal(signal.SIGINT)
+        out, err = process.communicate(timeout=60)
+    assert f"export HEALTHPLANE_NATS_URL={stack['natsUrl']} HEALTHPLANE_NATS_CREDS={stack['adminCreds']}" in out
+    # Nothing a log line or the table shows holds key material (SEC-6).
+    logs = "".join(p.read_text() for p in (tmp_path / "hp" / "logs").glob("*.log")) + out + err
+    assert "-----BEGIN" not in logs and not re.search(r"\bSU[A-Z2-7]{50,}", logs)
+
+
+def test_sec3_up_insecure_runs_without_auth_and_says_so(tmp_path: Path) -> None:
+    process = _up(tmp_path, "--no-sim", "--insecure")
+    try:
+        stack = _wait_for_stack(tmp_path / "hp" / "stack.json", process)
+        assert stack["insecure"] is True and "adminCreds" not in stack and "viewerCreds" not in stack
+
+        async def check() -> None:
+            anonymous = NATS()
+            await anonymous.connect(servers=[str(stack["natsUrl"])], allow_reconnect=False, connect_timeout=2)
+            await anonymous.close()
+
+        asyncio.run(check())
+    finally:
+        process.send_signal(signal.SIGINT)
+        _out, err = process.communicate(timeout=60)
+    assert "--insecure" in err and "WITHOUT authentication" in err
+    assert not (tmp_path / "hp" / "creds").exists()
 
 
 def test_up_refuses_a_taken_port_in_one_line(tmp_path: Path) -> None:
@@ -110,12 +162,13 @@ def test_up_with_a_simulated_fleet_reports_registers_and_takes_faults(tmp_path: 
         stack = _wait_for_stack(tmp_path / "hp" / "stack.json", process)
         assert "sim" in [s["name"] for s in stack["services"]]  # type: ignore[union-attr, index]
         url = str(stack["natsUrl"])
+        admin = {**os.environ, "HEALTHPLANE_NATS_CREDS": str(stack["adminCreds"])}
 
         async def check() -> None:
             from healthplane import subjects, wire
             from healthplane.runtime.replay import replay
 
-            nc = await connect(url, name="test", give_up_after=10)
+            nc = await connect(url, name="test", creds=str(stack["adminCreds"]), give_up_after=10)
             js = nc.jetstream()
             reports = await nc.subscribe(subjects.report("default", "sim-001"))
             async with asyncio.timeout(30):
@@ -127,7 +180,7 @@ def test_up_with_a_simulated_fleet_reports_registers_and_takes_faults(tmp_path: 
             injected = await asyncio.to_thread(
                 subprocess.run,
                 [sys.executable, "-m", "healthplane.cli", "sim", "inject", "sim-001", "--fault", "xid:79", "--gpu", "0",
-                 "--nats-url", url], capture_output=True, text=True, timeout=30)
+                 "--nats-url", url], capture_output=True, text=True, timeout=30, env=admin)
             assert injected.returncode == 0, injected.stderr
             async with asyncio.timeout(15):
                 while True:
@@ -154,7 +207,7 @@ def test_up_with_a_simulated_fleet_reports_registers_and_takes_faults(tmp_path: 
                 while True:
                     shown = await asyncio.to_thread(
                         subprocess.run, [sys.executable, "-m", "healthplane.cli", "node", "show", "sim-001", "-o",
-                                         "json", "--nats-url", url], capture_output=True, text=True, timeout=30)
+                                         "json", "--nats-url", url], capture_output=True, text=True, timeout=30, env=admin)
                     view = json.loads(shown.stdout) if shown.returncode == 0 else {}
                     if view.get("score") == 55:
                         break
@@ -164,12 +217,12 @@ def test_up_with_a_simulated_fleet_reports_registers_and_takes_faults(tmp_path: 
             assert view["health"] == "DEGRADED" and view["hostname"] == "sim-001"
             listing = await asyncio.to_thread(
                 subprocess.run, [sys.executable, "-m", "healthplane.cli", "node", "list", "--nats-url", url],
-                capture_output=True, text=True, timeout=30)
+                capture_output=True, text=True, timeout=30, env=admin)
             assert [line.split()[0] for line in listing.stdout.splitlines()[1:]] == ["sim-000", "sim-001", "sim-002"]
             refused = await asyncio.to_thread(
                 subprocess.run,
                 [sys.executable, "-m", "healthplane.cli", "sim", "inject", "sim-404", "--fault", "xid:79",
-                 "--nats-url", url], capture_output=True, text=True, timeout=30)
+                 "--nats-url", url], capture_output=True, text=True, timeout=30, env=admin)
             assert refused.returncode == 1 and "no simulated node 'sim-404'" in refused.stderr
             await nc.close()
 

@@ -5,7 +5,9 @@ operation is quiet; a rejected-input counter moves only on bad input)."""
 from __future__ import annotations
 
 import json
+import os
 import re
+import select
 import shlex
 import signal
 import subprocess
@@ -42,18 +44,35 @@ def _rejected(metrics_url: str) -> float:
                if line.startswith("healthplane_messages_rejected_total{"))
 
 
+def _exported(process: subprocess.Popen[str], timeout_s: float = 60) -> dict[str, str]:
+    """The variables of the `export` line `up` prints once the stack runs (SEC-3)."""
+    assert process.stdout is not None
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([process.stdout], [], [], 1)
+        line = process.stdout.readline() if ready else ""
+        if line.startswith("export "):
+            return dict(word.split("=", 1) for word in shlex.split(line)[1:])
+        if process.poll() is not None:
+            break
+    raise AssertionError("up printed no export line")
+
+
 def test_the_readme_walkthrough_runs_and_no_service_logs_a_warning(tmp_path: Path) -> None:
     commands = walkthrough()
     assert len(commands) >= 12 and ["node", "show", "sim-001"] in commands
     process = _up(tmp_path)
     try:
         stack = _wait_for_stack(tmp_path / "hp" / "stack.json", process)
-        url = str(stack["natsUrl"])
+        # As a new user does: paste the printed line, then type the README's commands as they are.
+        exported = _exported(process)
+        assert exported["HEALTHPLANE_NATS_CREDS"] == stack["adminCreds"] and stack["insecure"] is False
+        env = {**os.environ, **exported}
         deadline = time.monotonic() + 60
         for words in commands:
             while True:
-                done = subprocess.run([sys.executable, "-m", "healthplane.cli", *words, "--nats-url", url],
-                                      capture_output=True, text=True, timeout=60, input="y\n")
+                done = subprocess.run([sys.executable, "-m", "healthplane.cli", *words],
+                                      capture_output=True, text=True, timeout=60, input="y\n", env=env)
                 # The fleet's first reports and registrations take a few seconds after `up`.
                 if done.returncode in (0,) or time.monotonic() > deadline:
                     break

@@ -31,8 +31,14 @@ def _healthplane_services(compose: dict[str, Any]) -> dict[str, Any]:
     return {name: svc for name, svc in compose["services"].items() if svc.get("image") == "healthplane:dev"}
 
 
+def _bus_clients(compose: dict[str, Any]) -> dict[str, Any]:
+    """The Healthplane containers that run `healthplane` itself. The others replace the
+    entry point: the credentials jobs, which test_deploy_secure.py checks."""
+    return {name: svc for name, svc in _healthplane_services(compose).items() if "entrypoint" not in svc}
+
+
 def test_every_command_is_a_real_healthplane_subcommand(compose: dict[str, Any]) -> None:
-    services = _healthplane_services(compose)
+    services = _bus_clients(compose)
     assert services, "no Healthplane container in the compose file"
     parser = build_parser()
     for name, svc in services.items():
@@ -52,7 +58,7 @@ def test_every_control_plane_service_that_exists_has_a_container(compose: dict[s
 
 
 def test_every_healthplane_container_has_the_nats_url(compose: dict[str, Any]) -> None:
-    for name, svc in _healthplane_services(compose).items():
+    for name, svc in _bus_clients(compose).items():
         url = svc.get("environment", {}).get("HEALTHPLANE_NATS_URL", "")
         host = re.match(r"nats://([^:/]+)", url)
         assert host and host.group(1) in compose["services"], f"{name}: HEALTHPLANE_NATS_URL {url!r}"
@@ -71,8 +77,8 @@ def test_monitoring_and_the_host_agent_are_off_by_default(compose: dict[str, Any
     for name, svc in compose["services"].items():
         if name in MONITORING:
             assert svc.get("profiles") == ["monitoring"], name
-        elif name == "collector":
-            assert svc.get("profiles") == ["node"]
+        elif name in ("collector", "collector-creds"):  # the host agent and its credentials
+            assert svc.get("profiles") == ["node"], name
         else:
             assert "profiles" not in svc, f"{name} would not start with a plain `docker compose up`"
 

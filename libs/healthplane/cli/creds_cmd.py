@@ -42,6 +42,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     service.add_argument("name", metavar="NAME", **one_of(permissions.SERVICE_ROLES))
     service.add_argument("-o", "--out", help="file to write (default ./NAME.creds), 0600")
     keys_flags(service)
+    sim = actions.add_parser("sim", help="the simulated fleet's credentials: every node of one cluster")
+    sim.add_argument("--cluster", default="default")
+    sim.add_argument("-o", "--out", help="file to write (default ./sim.creds), 0600")
+    keys_flags(sim)
     token = actions.add_parser("token", help="print a bearer token for the HTTP API")
     token.add_argument("name", metavar="NAME")
     token.add_argument("--role", required=True, **one_of(permissions.USER_ROLES))
@@ -90,6 +94,9 @@ def _run(args: argparse.Namespace) -> int:
         case "service":
             out = store.service(args.name, Path(args.out or f"{args.name}.creds"))
             print(f"credentials for service {args.name} in {out}")
+        case "sim":
+            out = store.sim(args.cluster, Path(args.out or "sim.creds"))
+            print(f"credentials for the simulated fleet of cluster {args.cluster} in {out}")
         case "token":
             print(store.token(args.name, args.role))
         case "revoke":

@@ -22,6 +22,7 @@ import time
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 from healthplane import configstore, registry, streams, tls
@@ -164,15 +165,16 @@ def _identities(data_dir: Path, cluster: str) -> Identities:
             issue(path)
         return path.resolve()
 
-    by_child = {name: kept(directory / f"{name}.creds", lambda p, n=name: keystore.service(n, p))
+    by_child = {name: kept(directory / f"{name}.creds", partial(keystore.service, name))
                 for name in registry.CONTROL_PLANE}
-    by_child["sim"] = kept(directory / "sim.creds", lambda p: keystore.sim(cluster, p))
-    admin = kept(directory / "admin.creds", lambda p: keystore.user("admin", "admin", p))
-    viewer = kept(directory / "viewer.creds", lambda p: keystore.user("viewer", "viewer", p))
-    tokens = {}
-    for role in ("admin", "viewer"):
-        tokens[role] = kept(directory / f"{role}.token",
-                            lambda p, r=role: write_secret(p, keystore.token(r, r) + "\n"))
+    by_child["sim"] = kept(directory / "sim.creds", partial(keystore.sim, cluster))
+    admin = kept(directory / "admin.creds", partial(keystore.user, "admin", "admin"))
+    viewer = kept(directory / "viewer.creds", partial(keystore.user, "viewer", "viewer"))
+
+    def token_file(role: str, path: Path) -> None:
+        write_secret(path, keystore.token(role, role) + "\n")
+
+    tokens = {role: kept(directory / f"{role}.token", partial(token_file, role)) for role in ("admin", "viewer")}
     return Identities(keystore, admin, viewer, tokens["admin"], tokens["viewer"], by_child)
 
 

@@ -36,11 +36,13 @@ async def connect(
     log: Any = None,
     give_up_after: float | None = None,
     tls: ClientTls | None = None,
+    closed: asyncio.Event | None = None,
 ) -> NATS:
     """Connect, retrying the first connection with growing backoff (capped at 5 s).
 
     ``give_up_after`` bounds the first connection (the CLI's case); services leave it
-    ``None`` and wait for the server. After that the client reconnects forever (REL-2).
+    ``None`` and wait for the server. After that the client reconnects forever (REL-2),
+    unless the server closes it for good (a revoked identity): then ``closed`` is set.
     """
     url = url or default_url()
     creds = creds or default_creds()
@@ -51,9 +53,21 @@ async def connect(
     except (credentials.CredsError, TlsError) as exc:
         raise ConnectionError(str(exc)) from exc
 
+    errors: list[str] = []  # what the server said last: why a first connect is not getting through
+
     async def on_error(exc: Exception) -> None:
+        errors[:] = [str(exc) or type(exc).__name__]
         if log is not None:
-            log.warning("nats error", error=str(exc) or type(exc).__name__)
+            log.warning("nats error", error=errors[0])
+
+    async def on_closed() -> None:
+        # For good: a revoked identity (SEC-2) is not reconnected by nats-py. Our own close()
+        # comes here too, without an error worth a line.
+        reason = str(client.last_error or "")
+        if closed is not None:
+            closed.set()
+        if log is not None and reason and any(word in reason.lower() for word in ("revoked", "authoriz", "expired")):
+            log.error("nats connection closed by the server", error=reason)
 
     async def on_disconnected() -> None:
         # nats-py calls this on our own close() too: a clean stop is not worth a warning.
@@ -87,6 +101,7 @@ async def connect(
                 error_cb=on_error,
                 disconnected_cb=on_disconnected,
                 reconnected_cb=on_reconnected,
+                closed_cb=on_closed,
                 pending_size=64 * 1024 * 1024,
             ), attempt_s)
             return client
@@ -94,7 +109,8 @@ async def connect(
             await _discard(client)
             reason = str(exc) or type(exc).__name__
             if isinstance(exc, TimeoutError):
-                reason = "no answer"
+                reason = errors[0].removeprefix("nats: ") if errors else "no answer"
+            errors.clear()
             if deadline is not None and loop.time() + backoff.current_s >= deadline:
                 raise ConnectionError(f"cannot connect to NATS at {url}: {reason}") from exc
             delay = backoff.next()

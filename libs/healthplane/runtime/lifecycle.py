@@ -47,17 +47,32 @@ async def _run(name: str, main: ServiceMain, nats_url: str | None, creds: str | 
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stopping.set)
-    nc = await connect.connect(nats_url, name=f"healthplane-{name}", creds=creds, log=log)
+    closed = asyncio.Event()
+    nc = await connect.connect(nats_url, name=f"healthplane-{name}", creds=creds, log=log, closed=closed)
     js = nc.jetstream(publish_async_max_pending=8192)
+    lost = asyncio.create_task(_closed_for_good(closed, stopping))
     try:
         await streams.ensure(js)
         ctx = ServiceContext(name, nc, js, log, endpoint.url, stopping)
         log.info("service started", nats_url=nats_url or connect.default_url())
         await main(ctx)
     finally:
-        await nc.drain()
+        lost.cancel()
+        if not nc.is_closed:
+            await nc.drain()
+    if nc.is_closed and lost.done() and not lost.cancelled() and lost.result():
+        # The server closed it and nats-py will not reconnect (a revoked identity): exit so
+        # the supervisor says so, instead of running on with no bus.
+        log.error("service stopped: the server closed the connection", error=str(nc.last_error or ""))
+        return 1
     log.info("service stopped")
     return 0
+
+
+async def _closed_for_good(closed: asyncio.Event, stopping: asyncio.Event) -> bool:
+    await closed.wait()
+    stopping.set()
+    return True
 
 
 def run_service(name: str, main: ServiceMain, *, nats_url: str | None = None,

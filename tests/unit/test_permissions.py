@@ -1,0 +1,98 @@
+"""SEC-1: the permission templates, generated from the stream table, give each identity what
+it uses and nothing another identity owns. (The server enforcing them: tests/component/test_security.py.)"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from healthplane import permissions, registry, streams, subjects, wire
+from healthplane.subjects import encode_token
+
+
+def _expand(template: str, cluster: str = "", node: str = "", user: str = "") -> str:
+    """What nats-server makes of a template for a user with these tags."""
+    return (template.replace(permissions.CLUSTER, encode_token(cluster) if cluster else "")
+            .replace(permissions.NODE_ID, encode_token(node) if node else "").replace(permissions.USER, user))
+
+
+def _allowed(role: str, subject: str, **tags: str) -> bool:
+    return any(subjects.matches(_expand(p, **tags), subject) for p in permissions.of(role).publish)
+
+
+def _fold(service: str) -> object | None:
+    name = f"healthplane_{service.replace('-', '_')}.fold"
+    return importlib.import_module(name) if importlib.util.find_spec(name) else None
+
+
+def test_sec1_the_table_names_every_service_the_stack_runs() -> None:
+    assert set(streams.SERVICES) == set(registry.CONTROL_PLANE)
+    assert set(streams.EVENT_WRITERS) == set(wire.EVENT_TYPES)
+    assert set(streams.EVENT_WRITERS.values()) <= set(streams.SERVICES)
+
+
+def test_sec1_every_service_may_read_its_inputs_and_write_its_outputs() -> None:
+    for service in streams.SERVICES:
+        module = _fold(service)
+        if module is None or not hasattr(module, "INPUTS"):
+            continue  # the webhook dispatcher and the bridge read through their own loops
+        reads = set(permissions.reads(service))
+        for wanted in module.INPUTS:  # type: ignore[attr-defined]
+            assert wanted.stream in reads, f"{service} reads {wanted.stream} but may not"
+        written = {s.name for s in streams.STREAMS if any(permissions.writes(service, c) for c in s.channels)}
+        assert set(module.OUTPUTS) <= written, f"{service} writes {module.OUTPUTS} but may write only {written}"  # type: ignore[attr-defined]
+
+
+def test_sec1_each_event_type_has_exactly_its_one_writer() -> None:
+    for kind, owner in streams.EVENT_WRITERS.items():
+        subject = subjects.event("c1", "n1", kind)
+        may = [role for role in permissions.ROLES if role != permissions.ADMIN and _allowed(role, subject)]
+        assert may == [owner], f"{kind}: {may}"
+    assert not _allowed("scorer", subjects.event("c1", "n1", "HOLD_CREATED"))
+
+
+tokens = st.text(alphabet=st.characters(codec="utf-8", exclude_categories=("Cs",)), min_size=1, max_size=12)
+
+
+@given(cluster=tokens, node=tokens, other=tokens)
+def test_sec1_a_node_template_binds_it_to_its_own_two_subjects(cluster: str, node: str, other: str) -> None:
+    mine = {"cluster": cluster, "node": node}
+    assert _allowed(permissions.NODE, subjects.report(cluster, node), **mine)
+    assert _allowed(permissions.NODE, subjects.resource(cluster, node), **mine)
+    if other != node:
+        assert not _allowed(permissions.NODE, subjects.report(cluster, other), **mine)
+    if other != cluster:
+        assert not _allowed(permissions.NODE, subjects.report(other, node), **mine)
+    for forbidden in (subjects.command(cluster, node, "cordon", node), subjects.CONFIG,
+                      subjects.event(cluster, node, "NODE_REGISTERED"), "$JS.API.CONSUMER.CREATE.HP_REPORTS"):
+        assert not _allowed(permissions.NODE, forbidden, **mine)
+    assert permissions.reads(permissions.NODE) == ()
+
+
+@given(user=st.from_regex(r"[A-Za-z0-9_-]{1,16}", fullmatch=True), other=st.from_regex(r"[A-Za-z0-9_-]{1,16}",
+                                                                                         fullmatch=True))
+def test_sec1_an_admin_commands_only_as_herself_and_a_viewer_not_at_all(user: str, other: str) -> None:
+    assert _allowed(permissions.ADMIN, subjects.command("c1", "n1", "cordon", user), user=user)
+    assert _allowed(permissions.ADMIN, subjects.CONFIG, user=user)
+    if other != user:
+        assert not _allowed(permissions.ADMIN, subjects.command("c1", "n1", "cordon", other), user=user)
+    assert not _allowed(permissions.VIEWER, subjects.command("c1", "n1", "cordon", user), user=user)
+    assert not _allowed(permissions.VIEWER, subjects.CONFIG, user=user)
+    assert not any(p.startswith("hp.") for p in permissions.of(permissions.VIEWER).publish)
+
+
+def test_sec1_policy_commands_only_as_policy() -> None:
+    assert _allowed("policy", subjects.command("c1", "n1", "drain", "policy"))
+    assert not _allowed("policy", subjects.command("c1", "n1", "drain", "alice"))
+
+
+def test_sec1_every_inbox_is_its_own() -> None:
+    prefixes = {role: permissions.inbox(role) for role in permissions.ROLES}
+    assert len(set(prefixes.values())) == len(prefixes)
+    for role in permissions.ROLES:
+        granted = permissions.of(role).subscribe
+        assert f"{prefixes[role]}.>" in granted
+        assert not any(s in ("_INBOX.>", ">") for s in granted)
