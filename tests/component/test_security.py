@@ -25,6 +25,7 @@ from healthplane import creds, subjects
 from healthplane.creds import Keystore
 from healthplane.natsserver import NatsServer
 from healthplane.runtime.connect import connect
+from tests.component.test_node_cli import fleet  # noqa: F401 - the fixture
 from tests.support.secure import creds_for, env_for
 
 pytestmark = pytest.mark.nats
@@ -130,17 +131,23 @@ def _cli(server: NatsServer, role: str, *args: str, name: str | None = None) -> 
                           timeout=60, env=env_for(server, role, name))
 
 
+@pytest.mark.usefixtures("fleet")
 async def test_sec1_a_viewer_reads_and_cannot_command(nats_server: NatsServer, js: JetStreamContext) -> None:
-    listing = _cli(nats_server, "viewer", "node", "list", "-o", "json")
-    assert listing.returncode == 0, listing.stderr
-    config = _cli(nats_server, "viewer", "config", "show")
-    assert config.returncode in (0, 1) and "permission" not in config.stderr
-    cordon = _cli(nats_server, "viewer", "node", "cordon", "n1", "--cluster", "default", "--reason", "x")
+    for read in (("node", "list", "-o", "json"), ("node", "show", "node-02"), ("node", "events", "node-02"),
+                 ("config", "show")):
+        done = _cli(nats_server, "viewer", *read, name="carol")
+        assert "permission" not in done.stderr and "Traceback" not in done.stderr, (read, done.stderr)
+        assert done.returncode == 0 or read == ("config", "show"), (read, done.stderr)  # no config applied yet
+    assert "node-02" in _cli(nats_server, "viewer", "node", "show", "node-02", name="carol").stdout
+    cordon = _cli(nats_server, "viewer", "node", "cordon", "node-02", "--reason", "x", name="carol")
     assert cordon.returncode == 1
-    assert "permission denied" in cordon.stderr and "hp.cmd" in cordon.stderr, cordon.stderr
+    assert "permission denied: carol (role viewer)" in cordon.stderr and "hp.cmd" in cordon.stderr, cordon.stderr
     assert await _count(js, "HP_COMMANDS") == 0
-    apply = _cli(nats_server, "viewer", "config", "apply", "-f", str(Path(__file__).parents[2] / "deploy" / "config" / "cluster.yaml"))
-    assert apply.returncode != 0 and await _count(js, "HP_CONFIG") == 0
+    config = str(Path(__file__).parents[2] / "deploy" / "config" / "cluster.yaml")
+    apply = _cli(nats_server, "viewer", "config", "apply", "-f", config, name="carol")
+    assert apply.returncode == 1 and "permission denied" in apply.stderr and await _count(js, "HP_CONFIG") == 0
+    # The same commands as an admin go through, under the admin's own name.
+    assert _cli(nats_server, "admin", "config", "apply", "-f", config, name="dana").returncode == 0
 
 
 async def test_sec2_a_revoked_node_is_refused_within_10s(nats_server: NatsServer, js: JetStreamContext,
@@ -202,3 +209,27 @@ def test_sec2_names_that_are_not_one_token_are_refused(keystore: Keystore, tmp_p
     with pytest.raises(creds.CredsError, match="service"):
         keystore.user("policy", "admin", tmp_path / "x.creds")
     assert not os.path.exists(tmp_path / "x.creds")
+
+
+async def test_sec4_tls_verifies_the_server_and_refuses_plaintext(tmp_path: Path) -> None:
+    from healthplane.tls import ClientTls, make_throwaway
+
+    keystore = Keystore.init(tmp_path / "tls-creds")
+    files = make_throwaway(tmp_path / "tls")
+    assert stat.S_IMODE(files.key.stat().st_mode) == 0o600
+    server = NatsServer(tmp_path / "tls-nats", keystore=keystore, tls=files).start()
+    try:
+        assert server.url.startswith("tls://")
+        admin = str(keystore.user("ops", "admin", tmp_path / "ops.creds"))
+        nc = await connect(server.url, name="tls", creds=admin, tls=ClientTls(str(files.ca)), give_up_after=5)
+        await nc.jetstream().account_info()
+        await nc.close()
+        # A CA that did not sign the server's certificate: the client refuses the server.
+        stranger = make_throwaway(tmp_path / "stranger")
+        with pytest.raises(ConnectionError, match=r"(?i)certificate"):
+            await connect(server.url, name="tls", creds=admin, tls=ClientTls(str(stranger.ca)), give_up_after=3)
+        # Plaintext: the server refuses the client.
+        with pytest.raises(ConnectionError):
+            await connect(server.url.replace("tls://", "nats://"), name="plain", creds=admin, give_up_after=3)
+    finally:
+        server.stop()

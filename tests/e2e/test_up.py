@@ -111,6 +111,26 @@ def test_sec3_up_is_secure_by_default_and_lists_paths_never_keys(tmp_path: Path)
     assert "-----BEGIN" not in logs and not re.search(r"\bSU[A-Z2-7]{50,}", logs)
 
 
+def test_sec4_up_tls_serves_tls_with_a_throwaway_ca_the_cli_verifies(tmp_path: Path) -> None:
+    process = _up(tmp_path, "--no-sim", "--tls")
+    try:
+        stack = _wait_for_stack(tmp_path / "hp" / "stack.json", process)
+        assert str(stack["natsUrl"]).startswith("tls://") and Path(str(stack["tlsCa"])).is_file()
+        env = {**os.environ, "HEALTHPLANE_NATS_URL": str(stack["natsUrl"]),
+               "HEALTHPLANE_NATS_CREDS": str(stack["adminCreds"]), "HEALTHPLANE_NATS_TLS_CA": str(stack["tlsCa"])}
+        listed = subprocess.run([sys.executable, "-m", "healthplane.cli", "node", "list"], capture_output=True,
+                                text=True, timeout=60, env=env)
+        assert listed.returncode == 0, listed.stderr
+        without_ca = subprocess.run([sys.executable, "-m", "healthplane.cli", "node", "list"], capture_output=True,
+                                    text=True, timeout=60, env={k: v for k, v in env.items()
+                                                                if k != "HEALTHPLANE_NATS_TLS_CA"})
+        assert without_ca.returncode == 3 and "certificate" in without_ca.stderr.lower(), without_ca.stderr
+    finally:
+        process.send_signal(signal.SIGINT)
+        out, _err = process.communicate(timeout=60)
+    assert f"HEALTHPLANE_NATS_TLS_CA={stack['tlsCa']}" in out
+
+
 def test_sec3_up_insecure_runs_without_auth_and_says_so(tmp_path: Path) -> None:
     process = _up(tmp_path, "--no-sim", "--insecure")
     try:
