@@ -36,7 +36,7 @@ import nacl.signing
 import nkeys
 
 from healthplane import permissions
-from healthplane.subjects import SubjectError, encode_token
+from healthplane.subjects import SubjectError, decode_token, encode_token
 
 ACCOUNT: Final = "HP"
 SYSTEM_ACCOUNT: Final = "SYS"
@@ -166,6 +166,17 @@ def identity_of(path: str | Path) -> tuple[str, str]:
     claims = decode_jwt(read_creds_jwt(path))
     found = tags(claims)
     return found.get("role", ""), found.get("user") or str(claims.get("name", ""))
+
+
+def node_of(path: str | Path) -> tuple[str, str] | None:
+    """``(cluster, node id)`` a collector's credentials speak for; ``None`` for any other identity."""
+    found = tags(decode_jwt(read_creds_jwt(path)))
+    if found.get("role") != permissions.NODE:
+        return None
+    try:
+        return decode_token(found.get("cluster", "")), decode_token(found.get("node", ""))
+    except SubjectError as exc:
+        raise CredsError(f"{path}: node credentials with a damaged tag") from exc
 
 
 def inbox_prefix(path: str | Path) -> str | None:

@@ -11,10 +11,11 @@ from pathlib import Path
 
 import msgspec
 
+from healthplane import creds as credentials
 from healthplane import wire
 from healthplane.config import CollectorConfig, ConfigError, load_collector_config
 from healthplane.runtime import logs, metrics
-from healthplane.runtime.connect import connect
+from healthplane.runtime.connect import connect, default_creds
 from healthplane_collector import udev
 from healthplane_collector.agent import (
     Collector,
@@ -60,8 +61,28 @@ async def _once(settings: Settings) -> wire.HealthReport:
     return await collector.collect("start")
 
 
+def _creds_mismatch(settings: Settings, path: str | None) -> str | None:
+    """Why these credentials cannot carry this collector's reports: the server would refuse
+    every one of them (SEC-1), so say it once at start instead."""
+    if not path:
+        return None
+    try:
+        bound = credentials.node_of(path)
+    except credentials.CredsError as exc:
+        return str(exc)
+    if bound is not None and bound != (settings.cluster, settings.node_id):
+        return (f"{path} holds the credentials of node {bound[1]} (cluster {bound[0]}), but this collector reports "
+                f"as node {settings.node_id} (cluster {settings.cluster}); issue them with `healthplane creds node "
+                f"{settings.node_id} --cluster {settings.cluster}`")
+    return None
+
+
 async def _serve(settings: Settings, nats_url: str | None, creds: str | None, metrics_port: int) -> int:
     log = logs.configure(SERVICE).bind(node_id=settings.node_id, cluster=settings.cluster)
+    mismatch = _creds_mismatch(settings, creds or default_creds())
+    if mismatch:
+        log.error("cannot start", reason=mismatch)
+        return 1
     endpoint = metrics.serve(metrics_port)
     log.info("metrics endpoint", url=endpoint.url)
     stopping, out_of_band = asyncio.Event(), asyncio.Event()

@@ -233,3 +233,20 @@ async def test_sec4_tls_verifies_the_server_and_refuses_plaintext(tmp_path: Path
             await connect(server.url.replace("tls://", "nats://"), name="plain", creds=admin, give_up_after=3)
     finally:
         server.stop()
+
+
+def test_sec1_a_collector_with_another_nodes_credentials_says_so_in_one_line(nats_server: NatsServer,
+                                                                            tmp_path: Path) -> None:
+    from tests.component.test_collector_live import collector_config, fixture_root
+
+    fixture_root(tmp_path / "root")
+    config = collector_config(tmp_path / "collector.json")  # node gpu-node-7, cluster lab
+    done = subprocess.run(
+        [sys.executable, "-m", "healthplane.cli", "collector", "--root", str(tmp_path / "root"), "--state-dir",
+         str(tmp_path / "state"), "--gpu-source", "nvidia-smi", "--config", str(config)],
+        env={**env_for(nats_server, "collector", "lab/gpu-node-8"), "PATH": str(tmp_path / "bin")},
+        capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1
+    [line] = [json.loads(x) for x in done.stderr.splitlines() if x.startswith("{") and '"error"' in x]
+    assert "credentials of node gpu-node-8 (cluster lab)" in line["reason"] and "gpu-node-7" in line["reason"]
+    assert "Traceback" not in done.stderr
