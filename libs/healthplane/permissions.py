@@ -157,6 +157,10 @@ def _extra_publish(role: str) -> tuple[str, ...]:
     common = ("$JS.API.INFO", "$JS.API.STREAM.NAMES", "$JS.API.STREAM.INFO.*")
     if role in SERVICE_ROLES:
         own_lease = f"$KV.{streams.LEASES_BUCKET}.{encode_token(role)}"
+        # A stream only this service writes it may purge (the scorer drops a removed node's view).
+        owned = tuple(f"$JS.API.STREAM.PURGE.{s.name}" for s in streams.STREAMS
+                      if all(c.writers == (role,) for c in s.channels))
+        common = (*common, *owned)
         if role == "substrate-bridge":  # it sizes the nodes bucket (BRG-1) and writes it
             return (*common, own_lease, f"$JS.API.STREAM.UPDATE.KV_{streams.NODES_BUCKET}",
                     f"$KV.{streams.NODES_BUCKET}.>")
@@ -178,8 +182,8 @@ def _extra_subscribe(role: str) -> tuple[str, ...]:
         return (f"hp.sim.{CLUSTER}.inject", f"hp.provision.{CLUSTER}.*")
     if role == NODE:  # its own remediation subject (REM)
         return (f"hp.remediate.{CLUSTER}.{NODE_ID}",)
-    if role in USER_ROLES:  # the CLI waits for its commands' outcomes
-        return ("hp.outcome.>",)
+    if role in USER_ROLES:  # people read every record live too (the CLI waits for outcomes)
+        return tuple(dict.fromkeys(c.subject for c in streams.CHANNELS))
     return ()
 
 

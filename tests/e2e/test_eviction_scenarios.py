@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from healthplane import subjects, wire
+from healthplane.creds import Keystore
 from healthplane.runtime.connect import connect
 from healthplane.runtime.replay import read_all
 from tests.e2e.test_up import _up, _wait_for_stack
@@ -28,14 +29,17 @@ NODES = ["sim-000", "sim-001", "sim-002", "sim-003"]  # sim-002 and sim-003 prov
 
 
 class Stack:
+    """`up`'s stack, driven by an admin named ops (its own credentials, issued from up's keys)."""
+
     def __init__(self, url: str, tmp_path: Path) -> None:
         self.url = url
         self.tmp_path = tmp_path
+        self.creds = str(Keystore.open(tmp_path / "hp" / "creds").user("ops", "admin", tmp_path / "ops.creds"))
 
     def cli(self, *args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
         return subprocess.run([sys.executable, "-m", "healthplane.cli", *args, "--nats-url", self.url],
                               capture_output=True, text=True, timeout=60, input=stdin,
-                              env={**os.environ, "HEALTHPLANE_ACTOR": "ops"})
+                              env={**os.environ, "HEALTHPLANE_NATS_CREDS": self.creds})
 
     def submit(self, count: int, *flags: str) -> list[str]:
         done = self.cli("sim", "submit", "--count", str(count), "--duration", "600", *flags)
@@ -43,7 +47,7 @@ class Stack:
         return done.stdout.split()
 
     async def read(self, stream: str, subject: str, last: bool = False) -> list[Any]:
-        nc = await connect(self.url, name="test", give_up_after=10)
+        nc = await connect(self.url, name="test", creds=self.creds, give_up_after=10)
         try:
             return await read_all(nc, nc.jetstream(), stream, subject, last_per_subject=last)
         finally:
@@ -87,7 +91,8 @@ def _stack(tmp_path: Path, config: str) -> Iterator[Stack]:
         url = str(stack["natsUrl"])
         fleet = subprocess.Popen([sys.executable, "-m", "healthplane.cli", "sim", "run", "--nodes", str(len(NODES)),
                                   "--provisioned", "2", "--interval", "5", "--nats-url", url],
-                                 stdout=subprocess.DEVNULL, stderr=open(tmp_path / "sim.log", "ab"))
+                                 stdout=subprocess.DEVNULL, stderr=open(tmp_path / "sim.log", "ab"),
+                                 env={**os.environ, "HEALTHPLANE_NATS_CREDS": str(tmp_path / "hp" / "creds" / "sim.creds")})
         ready = Stack(url, tmp_path)
 
         async def registered() -> bool:

@@ -36,8 +36,8 @@ def _wait(what: str, check: Any, timeout: float = 60) -> Any:
     raise AssertionError(f"timed out waiting for {what}")
 
 
-def _cli(url: str, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "healthplane.cli", *args, "--nats-url", url],
+def _cli(url: str, *args: str, creds: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "healthplane.cli", *args, "--nats-url", url, "--creds", creds],
                           capture_output=True, text=True, timeout=60)
 
 
@@ -46,7 +46,7 @@ def test_a_killed_service_is_restarted_and_a_crash_loop_given_up(tmp_path: Path)
     stack_path = tmp_path / "hp" / "stack.json"
     try:
         stack = _wait_for_stack(stack_path, process)
-        url = str(stack["natsUrl"])
+        url, admin = str(stack["natsUrl"]), str(stack["adminCreds"])
         first = _service(stack_path, "health-ingest")
         assert (first["state"], first["restarts"]) == ("running", 0)
 
@@ -57,10 +57,10 @@ def test_a_killed_service_is_restarted_and_a_crash_loop_given_up(tmp_path: Path)
                       and s["state"] == "running" and s)
         assert again["pid"] != first["pid"] and again["metricsUrl"] == first["metricsUrl"]
         _wait("its metrics", lambda: _answers(again["metricsUrl"]))
-        assert _cli(url, "sim", "inject", "sim-001", "--fault", "smart-failing").returncode == 0
+        assert _cli(url, "sim", "inject", "sim-001", "--fault", "smart-failing", creds=admin).returncode == 0
 
         def degraded() -> bool:
-            shown = _cli(url, "node", "show", "sim-001", "-o", "json")
+            shown = _cli(url, "node", "show", "sim-001", "-o", "json", creds=admin)
             return shown.returncode == 0 and json.loads(shown.stdout)["health"] == "DEGRADED"
 
         _wait("the fault in node show", degraded, timeout=90)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import select
 import shlex
 import signal
 import subprocess
@@ -48,12 +47,12 @@ def _exported(process: subprocess.Popen[str], timeout_s: float = 60) -> dict[str
     """The variables of the `export` line `up` prints once the stack runs (SEC-3)."""
     assert process.stdout is not None
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        ready, _, _ = select.select([process.stdout], [], [], 1)
-        line = process.stdout.readline() if ready else ""
+    # Blocking reads: `up` prints the line right after stack.json, and the test's timeout
+    # bounds a `up` that never does (select would miss lines already in the pipe's buffer).
+    for line in process.stdout:
         if line.startswith("export "):
             return dict(word.split("=", 1) for word in shlex.split(line)[1:])
-        if process.poll() is not None:
+        if time.monotonic() > deadline:
             break
     raise AssertionError("up printed no export line")
 
