@@ -154,7 +154,7 @@ def _extra_publish(role: str) -> tuple[str, ...]:
     """What is not a record: lease keys, stream management, the simulator's control subjects."""
     if role == NODE:
         return ()
-    common = ("$JS.API.INFO", "$JS.API.STREAM.NAMES", "$JS.API.STREAM.INFO.*")
+    common: tuple[str, ...] = ("$JS.API.INFO", "$JS.API.STREAM.NAMES", "$JS.API.STREAM.INFO.*")
     if role in SERVICE_ROLES:
         own_lease = f"$KV.{streams.LEASES_BUCKET}.{encode_token(role)}"
         # A stream only this service writes it may purge (the scorer drops a removed node's view).
