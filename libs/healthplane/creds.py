@@ -20,6 +20,7 @@ it and errors name files, never their content.
 from __future__ import annotations
 
 import base64
+import fcntl
 import hashlib
 import json
 import os
@@ -64,7 +65,7 @@ def _b64(data: bytes) -> str:
     return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
 
 
-def _unb64(text: str) -> bytes:
+def unb64url(text: str) -> bytes:
     return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
 
 
@@ -85,7 +86,7 @@ def encode_jwt(claims: dict[str, Any], signer: nkeys.KeyPair, now: float | None 
 def decode_jwt(token: str) -> dict[str, Any]:
     """The claims, unverified (a file we wrote, or before :func:`verify_jwt`)."""
     try:
-        claims = json.loads(_unb64(token.split(".")[1]))
+        claims = json.loads(unb64url(token.split(".")[1]))
     except (IndexError, ValueError) as exc:
         raise CredsError("not a NATS JWT") from exc
     if not isinstance(claims, dict):
@@ -93,7 +94,7 @@ def decode_jwt(token: str) -> dict[str, Any]:
     return claims
 
 
-def _verify_key(public_key: str) -> nacl.signing.VerifyKey:
+def verify_key(public_key: str) -> nacl.signing.VerifyKey:
     try:
         raw = base64.b32decode(public_key + "=" * (-len(public_key) % 8))
     except ValueError as exc:
@@ -114,7 +115,7 @@ def verify_jwt(token: str, issuers: dict[str, str], now: float | None = None) ->
     if not isinstance(issuer, str) or issuer not in issuers:
         raise CredsError("token not signed by this control plane")
     try:
-        _verify_key(issuer).verify(f"{parts[0]}.{parts[1]}".encode(), _unb64(parts[2]))
+        verify_key(issuer).verify(f"{parts[0]}.{parts[1]}".encode(), unb64url(parts[2]))
     except (nacl.exceptions.BadSignatureError, ValueError) as exc:
         raise CredsError("token signature invalid") from exc
     if isinstance(claims.get("exp"), int) and claims["exp"] < (time.time() if now is None else now):
@@ -126,7 +127,7 @@ def public(pair: nkeys.KeyPair) -> str:
     return bytes(pair.public_key).decode()
 
 
-def _new_pair(prefix: int) -> nkeys.KeyPair:
+def new_pair(prefix: int) -> nkeys.KeyPair:
     return nkeys.from_seed(nkeys.encode_seed(os.urandom(32), prefix))
 
 
@@ -237,8 +238,6 @@ def write_secret(path: Path, text: str) -> None:
 
 @contextmanager
 def _locked(directory: Path) -> Iterator[None]:
-    import fcntl
-
     with open(directory / ".lock", "a+") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
@@ -273,7 +272,7 @@ class Keystore:
     def _ensure_seed(self, name: str, prefix: int) -> nkeys.KeyPair:
         path = self._path(name)
         if not path.exists():
-            write_secret(path, _new_pair(prefix).seed.decode() + "\n")
+            write_secret(path, new_pair(prefix).seed.decode() + "\n")
         return self._seed(name)
 
     @classmethod
@@ -297,7 +296,7 @@ class Keystore:
                 write_secret(store._path("sys.jwt"), encode_jwt({"sub": public(system), "name": SYSTEM_ACCOUNT,
                               "nats": {"limits": dict(_ACCOUNT_LIMITS), "type": "account", "version": 2}}, operator))
             if not store._path("sys-user.creds").exists():
-                user = _new_pair(nkeys.PREFIX_BYTE_USER)
+                user = new_pair(nkeys.PREFIX_BYTE_USER)
                 jwt = encode_jwt({"sub": public(user), "name": "sys", "nats": {
                     "subs": _NO_LIMIT, "data": _NO_LIMIT, "payload": _NO_LIMIT, "pub": {}, "sub": {},
                     "type": "user", "version": 2}}, system)
@@ -372,7 +371,7 @@ class Keystore:
     def _issue(self, role: str, name: str, tag_values: dict[str, str], lifetime_s: int | None,
                out: Path | None, cluster: str | None = None, now: float | None = None) -> tuple[str, bytes]:
         moment = int(time.time() if now is None else now)
-        user = _new_pair(nkeys.PREFIX_BYTE_USER)
+        user = new_pair(nkeys.PREFIX_BYTE_USER)
         claims: dict[str, Any] = {"sub": public(user), "name": f"{cluster}/{name}" if cluster else name, "nats": {
             "issuer_account": public(self._seed("hp.nk")),
             "tags": [f"role:{role}", *(f"{k}:{v}" for k, v in tag_values.items())],
@@ -465,14 +464,13 @@ class Keystore:
             return matching, self._sign_account(revoked)
 
 
-async def push_account(nats_url: str, keystore: Keystore, tls: Any = None) -> None:
+async def push_account(nats_url: str, keystore: Keystore) -> None:
     """Send the current account JWT to a running server (``$SYS.REQ.CLAIMS.UPDATE``, as the
-    system account's user): the server applies it at once and its resolver keeps it."""
-    from nats.aio.client import Client as NATS
+    system account's user): the server applies it at once and its resolver keeps it. The
+    connection is ``runtime.connect``'s (TLS from the environment like every client)."""
+    from healthplane.runtime.connect import connect  # it imports this module
 
-    client = NATS()
-    await client.connect(servers=[nats_url], user_credentials=str(keystore.system_user_creds),
-                         allow_reconnect=False, connect_timeout=5, tls=tls)
+    client = await connect(nats_url, name="healthplane-creds", creds=str(keystore.system_user_creds), give_up_after=5)
     try:
         answer = await client.request("$SYS.REQ.CLAIMS.UPDATE", keystore.account_jwt().encode(), timeout=5)
         body = json.loads(answer.data or b"{}")

@@ -1,8 +1,8 @@
 """What tests/bench/test_auth_candidates.py needs to run the two SEC-2 candidates side by side
 (docs/security.md, "Candidates measured"):
 
-* NATS JWTs, encoded here: no maintained Python library writes the claims the candidates need
-  (``nats-jwt`` 0.2.2 has neither scoped signing keys nor the authorization request/response
+* NATS JWTs, encoded by ``healthplane.creds`` (what the product ships): no maintained Python
+  library writes the claims the candidates need (``nats-jwt`` 0.2.2 has neither scoped signing keys nor the authorization request/response
   claims of auth callout). A NATS JWT is ``b64url(header).b64url(claims).b64url(sig)``,
   header ``{"typ":"JWT","alg":"ed25519-nkey"}``, the signature ed25519 by the issuer's nkey
   over the first two parts; keys come from ``nkeys`` (nats-io's, what nats-py signs with);
@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
-import hashlib
 import json
 import os
 import signal
@@ -40,10 +39,19 @@ import nacl.exceptions
 import nacl.signing
 import nkeys
 
+from healthplane.creds import (
+    CredsError,
+    decode_jwt,
+    encode_jwt,
+    new_pair,
+    public,
+    unb64url,
+    verify_jwt,
+    verify_key,
+)
 from healthplane.natsserver import die_with_parent, find_binary, free_port, terminate
 from healthplane.streams import CHANNELS
 
-HEADER = {"typ": "JWT", "alg": "ed25519-nkey"}
 NO_LIMIT = -1
 READY_TIMEOUT_S = 15.0
 AUTH_ACCOUNT = "AUTH"  # candidate B: where the callout service lives
@@ -55,52 +63,6 @@ CALLOUT_LIVE_MAX = 200_000  # bound on the callout's table of live connections (
 # ---------------------------------------------------------------------------- nkeys and JWTs
 
 
-def new_pair(prefix: int) -> nkeys.KeyPair:
-    return nkeys.from_seed(nkeys.encode_seed(os.urandom(32), prefix))
-
-
-def public(pair: nkeys.KeyPair) -> str:
-    return bytes(pair.public_key).decode()
-
-
-def _b64(data: bytes) -> str:
-    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
-
-
-def _unb64(text: str) -> bytes:
-    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
-
-
-def _jti(claims: dict[str, Any]) -> str:
-    """What the Go library puts in ``jti``: base32 of SHA-512/256 of the claims without it."""
-    body = json.dumps({**claims, "jti": ""}, separators=(",", ":"), sort_keys=True).encode()
-    return base64.b32encode(hashlib.new("sha512_256", body).digest()).rstrip(b"=").decode()
-
-
-def encode_jwt(claims: dict[str, Any], signer: nkeys.KeyPair) -> str:
-    claims = {"iat": int(time.time()), **claims, "iss": public(signer)}
-    claims["jti"] = _jti(claims)
-    head = _b64(json.dumps(HEADER, separators=(",", ":")).encode())
-    body = _b64(json.dumps(claims, separators=(",", ":")).encode())
-    signature = signer.sign(f"{head}.{body}".encode())
-    return f"{head}.{body}.{_b64(signature)}"
-
-
-def decode_jwt(token: str) -> dict[str, Any]:
-    """The claims, unverified."""
-    claims: dict[str, Any] = json.loads(_unb64(token.split(".")[1]))
-    return claims
-
-
-def verify_key(public_key: str) -> nacl.signing.VerifyKey:
-    raw = base64.b32decode(public_key + "=" * (-len(public_key) % 8))
-    if len(raw) != 35 or not nkeys.valid_public_prefix_byte(raw[0]):
-        raise ValueError(f"not a public nkey: {public_key[:8]}…")
-    if nkeys.crc16(bytearray(raw[:-2])) != int.from_bytes(raw[-2:], "little"):
-        raise ValueError("public nkey checksum mismatch")
-    return nacl.signing.VerifyKey(raw[1:33])
-
-
 def verify_sig(public_key: str, data: bytes, signature: bytes) -> None:
     try:
         verify_key(public_key).verify(data, signature)
@@ -108,24 +70,12 @@ def verify_sig(public_key: str, data: bytes, signature: bytes) -> None:
         raise ValueError("bad signature") from exc
 
 
-def verify_jwt(token: str, issuers: set[str] | frozenset[str]) -> dict[str, Any]:
-    """The claims when ``token`` is signed by one of ``issuers`` and not expired."""
-    head, body, signature = token.split(".")
-    claims = decode_jwt(token)
-    if claims.get("iss") not in issuers:
-        raise ValueError("issuer not trusted")
-    verify_sig(claims["iss"], f"{head}.{body}".encode(), _unb64(signature))
-    if claims.get("exp") and claims["exp"] < time.time():
-        raise ValueError("expired")
-    return claims
-
-
 def decode_sig(text: str) -> bytes:
     """nats-py sends the nonce signature in standard base64, Go clients in base64url."""
     try:
         return base64.b64decode(text + "=" * (-len(text) % 4), validate=True)
     except binascii.Error:
-        return _unb64(text)
+        return unb64url(text)
 
 
 # ---------------------------------------------------------------------------- node permissions
@@ -494,7 +444,7 @@ class CalloutState:
             presented = options.get("jwt") or options.get("auth_token") or ""
             if not presented:
                 raise ValueError("no credentials")
-            user = verify_jwt(presented, self.node_signers | self.service_signers)
+            user = verify_jwt(presented, dict.fromkeys(self.node_signers | self.service_signers, "user"))
             who = user["sub"]
             nonce = client.get("nonce") or request.get("nats", {}).get("request_nonce", "")
             if not nonce or not options.get("sig"):
@@ -515,7 +465,7 @@ class CalloutState:
                                    "nats": {**permissions, "type": "user", "version": 2}}, self.issuer)
             self._remember(who, server_id, int(client.get("id", 0)))
             self.answered += 1
-        except (ValueError, KeyError) as exc:
+        except (ValueError, KeyError, CredsError) as exc:
             error = str(exc)
             self.refused += 1
         response = encode_jwt({"sub": user_nkey, "aud": server_id, "nats": {

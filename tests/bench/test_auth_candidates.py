@@ -38,6 +38,7 @@ from tests.bench import harness
 
 nkeys = pytest.importorskip(
     "nkeys", reason="nkeys is not installed: it is in the bench-only extra, pip install -e '.[bench]'")
+from healthplane.creds import new_pair, public  # noqa: E402
 from tests.bench.auth_support import (  # noqa: E402
     REVOKE_SUBJECT,
     CalloutProcess,
@@ -49,10 +50,8 @@ from tests.bench.auth_support import (  # noqa: E402
     config_callout,
     config_jwt,
     config_none,
-    new_pair,
     node_inbox,
     print_summary,
-    public,
 )
 
 CONNECTS = int(os.environ.get("HP_BENCH_AUTH_CONNECTS", "200"))  # per candidate, timed one by one

@@ -12,6 +12,8 @@ import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
+from nats.errors import Error as NatsError
+
 from healthplane import creds, permissions
 from healthplane.cli.common import EXIT_RETRY, CommandFailed, fail, one_of, output_flag
 from healthplane.creds import CredsError, Keystore
@@ -27,25 +29,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         where.add_argument("--data-dir", help=f"the keys of `healthplane up` in DIR/creds (default {DEFAULT_DATA_DIR})")
         where.add_argument("--keys", help="a key directory (`creds init --keys DIR`)")
 
+    def issue_flags(sub: argparse.ArgumentParser, default: str) -> None:
+        sub.add_argument("-o", "--out", help=f"file to write (default ./{default}.creds), 0600")
+        keys_flags(sub)
+
     keys_flags(actions.add_parser("init", help="create the operator, the account and the signing keys"))
     node = actions.add_parser("node", help="a collector's credentials: its own report and resource only")
     node.add_argument("node_id", metavar="NODE")
     node.add_argument("--cluster", default="default")
-    node.add_argument("-o", "--out", help="file to write (default ./NODE.creds), 0600")
-    keys_flags(node)
+    issue_flags(node, "NODE")
     user = actions.add_parser("user", help="an operator's credentials")
     user.add_argument("name", metavar="NAME")
     user.add_argument("--role", required=True, **one_of(permissions.USER_ROLES))
-    user.add_argument("-o", "--out", help="file to write (default ./NAME.creds), 0600")
-    keys_flags(user)
+    issue_flags(user, "NAME")
     service = actions.add_parser("service", help="a service's credentials: its row of the stream table")
     service.add_argument("name", metavar="NAME", **one_of(permissions.SERVICE_ROLES))
-    service.add_argument("-o", "--out", help="file to write (default ./NAME.creds), 0600")
-    keys_flags(service)
+    issue_flags(service, "NAME")
     sim = actions.add_parser("sim", help="the simulated fleet's credentials: every node of one cluster")
     sim.add_argument("--cluster", default="default")
-    sim.add_argument("-o", "--out", help="file to write (default ./sim.creds), 0600")
-    keys_flags(sim)
+    issue_flags(sim, "sim")
     token = actions.add_parser("token", help="print a bearer token for the HTTP API")
     token.add_argument("name", metavar="NAME")
     token.add_argument("--role", required=True, **one_of(permissions.USER_ROLES))
@@ -122,10 +124,7 @@ def _revoke(args: argparse.Namespace, store: Keystore) -> int:
         return 0
     try:
         asyncio.run(creds.push_account(url, store))
-    except (OSError, TimeoutError, CredsError) as exc:
-        raise CommandFailed(f"revoked in {store.directory}, but the server at {url} was not told "
-                            f"({exc or type(exc).__name__}); run revoke again", EXIT_RETRY) from exc
-    except Exception as exc:  # nats-py's own connection errors
+    except (ConnectionError, TimeoutError, CredsError, NatsError) as exc:  # NatsError: no responders, …
         raise CommandFailed(f"revoked in {store.directory}, but the server at {url} was not told "
                             f"({exc or type(exc).__name__}); run revoke again", EXIT_RETRY) from exc
     print(f"the server at {url} refuses them now")
