@@ -167,8 +167,11 @@ async def test_sec2_a_revoked_node_is_refused_within_10s(nats_server: NatsServer
                 break
             await asyncio.sleep(0.05)
         assert closed.is_set(), "the revoked node's connection stayed open for 10 s"
-        with pytest.raises(ConnectionError, match=r"(?i)authorization"):
+        with pytest.raises(ConnectionError):
             await connect(nats_server.url, name="n9-again", creds=path, give_up_after=3)
+        # Refused by the server for its credentials. The client usually reads the server's
+        # 'Authorization Violation', but may see only the reset of the connection that follows it.
+        assert "authentication error" in (nats_server.store_dir / "nats-server.log").read_text()
         # Another node is untouched.
         other = await _as(nats_server, _node(keystore, tmp_path, "n8"), "n8")
         await other.jetstream().publish(subjects.report("c1", "n8"), b"{}", timeout=5)

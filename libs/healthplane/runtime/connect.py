@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 from typing import Any
 
 from nats.aio.client import Client as NATS
@@ -18,6 +19,7 @@ from healthplane.runtime.backoff import Backoff
 from healthplane.tls import ClientTls, TlsError
 
 DEFAULT_URL = "nats://127.0.0.1:4222"
+_REFUSAL = re.compile(r"(?i)authorization|authentication|revoked|expired")
 
 
 def default_url() -> str:
@@ -66,7 +68,7 @@ async def connect(
         reason = str(client.last_error or "")
         if closed is not None:
             closed.set()
-        if log is not None and reason and any(word in reason.lower() for word in ("revoked", "authoriz", "expired")):
+        if log is not None and _REFUSAL.search(reason):
             log.error("nats connection closed by the server", error=reason)
 
     async def on_disconnected() -> None:
@@ -81,6 +83,7 @@ async def connect(
     loop = asyncio.get_running_loop()
     deadline = None if give_up_after is None else loop.time() + give_up_after
     backoff = Backoff(0.1, 5.0, jitter=0.2)
+    refusal: str | None = None  # an attempt the server refused (auth), kept over later transport errors
     while True:
         # nats-py retries a first connection forever when reconnects are unbounded, so each
         # attempt is bounded here and the client discarded when it does not get through.
@@ -111,8 +114,11 @@ async def connect(
             if isinstance(exc, TimeoutError):
                 reason = errors[0].removeprefix("nats: ") if errors else "no answer"
             errors.clear()
+            if _REFUSAL.search(reason):
+                refusal = reason
             if deadline is not None and loop.time() + backoff.current_s >= deadline:
-                raise ConnectionError(f"cannot connect to NATS at {url}: {reason}") from exc
+                # The server's refusal says why; a reset of the same refused connection does not.
+                raise ConnectionError(f"cannot connect to NATS at {url}: {refusal or reason}") from exc
             delay = backoff.next()
             if log is not None:
                 log.warning("nats not reachable, retrying", url=url, retry_in_s=round(delay, 2), error=reason)
