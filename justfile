@@ -13,6 +13,7 @@ up *ARGS:
 # the monitoring tests need promtool and prometheus, installed from Debian when missing)
 test *ARGS: lint
     sh tools/ensure-prometheus
+    sh tools/ensure-slurm
     python -m pytest -q {{ARGS}}
 
 # Lint and type-check

@@ -20,6 +20,7 @@ from healthplane import streams
 from healthplane.creds import Keystore
 from healthplane.natsserver import NatsServer
 from healthplane.runtime.connect import connect
+from tests.support.slurm import slurm  # noqa: F401  (fixture)
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -12,6 +12,10 @@ The resource report (COL-11) goes out at start (not ready), whenever it changes,
 when udev says a block or PCI device was added or removed (:class:`Hotplug`, fed by
 ``udev.py``): that re-reads the inventory and the device's signal first. Its GPUs are the PCI
 list merged with the latest GPU signal (``resources.merge_gpus``).
+
+``--slurm-health-check`` (SLU-6) runs one cycle of the same code (:func:`report_once`): the
+scheduled health report and the resource report, on the same subjects, then exits; its kmsg
+reader (:meth:`KmsgWatcher.catch_up`) carries cursor and counts from one run to the next.
 """
 
 from __future__ import annotations
@@ -34,13 +38,16 @@ from healthplane_collector.hotplug import Reprobe
 from healthplane_collector.inventory import Inventory, InventoryError
 from healthplane_collector.kmsg import KmsgTally, MalformedRecord, is_out_of_band, parse_record
 from healthplane_collector.kmsg_reader import (
+    CarriedTally,
     Cursor,
     KmsgSource,
     after,
     last_seq,
     load_cursor,
+    load_tally,
     resume_point,
     save_cursor,
+    save_tally,
 )
 from healthplane_collector.resources import merge_gpus
 
@@ -192,6 +199,46 @@ class KmsgWatcher:
             self.failure = f"cannot read {self.path}: {exc.strerror or exc}"
         finally:
             self._source.close()
+
+    def catch_up(self) -> None:
+        """``--slurm-health-check``: one read, as a periodic agent would have read the records
+        that arrived since the last run. Where to start is the agent's (``resume_point``: no
+        cursor skips the backlog, a cursor of this boot resumes after it, another boot's reads
+        the whole buffer); the counts go on from the last run's when its tally goes with the
+        cursor, so a steady trickle of corrected errors still reads as a climbing counter."""
+        if not self.path.exists():
+            self.unavailable = f"{self.path} does not exist"
+            return
+        try:
+            self._source.open()
+            records, _ = self._source.read_available()
+        except OSError as exc:
+            self.failure = f"cannot read {self.path}: {exc.strerror or exc}"
+            return
+        finally:
+            self._source.close()
+        saved = load_cursor(self.state_dir)
+        where, seq = resume_point(saved, self.boot_id)
+        skip_backlog = where == "end" and not self._source.is_fifo  # a FIFO cannot seek: read it all
+        carried = load_tally(self.state_dir, saved) if where == "after" else None
+        if carried is not None:
+            self.tally, self.backlog_skipped = KmsgTally.from_state(carried.tally), carried.backlog_skipped
+        else:
+            self.backlog_skipped = skip_backlog
+        self._fold([] if skip_backlog else after(records, seq))
+        if self.boot_id is None:
+            return  # as the agent: a cursor without its boot could not be trusted
+        newest = last_seq(records)
+        if where == "after" and seq is not None:
+            newest = seq if newest is None else max(newest, seq)
+        # An empty buffer still leaves a cursor: the next run reads what arrives in between.
+        cursor = Cursor(self.boot_id, -1 if newest is None else newest)
+        try:
+            save_cursor(self.state_dir, cursor)
+            save_tally(self.state_dir, CarriedTally(boot_id=cursor.boot_id, seq=cursor.seq,
+                                                    backlog_skipped=self.backlog_skipped, tally=self.tally.state()))
+        except OSError as exc:  # the next run would count these records again: say so, report anyway
+            self.failure = f"cannot save the kmsg cursor in {self.state_dir}: {exc.strerror or exc}"
 
     def start(self) -> None:
         if not self.path.exists():
@@ -369,6 +416,39 @@ class Hotplug:
         return reprobe
 
 
+Send = Callable[[str, wire.Record], Awaitable[None]]
+
+
+async def report_cycle(collector: Collector, send: Send, trigger: wire.ReportTrigger,
+                       last_resources: wire.ResourceReport | None) -> wire.ResourceReport | None:
+    """One cycle: the health report (none while ``health.disabled``), then the resource report
+    when it differs from ``last_resources`` (always when that is None). Returns the resource
+    report now in force."""
+    settings = collector.settings
+    if not settings.health_disabled:  # disabled: resource reports only (COL-1)
+        report = await collector.collect(trigger)
+        await send(subjects.report(settings.cluster, settings.node_id), report)
+    elif trigger != "kmsg":
+        await collector.probe(("gpu",))  # the resource report's GPU details stay current
+    collector.refresh_inventory()
+    resources = collector.resource_report(True, datetime.now(UTC))
+    if resources is not None and (last_resources is None or _resources_changed(last_resources, resources)):
+        await send(subjects.resource(settings.cluster, settings.node_id), resources)
+        return resources
+    return last_resources
+
+
+async def report_once(collector: Collector, publish: Callable[[str, bytes], Awaitable[None]]) -> None:
+    """``--slurm-health-check``: the agent's cycle once, as a scheduled report: the health
+    report and the resource report (ready). A publish that fails raises: the caller must be
+    able to say the health check was not published."""
+
+    async def send(subject: str, record: wire.Record) -> None:
+        await publish(subject, wire.encode(record))
+
+    await report_cycle(collector, send, "scheduled", None)
+
+
 async def run_agent(collector: Collector, publish: Callable[[str, bytes], Awaitable[None]],
                     stopping: asyncio.Event, out_of_band: asyncio.Event, log: Any,
                     hotplug: Hotplug | None = None) -> None:
@@ -386,7 +466,6 @@ async def run_agent(collector: Collector, publish: Callable[[str, bytes], Awaita
         log.debug("published", subject=subject, ms=round((time.perf_counter() - started) * 1000, 1))
 
     resource_subject = subjects.resource(settings.cluster, settings.node_id)
-    report_subject = subjects.report(settings.cluster, settings.node_id)
     collector.refresh_inventory()
     await collector.probe(("gpu",))  # so that the first resource report names the GPUs' models
     resources = collector.resource_report(False, datetime.now(UTC))
@@ -418,16 +497,7 @@ async def run_agent(collector: Collector, publish: Callable[[str, bytes], Awaita
                 trigger = "kmsg"
             else:
                 next_due = time.monotonic() + settings.interval_s
-            if not settings.health_disabled:  # disabled: resource reports only (COL-1)
-                report = await collector.collect(trigger)
-                await send(report_subject, report)
-            elif trigger != "kmsg":
-                await collector.probe(("gpu",))  # the resource report's GPU details stay current
-            collector.refresh_inventory()
-            resources = collector.resource_report(True, datetime.now(UTC))
-            if resources is not None and (last_resources is None or _resources_changed(last_resources, resources)):
-                await send(resource_subject, resources)
-                last_resources = resources
+            last_resources = await report_cycle(collector, send, trigger, last_resources)
             first = False
         await _wait_any(stopping, out_of_band, hotplug.pending if hotplug else None,
                         within_s=max(0.0, next_due - time.monotonic()))

@@ -16,6 +16,9 @@ FAULTS: Final = (
     "io-errors", "readonly-mount", "throttle-thermal", "power-brake", "collector-failed:<signal>",
     "silent", "resume", "clear",
 )
+DEADLINE_DEFAULT_S: Final = 30.0
+DEADLINE_MIN_S: Final = 1.0
+DEADLINE_MAX_S: Final = 55.0
 
 
 def add_collector_arguments(parser: argparse.ArgumentParser) -> None:
@@ -26,6 +29,18 @@ def add_collector_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cluster", help="cluster (default: config cluster, else 'default')")
     parser.add_argument("--gpu-source", **one_of(["auto", "nvml", "nvidia-smi"]), default="auto")
     parser.add_argument("--once", action="store_true", help="print one health report and exit, without NATS")
+    parser.add_argument("--slurm-health-check", action="store_true",
+                        help="run as Slurm's HealthCheckProgram: one collection, its health and resource reports "
+                             "published to NATS, then exit (0 published; 1 not, one line on stderr). Never drains "
+                             "or touches Slurm: the slurm-adapter does that from the control plane")
+    parser.add_argument("--deadline-seconds", type=float,
+                        help=f"with --slurm-health-check: bound on connect, collection and acks "
+                             f"({DEADLINE_MIN_S:g}..{DEADLINE_MAX_S:g}, default {DEADLINE_DEFAULT_S:g}; "
+                             f"Slurm kills a health check after 60 s)")
+    parser.add_argument("--interval-seconds", type=int,
+                        help="seconds between reports, by which health-ingest expects the next (default: config "
+                             "report-interval-seconds, else 30); with --slurm-health-check, slurm.conf's "
+                             "HealthCheckInterval")
     parser.add_argument("-o", "--output", **one_of(["text", "json"]), default="json")
     connection_flags(parser)
     parser.add_argument("--metrics-port", type=int, default=0)

@@ -33,9 +33,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Final, Literal, TypeAlias
+
+import msgspec
 
 from healthplane import wire
 from healthplane_collector.pci import normalize
@@ -365,6 +367,20 @@ def _bus_key(bus_id: str) -> str:
         return bus_id.strip().lower()
 
 
+class TallyState(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    """Everything a :class:`KmsgTally` counted, to carry it from one process to the next
+    (``--slurm-health-check`` runs a fresh process each time, yet counts as one agent would)."""
+
+    xid: list[tuple[str, int, _XidCount]]
+    sxid: list[tuple[str, int, _SxidCount]]
+    remount: dict[str, str]
+    mce_corrected: int
+    mce_fatal: int
+    hardware_errors: dict[HardwareErrorSeverity, int]
+    edac: dict[EdacKind, int]
+    malformed: int
+
+
 class KmsgTally:
     """Everything counted from the ring buffer since the agent started (a floor, COL-5)."""
 
@@ -384,6 +400,27 @@ class KmsgTally:
     @property
     def malformed_records(self) -> int:
         return self._malformed
+
+    def state(self) -> TallyState:
+        return TallyState(
+            xid=[(bus, xid, replace(entry)) for (bus, xid), entry in sorted(self._xid.items())],
+            sxid=[(bus, sxid, replace(entry)) for (bus, sxid), entry in sorted(self._sxid.items())],
+            remount=dict(self._remount), mce_corrected=self._mce_corrected, mce_fatal=self._mce_fatal,
+            hardware_errors=dict(self._hardware_errors), edac=dict(self._edac), malformed=self._malformed,
+        )
+
+    @classmethod
+    def from_state(cls, state: TallyState, *, kernel_only: bool = True) -> KmsgTally:
+        """A tally that goes on counting from ``state``."""
+        tally = cls(kernel_only=kernel_only)
+        tally._xid = {(bus, xid): replace(entry) for bus, xid, entry in state.xid}
+        tally._sxid = {(bus, sxid): replace(entry) for bus, sxid, entry in state.sxid}
+        tally._remount = dict(state.remount)
+        tally._mce_corrected, tally._mce_fatal = state.mce_corrected, state.mce_fatal
+        tally._hardware_errors.update(state.hardware_errors)
+        tally._edac.update(state.edac)
+        tally._malformed = state.malformed
+        return tally
 
     def add(self, record: KmsgRecord, at: datetime) -> Finding | None:
         """Fold one record seen at wall time ``at``; returns what it said, if anything.

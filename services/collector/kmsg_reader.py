@@ -8,6 +8,10 @@
 - **New boot (boot id changed):** read the whole buffer once; faults logged during boot
   are not lost.
 - **``--once``:** the whole current buffer, no cursor written.
+- **``--slurm-health-check``:** a fresh process every few minutes that reads as one periodic
+  agent would: the cursor as above, and the tally of the runs before kept next to it
+  (``kmsg.tally``, valid for the cursor it was saved with), so each run folds only the records
+  since the last one into counts that keep growing through the boot.
 - ``EPIPE`` means the kernel overwrote records before we read them: logged, and reading goes
   on from the oldest record still there. Any other read error loses the reader; the caller
   reports the signal failed and retries with growing backoff capped at 60 s (COL-6).
@@ -27,8 +31,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
+import msgspec
+
+from healthplane_collector.kmsg import TallyState
+
 READ_SIZE: Final = 8192
 CURSOR_FILE: Final = "kmsg.cursor"
+TALLY_FILE: Final = "kmsg.tally"
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +59,36 @@ def save_cursor(state_dir: Path, cursor: Cursor) -> None:
     tmp = state_dir / (CURSOR_FILE + ".tmp")
     tmp.write_text(json.dumps({"bootId": cursor.boot_id, "seq": cursor.seq}))
     os.replace(tmp, state_dir / CURSOR_FILE)
+
+
+class CarriedTally(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    """What the runs before counted, up to and including record ``seq`` of boot ``boot_id``."""
+
+    boot_id: str
+    seq: int
+    backlog_skipped: bool | None
+    tally: TallyState
+
+
+def load_tally(state_dir: Path, cursor: Cursor | None) -> CarriedTally | None:
+    """The saved tally, when it is the one that goes with ``cursor``: another writer of the
+    cursor (an agent run in between) or a garbled file means counting starts afresh."""
+    if cursor is None:
+        return None
+    try:
+        carried = msgspec.json.decode((state_dir / TALLY_FILE).read_bytes(), type=CarriedTally)
+    except (OSError, msgspec.DecodeError):
+        return None
+    if (carried.boot_id, carried.seq) != (cursor.boot_id, cursor.seq):
+        return None
+    return carried
+
+
+def save_tally(state_dir: Path, carried: CarriedTally) -> None:
+    state_dir.mkdir(parents=True, exist_ok=True)
+    tmp = state_dir / (TALLY_FILE + ".tmp")
+    tmp.write_bytes(msgspec.json.encode(carried))
+    os.replace(tmp, state_dir / TALLY_FILE)
 
 
 def _seq_of(raw: bytes) -> int | None:

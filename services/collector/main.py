@@ -1,21 +1,27 @@
-"""``healthplane collector`` / ``healthplane service collector``: the node agent's entry point."""
+"""``healthplane collector`` / ``healthplane service collector``: the node agent's entry point,
+and ``healthplane collector --slurm-health-check``, the same agent as one run for Slurm's
+``HealthCheckProgram`` (SLU-6)."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import signal
 import socket
 import sys
 from pathlib import Path
+from typing import Final, Literal
 
 import msgspec
+import nats.errors
+from nats.aio.client import Client as NATS
 
 from healthplane import creds as credentials
 from healthplane import wire
 from healthplane.config import CollectorConfig, ConfigError, load_collector_config
 from healthplane.runtime import logs, metrics
-from healthplane.runtime.connect import connect, default_creds
+from healthplane.runtime.connect import connect, default_creds, default_url
 from healthplane_collector import udev
 from healthplane_collector.agent import (
     Collector,
@@ -23,12 +29,18 @@ from healthplane_collector.agent import (
     Hotplug,
     KmsgWatcher,
     Settings,
+    report_once,
     run_agent,
 )
+from healthplane_collector.cli import DEADLINE_DEFAULT_S, DEADLINE_MAX_S, DEADLINE_MIN_S
 from healthplane_collector.inventory import InventoryError
 from healthplane_collector.probe import read_inventory
 
 SERVICE = "collector"
+EXIT_NOT_PUBLISHED, EXIT_USAGE = 1, 2
+INTERVAL_MAX_S: Final = 86400
+PUBLISH_SHARE_S: Final = 5.0  # of the health check's deadline, kept for the publish and its acks
+CONNECT_MARGIN_S: Final = 0.5  # connect gives up this much before the deadline, to say why itself
 
 
 def settings_from(args: argparse.Namespace) -> tuple[Settings, str | None]:
@@ -43,7 +55,7 @@ def settings_from(args: argparse.Namespace) -> tuple[Settings, str | None]:
             node_id = socket.gethostname()
     settings = Settings(
         node_id=node_id, cluster=args.cluster or conf.cluster, root=root, state_dir=Path(args.state_dir),
-        gpu_source=args.gpu_source, interval_s=conf.health.report_interval_seconds,
+        gpu_source=args.gpu_source, interval_s=args.interval_seconds or conf.health.report_interval_seconds,
         health_disabled=conf.health.disabled, maintenance=conf.maintenance, definition=conf.definition,
         provisioned=conf.provisioned, annotations=conf.annotations,
         expected_read_only=tuple(conf.read_only_mounts_expected),
@@ -121,12 +133,140 @@ async def _serve(settings: Settings, nats_url: str | None, creds: str | None, me
     return 0
 
 
+def _bounded_by(settings: Settings, deadline_s: float) -> Settings:
+    """Signal timeouts that end the collection with the publish's share of the deadline left:
+    a hung smartctl or nvidia-smi is then a failed signal in a report that goes out, rather
+    than a health check that misses its deadline."""
+    budget = deadline_s - min(PUBLISH_SHARE_S, deadline_s / 2)
+    longest = settings.signal_timeout_s + settings.smartctl_timeout_s  # smart's bound (Collector._timeout)
+    if longest <= budget:
+        return settings
+    scale = budget / longest
+    return dataclasses.replace(settings, signal_timeout_s=settings.signal_timeout_s * scale,
+                               smartctl_timeout_s=settings.smartctl_timeout_s * scale)
+
+
+def _not_published(reason: str) -> int:
+    print(f"healthplane collector: health check not published: {reason}", file=sys.stderr)
+    return EXIT_NOT_PUBLISHED
+
+
+async def _health_check(settings: Settings, nats_url: str | None, creds: str | None, deadline_s: float) -> int:
+    """``--slurm-health-check`` (SLU-6): one collection, published, then exit.
+
+    slurmd runs this as its ``HealthCheckProgram`` every ``HealthCheckInterval`` and kills a
+    health check that runs past 60 s, so connecting, collecting and the publish acks share one
+    deadline: the connection is made while the signals are read, and their timeouts leave the
+    publish its share (``_bounded_by``). The reports are the agent's, on its subjects
+    (``report_once``); the kmsg reader carries cursor and counts from run to run.
+
+    It never drains a node and never calls Slurm: health-ingest and policy judge the report,
+    and Healthplane's slurm-adapter drains from the control plane. Quiet on success (exit 0);
+    a report that did not reach JetStream in time is one line on stderr and exit 1.
+    """
+    url = nats_url or default_url()
+    creds = creds or default_creds()
+    mismatch = _creds_mismatch(settings, creds)
+    if mismatch:
+        return _not_published(mismatch)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    deadline = started + deadline_s
+    settings = _bounded_by(settings, deadline_s)
+    collector = Collector(settings, HostSources(settings), None)
+    inventory = collector.refresh_inventory()
+    kmsg = KmsgWatcher(settings.root / "dev" / "kmsg", settings.state_dir, inventory.boot_id if inventory else None)
+    kmsg.catch_up()
+    collector.kmsg = kmsg
+    connecting = asyncio.create_task(connect(url, name=f"healthplane-health-check-{settings.node_id}", creds=creds,
+                                             give_up_after=max(0.5, deadline_s - CONNECT_MARGIN_S)))
+    stage: Literal["collection", "connect", "ack"] = "collection"
+    subject = ""
+
+    async def publish(to: str, payload: bytes) -> None:
+        nonlocal stage, subject
+        stage, subject = "connect", to
+        nc = await connecting
+        stage = "ack"
+        await nc.jetstream().publish(to, payload, timeout=max(0.1, deadline - loop.time()))
+
+    try:
+        async with asyncio.timeout_at(deadline):
+            await report_once(collector, publish)
+    except TimeoutError:
+        if stage == "collection":
+            return _not_published(f"the collection did not finish within {deadline_s:g} s")
+        if stage == "connect":
+            return _not_published(f"{url} unreachable after {deadline_s:g} s")
+        refusal = _last_error(connecting)
+        return _not_published(f"{url} did not acknowledge {subject} within {deadline_s:g} s"
+                              + (f" ({refusal})" if refusal else ""))
+    except ConnectionError as exc:  # connect gave up, or the credentials or TLS files are unusable
+        reason = str(exc)
+        prefix = f"cannot connect to NATS at {url}: "
+        if reason.startswith(prefix):
+            why = reason.removeprefix(prefix)
+            why = "no answer" if why == "TimeoutError" else why  # TCP accepted, the server silent
+            reason = f"{url} unreachable after {loop.time() - started:.0f} s ({why})"
+        return _not_published(reason)
+    except nats.errors.Error as exc:  # e.g. no stream takes the subject: no responders
+        return _not_published(f"{url} refused {subject}: {str(exc).removeprefix('nats: ')}")
+    finally:
+        await _close(connecting)
+    return 0
+
+
+def _last_error(connecting: asyncio.Task[NATS]) -> str | None:
+    """What the server last said: a publish it refused (permissions) is never acked."""
+    if not connecting.done() or connecting.cancelled() or connecting.exception() is not None:
+        return None
+    error = connecting.result().last_error
+    return str(error).removeprefix("nats: ") if error else None
+
+
+async def _close(connecting: asyncio.Task[NATS]) -> None:
+    if not connecting.done():
+        connecting.cancel()
+    try:
+        nc = await connecting
+    except (asyncio.CancelledError, Exception):
+        return
+    try:
+        await asyncio.wait_for(nc.close(), 1.0)
+    except Exception:
+        pass  # the reports are acked or reported lost already; nothing left to say
+
+
+def _usage_error(args: argparse.Namespace) -> str | None:
+    if args.once and args.slurm_health_check:
+        return "--once and --slurm-health-check cannot be combined (--once prints, the health check publishes)"
+    if args.deadline_seconds is not None:
+        if not args.slurm_health_check:
+            return "--deadline-seconds applies only to --slurm-health-check"
+        if not DEADLINE_MIN_S <= args.deadline_seconds <= DEADLINE_MAX_S:
+            return (f"--deadline-seconds must be between {DEADLINE_MIN_S:g} and {DEADLINE_MAX_S:g} "
+                    f"(Slurm kills a health check after 60 s), not {args.deadline_seconds:g}")
+    if args.interval_seconds is not None and not 1 <= args.interval_seconds <= INTERVAL_MAX_S:
+        return f"--interval-seconds must be between 1 and {INTERVAL_MAX_S}, not {args.interval_seconds}"
+    return None
+
+
 def run(args: argparse.Namespace) -> int:
+    usage = _usage_error(args)
+    if usage:
+        print(f"healthplane collector: {usage}", file=sys.stderr)
+        return EXIT_USAGE
     try:
         settings, nats_url = settings_from(args)
     except ConfigError as exc:
         print(f"healthplane collector: {exc}", file=sys.stderr)
         return 1
+    if args.slurm_health_check:
+        deadline_s = DEADLINE_DEFAULT_S if args.deadline_seconds is None else args.deadline_seconds
+        try:
+            return asyncio.run(_health_check(settings, nats_url, args.creds, deadline_s))
+        except Exception as exc:  # slurmd keeps one line of it: a traceback would say less
+            return _not_published(f"{type(exc).__name__}: {exc}")
     if args.once:
         report = asyncio.run(_once(settings))
         if args.output == "json":
@@ -141,7 +281,8 @@ def run(args: argparse.Namespace) -> int:
 def main(args: argparse.Namespace) -> int:
     """``healthplane service collector``: same as ``healthplane collector`` without ``--once``."""
     for name, default in (("root", "/"), ("state_dir", "/var/lib/healthplane/collector"), ("node_id", None),
-                          ("cluster", None), ("gpu_source", "auto"), ("once", False), ("output", "json")):
+                          ("cluster", None), ("gpu_source", "auto"), ("once", False), ("output", "json"),
+                          ("slurm_health_check", False), ("deadline_seconds", None), ("interval_seconds", None)):
         if not hasattr(args, name):
             setattr(args, name, default)
     return run(args)
