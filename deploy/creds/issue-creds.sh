@@ -44,6 +44,7 @@ stack)
     issue substrate-bridge service substrate-bridge
     issue webhook-dispatcher service webhook-dispatcher
     issue scheduler service scheduler
+    issue slurm-adapter service slurm-adapter
     issue sim sim --cluster default
     ;;
 collector)

@@ -82,7 +82,7 @@ def _bindings(role: str) -> dict[str, str]:
         return {"cluster": CLUSTER}
     if role in USER_ROLES:
         return {"actor": USER}
-    return {"actor": encode_token(role), "service": encode_token(role)}
+    return {"actor": encode_token(streams.SERVICE_ACTORS.get(role, role)), "service": encode_token(role)}
 
 
 def _bind(address: str, bindings: dict[str, str], event_type: str | None = None) -> str:

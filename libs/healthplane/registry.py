@@ -26,6 +26,7 @@ SERVICES: Final[dict[str, str | None]] = {
     "webhook-dispatcher": "healthplane_webhook_dispatcher.main:main",
     "substrate-bridge": "healthplane_substrate_bridge.main:main",
     "scheduler": "healthplane_scheduler.main:main",
+    "slurm-adapter": "healthplane_slurm_adapter.main:main",
 }
 SERVICE_NAMES: Final = tuple(SERVICES)
 
@@ -35,11 +36,20 @@ COMMAND_GROUPS: Final[dict[str, str]] = {
     "collector": "healthplane_collector.cli:COMMAND_GROUPS",
 }
 
-# What `healthplane up` starts, in order (the collector runs on nodes; the simulator
-# stands in for it).
+# Every service of the control plane (the collector runs on nodes; the simulator stands in
+# for it), with every scheduler integration.
 CONTROL_PLANE: Final = tuple(
     name for name in SERVICE_NAMES if name != "collector" and SERVICES[name] is not None
 )
+# `healthplane up --scheduler NAME`: which scheduler integration runs (EVI-8); one at a time,
+# since each obeys the directives and writes the allocations.
+SCHEDULERS: Final[dict[str, str]] = {"reference": "scheduler", "slurm": "slurm-adapter"}
+
+
+def control_plane(scheduler: str = "reference") -> tuple[str, ...]:
+    """What `healthplane up` starts, in order, with ``scheduler``'s integration."""
+    others = set(SCHEDULERS.values()) - {SCHEDULERS[scheduler]}
+    return tuple(name for name in CONTROL_PLANE if name not in others)
 
 
 def _load(target: str) -> Any:

@@ -101,7 +101,12 @@ class StreamDef:
 WRITES_NODE: Final = ("collector", "sim")
 # The control plane's services (registry.CONTROL_PLANE; the library does not import it).
 SERVICES: Final = ("health-ingest", "scorer", "policy", "eviction", "webhook-dispatcher", "substrate-bridge",
-                   "scheduler")
+                   "scheduler", "slurm-adapter")
+# The scheduler integrations (EVI-8): one runs in a stack, each writing the same channels.
+SCHEDULERS: Final = ("scheduler", "slurm-adapter")
+# A service whose commands carry another actor than its name: the Slurm adapter records an
+# administrator's RESUME in Slurm as actor ``slurm`` (SLU-2).
+SERVICE_ACTORS: Final[dict[str, str]] = {"slurm-adapter": "slurm"}
 # The one writer of each node event type (ARCHITECTURE.md): nats-server lets no other
 # identity append it, and the webhook dispatcher names it as the CloudEvent's source.
 EVENT_WRITERS: Final[dict[str, str]] = {
@@ -147,31 +152,32 @@ STREAMS: Final[tuple[StreamDef, ...]] = (
     StreamDef("HP_NODES", (
         Channel("hp.node.{cluster}.{node}", "node", "scorer", "Latest folded view of a node", ("scorer",)),),
         max_msgs_per_subject=1, description="latest folded view per node (node list / node show)",
-        readers=("policy", "scheduler")),
+        readers=("policy", *SCHEDULERS)),
     StreamDef("HP_COMMANDS", (
         Channel("hp.cmd.{cluster}.{node}.{verb}.{actor}", "cmd", "CLI, policy",
-                "Operator or automation command; the last token is the sender's identity", ("admin", "policy")),
+                "Operator or automation command; the last token is the sender's identity",
+                ("admin", "policy", "slurm-adapter")),
         Channel("hp.outcome.{cluster}.{node}", "outcome", "eviction",
                 "What became of a command: applied, refused, retry", ("eviction",)),
         Channel("hp.provision.{cluster}.{node}", "provision", "provisioner",
-                "The provisioner's answer to a terminate directive", ("scheduler",)),
+                "The provisioner's answer to a terminate directive", SCHEDULERS),
         Channel("hp.policy.{cluster}.{action}.{actor}", "policy", "CLI",
                 "Instruction to the policy service: breaker-reset; the last token is the sender's identity", ("admin",)),
         Channel("hp.provider.{cluster}.{node}", "provider", "sim provider",
                 "How the simulated provisioner answers terminations of one node", ("admin",))),
         max_age=7 * DAY, description="operator and automation commands with their outcomes",
-        readers=("eviction", "policy", "scheduler")),
+        readers=("eviction", "policy", *SCHEDULERS)),
     StreamDef("HP_ALLOCATIONS", (
-        Channel("hp.alloc.{cluster}.{node}.{alloc}", "alloc", "scheduler", "Allocation lifecycle", ("scheduler",)),
+        Channel("hp.alloc.{cluster}.{node}.{alloc}", "alloc", "scheduler", "Allocation lifecycle", SCHEDULERS),
         Channel("hp.job.{cluster}.{job}", "job", "sim submit", "Work submitted to the reference scheduler", ("admin",))),
         max_age=7 * DAY, description="submitted jobs and the allocation lifecycle from the scheduler",
-        readers=("scorer", "policy", "eviction", "scheduler", "sim")),
+        readers=("scorer", "policy", "eviction", *SCHEDULERS, "sim")),
     # Limits, not a work queue: eviction reads its own directives back after a restart (REL-1),
     # and a work queue would delete them once the scheduler acked them.
     StreamDef("HP_DIRECTIVES", (
         Channel("hp.directive.{cluster}.{node}", "directive", "eviction",
                 "Instruction to the scheduler or provisioner", ("eviction",)),),
-        max_age=7 * DAY, description="instructions to the scheduler and provisioner", readers=("scheduler",)),
+        max_age=7 * DAY, description="instructions to the scheduler and provisioner", readers=SCHEDULERS),
     StreamDef("HP_CONFIG", (
         Channel("hp.config", "config", "config apply", "The whole validated cluster config, versioned", ("admin",)),),
         max_msgs=100, description="history of applied cluster configs", readers=SERVICES),

@@ -510,6 +510,13 @@ class Allocation(Sparse, frozen=True, kw_only=True):
     retry_attempts: int = 0
     restart: RestartPolicy = "never"
     node_fault_restarts: int = 0
+    # What a real scheduler knows of the job (SLU-3): whether it can be requeued at all (a
+    # Slurm job submitted --no-requeue cannot; None: the scheduler requeues any step), who
+    # runs it, where, and on which nodes.
+    requeueable: bool | None = None
+    user: str | None = None
+    partition: str | None = None
+    nodes: list[str] | None = None
 
 
 class Job(Sparse, frozen=True, kw_only=True):

@@ -220,18 +220,27 @@ class EvictionCore:
             out.outcome(command, "refused", rules.not_drainable(node.node_id, current))
             return
         self._hold(node, command, "cordon", out)
-        moved = 0
+        moved, stuck = 0, []
         if command.active:
             for alloc in list(node.running.values()):
+                if alloc.requeueable is False:  # the scheduler cannot run it again (Slurm --no-requeue)
+                    stuck.append(alloc)
+                    self._end(node, alloc, "fail", rules.drain_fail_message(node.node_id, command.reason, alloc.job_id),
+                              out, by_operator=True)
+                    continue
                 self._end(node, alloc, "requeue", rules.drain_requeue_message(node.node_id, command.reason), out,
                           by_operator=True)
                 moved += 1
         mode = "active" if command.active else "passive"
         detail = f"; {moved} allocation(s) requeued" if command.active else ""
+        if stuck:
+            detail += f"; {len(stuck)} failed, not requeueable: job {', '.join(a.job_id for a in stuck)}"
         out.event(node, "NODE_DRAINED", f"drained ({mode}){detail}", command.actor, drain_mode=mode, moved=moved,
-                  command_id=command.id)
+                  failed=len(stuck) if stuck else None, command_id=command.id)
         message = "Cordoned 1 node(s)" + (f"; requeued {moved} allocation(s)" if command.active else "")
-        out.outcome(command, "applied", message, moved=moved)
+        if stuck:
+            message += f"; failed {len(stuck)} that cannot be requeued"
+        out.outcome(command, "applied", message, moved=moved, failed=len(stuck) if stuck else None)
 
     def _evict_running(self, state: EvictionState, node: Node, reason: str, out: Out) -> tuple[int, int]:
         limit = state.config.limits(node.definition).max_eviction_restarts

@@ -114,6 +114,11 @@ def drain_requeue_message(node_id: str, reason: str | None) -> str:
     return f"node {node_id} was drained{': ' + reason if reason else ''}; work moved to another node"
 
 
+def drain_fail_message(node_id: str, reason: str | None, job_id: str) -> str:
+    return (f"node {node_id} was drained{': ' + reason if reason else ''}; job {job_id} failed: "
+            "its scheduler cannot requeue it (submitted not requeueable)")
+
+
 def teardown_message(node_id: str) -> str:
     return f"node {node_id} was deprovisioned; job failed"
 

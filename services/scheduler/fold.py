@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Final
 
-from healthplane import configstore, subjects, wire
+from healthplane import gating, subjects, wire
 from healthplane.runtime.processor import Emit, Inbound, Input, Note, Reject
 from healthplane.subjects import node_key
 from healthplane_scheduler.rules import (
@@ -230,10 +230,7 @@ class SchedulerCore:
         index.offer(key)
 
     def _on_config(self, state: SchedulerState, envelope: wire.ConfigEnvelope) -> None:
-        config = configstore.decode_config(envelope)
-        state.drain_below = config.node_health.drain_below
-        state.drain_below_by_definition = {name: config.node_health_for(name).drain_below
-                                           for name in config.provisioner_definitions}
+        state.drain_below, state.drain_below_by_definition = gating.thresholds(envelope)
         state.config_version = envelope.version
         state.placement_index = None  # type: ignore[attr-defined]  # every gate may have moved: rebuild
 

@@ -19,12 +19,12 @@ from prometheus_client import REGISTRY
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from healthplane.runtime import metrics
+from healthplane.gating import gated
 from healthplane.runtime.lifecycle import ServiceContext, run_service, until_stopped
-from healthplane.runtime.processor import Emit, Inbound, Note, Processor
+from healthplane.runtime.processor import Emit, Inbound, Note, Processor, tell
 from healthplane.settings import EnvSettings
 from healthplane_scheduler.fold import INPUTS, OUTPUTS, SERVICE, SchedulerCore
-from healthplane_scheduler.rules import SchedulerState, drain_below_for, gated
+from healthplane_scheduler.rules import SchedulerState, drain_below_for
 
 
 class Settings(EnvSettings):
@@ -80,10 +80,7 @@ class Told:
     def tick(self, state: SchedulerState, now: datetime) -> tuple[SchedulerState, Sequence[Emit]]:
         notes: list[Note] = []
         state, emits = self.core.tick(state, now, notes)
-        for note in notes:
-            if note.counter is not None:
-                metrics.FOLD_NOTES.labels(SERVICE, note.counter).inc()
-            getattr(self.log, note.level)(note.event, **note.fields)
+        tell(SERVICE, self.log, notes)
         return state, emits
 
 

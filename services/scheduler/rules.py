@@ -14,7 +14,8 @@ from typing import Final, Literal
 
 import msgspec
 
-from healthplane import wire
+from healthplane import gating, wire
+from healthplane.gating import gated
 
 StepStatus = Literal["queued", "placed", "started", "finished", "failed"]
 
@@ -113,15 +114,7 @@ def advances(step: StepState, attempt: int, record_state: str) -> bool:
 
 def drain_below_for(state: SchedulerState, definition: str | None) -> int:
     """POL-5: the threshold is resolved per provisioner definition."""
-    if definition is not None and definition in state.drain_below_by_definition:
-        return state.drain_below_by_definition[definition]
-    return state.drain_below
-
-
-def gated(score: int | None, drain_below: int) -> bool:
-    """POL-5: no new placement below ``drainBelow``, in every policy mode; a node that has never
-    reported has no score and is not gated."""
-    return score is not None and score < drain_below
+    return gating.drain_below_for(state.drain_below, state.drain_below_by_definition, definition)
 
 
 def schedulable(state: SchedulerState, node: NodeState) -> bool:

@@ -28,7 +28,7 @@ def compose() -> dict[str, Any]:
 
 
 def _healthplane_services(compose: dict[str, Any]) -> dict[str, Any]:
-    return {name: svc for name, svc in compose["services"].items() if svc.get("image") == "healthplane:dev"}
+    return {name: svc for name, svc in compose["services"].items() if str(svc.get("image", "")).startswith("healthplane:dev")}
 
 
 def _bus_clients(compose: dict[str, Any]) -> dict[str, Any]:
@@ -79,6 +79,8 @@ def test_monitoring_and_the_host_agent_are_off_by_default(compose: dict[str, Any
             assert svc.get("profiles") == ["monitoring"], name
         elif name in ("collector", "collector-creds"):  # the host agent and its credentials
             assert svc.get("profiles") == ["node"], name
+        elif name == "slurm-adapter":  # instead of the reference scheduler, beside a real Slurm
+            assert svc.get("profiles") == ["slurm"], name
         else:
             assert "profiles" not in svc, f"{name} would not start with a plain `docker compose up`"
 
@@ -232,3 +234,22 @@ def test_obs3_grafana_provisions_the_datasource_and_the_dashboard(compose: dict[
     assert source["url"] == "http://prometheus:9090" and "9090:9090" in compose["services"]["prometheus"]["ports"]
     home = grafana["environment"]["GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH"]
     assert home == f"{provider['options']['path']}/node-reliability.json"
+
+
+def test_slu_the_slurm_adapter_runs_in_its_profile_on_the_hosts_slurm(compose: dict[str, Any]) -> None:
+    """SLU-1, SLU-7 (compose profile): the adapter runs only with `--profile slurm`, from the
+    image stage that adds Slurm's client commands, with the host's slurm.conf and munge socket
+    read-only; every other container builds the default (last) stage; the reference scheduler
+    can be scaled to 0 so that only one scheduler obeys the directives."""
+    adapter = compose["services"]["slurm-adapter"]
+    assert adapter["profiles"] == ["slurm"]
+    assert adapter["build"]["target"] == "slurm"
+    assert {"/etc/slurm:/etc/slurm:ro", "/run/munge:/run/munge:ro"} <= set(adapter["volumes"])
+    assert adapter["environment"]["HEALTHPLANE_NATS_CREDS"] == "/creds/slurm-adapter.creds"
+    assert "issue slurm-adapter service slurm-adapter" in (ROOT / "deploy" / "creds" / "issue-creds.sh").read_text()
+    stages = re.findall(r"^FROM (\S+)(?: AS (\S+))?", (ROOT / "deploy" / "Dockerfile").read_text(), re.MULTILINE)
+    assert ("runtime", "slurm") in stages and stages[-1][1] != "slurm"
+    assert compose["services"]["scheduler"]["scale"] == "${HEALTHPLANE_REFERENCE_SCHEDULER:-1}"
+    for name, svc in _healthplane_services(compose).items():
+        if name != "slurm-adapter":
+            assert "target" not in svc.get("build", {}), name

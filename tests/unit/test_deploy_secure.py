@@ -48,7 +48,7 @@ def _jobs(compose: dict[str, Any]) -> dict[str, Any]:
     """The credentials jobs: the containers that run the script instead of `healthplane`."""
     out = {}
     for name, svc in compose["services"].items():
-        if svc.get("image") == "healthplane:dev" and "entrypoint" in svc:
+        if str(svc.get("image", "")).startswith("healthplane:dev") and "entrypoint" in svc:
             assert svc["entrypoint"] == ["/bin/sh", _mounts(svc)[SCRIPT][0]], f"{name}: {svc['entrypoint']}"
             out[name] = svc
     return out
@@ -56,7 +56,7 @@ def _jobs(compose: dict[str, Any]) -> dict[str, Any]:
 
 def _bus_clients(compose: dict[str, Any]) -> dict[str, Any]:
     return {name: svc for name, svc in compose["services"].items()
-            if svc.get("image") == "healthplane:dev" and name not in _jobs(compose)}
+            if str(svc.get("image", "")).startswith("healthplane:dev") and name not in _jobs(compose)}
 
 
 class Script:

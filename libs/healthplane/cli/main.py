@@ -38,6 +38,9 @@ def _up_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--insecure", action="store_true",
                         help="no authentication on the bus (anyone who reaches the server may command it)")
     parser.add_argument("--tls", action="store_true", help="TLS with a throwaway CA made in DATA_DIR/tls")
+    parser.add_argument("--scheduler", **one_of(["reference", "slurm"]), default="reference",
+                        help="reference: the simulated scheduler; slurm: the adapter for the Slurm cluster "
+                             "this host's Slurm commands reach (SLURM_CONF), instead (docs/slurm.md)")
 
 
 def _run_up(args: argparse.Namespace) -> int:

@@ -106,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
 
         log_dir = data_dir / "logs"
         log_dir.mkdir(exist_ok=True)
-        for name in registry.CONTROL_PLANE:
+        for name in registry.control_plane(args.scheduler):
             children.append(_start_service(name, nats_url, log_dir, identities))
         if not args.no_sim:
             fleet = ["sim", "run", "--nodes", str(args.nodes), "--provisioned", str(args.nodes // 2),

@@ -153,6 +153,15 @@ class TickingCore(Core[S], Protocol[S]):
     def tick(self, state: S, now: datetime) -> tuple[S, Sequence[Emit]]: ...
 
 
+def tell(service: str, log: Any, notes: Sequence[Note], **where: object) -> None:
+    """Log and count what a core noted, once, on live state (never in a replay)."""
+    for note in notes:
+        if note.counter is not None:
+            metrics.FOLD_NOTES.labels(service, note.counter).inc()
+        if log is not None:
+            getattr(log, note.level)(note.event, **where, **note.fields)
+
+
 def message_id(producer: str, stream: str, seq: int, index: int) -> str:
     return f"{producer}:{stream}:{seq}:{index}"
 
@@ -405,14 +414,26 @@ class Processor(Generic[S]):
         tick = cast(TickingCore[S], self._core).tick
         while True:
             await asyncio.sleep(self.tick_every_s)
-            if not all(self._caught_up.values()):
-                continue
-            async with self._lock:
-                if self._rebuilding:
-                    continue
-                state, emits = tick(self.state, datetime.now(UTC))
-                await self._emit_all([(e, _tick_headers(e, self.producer)) for e in emits])
-                self.state = state
+            if self.caught_up:
+                await self.act(tick)
+
+    @property
+    def caught_up(self) -> bool:
+        """Every input has been folded up to where it stood at start: live decisions may be taken."""
+        return all(self._caught_up.values())
+
+    async def act(self, decide: Callable[[S, datetime], tuple[S, Sequence[Emit]]]) -> bool:
+        """One live decision on the folded state, its records stored before the state moves on
+        (a tick's path). A service whose decisions need I/O first (the Slurm adapter reads Slurm,
+        then decides) calls this itself; ``decide`` is pure and runs under the fold's lock.
+        False, and nothing decided, while the state is being rebuilt."""
+        async with self._lock:
+            if self._rebuilding:
+                return False
+            state, emits = decide(self.state, datetime.now(UTC))
+            await self._emit_all([(e, _tick_headers(e, self.producer)) for e in emits])
+            self.state = state
+            return True
 
     def _consumer_name(self, spec: Input) -> str:
         return f"{self.producer}-{spec.stream}".replace(".", "_")
@@ -567,11 +588,7 @@ class Processor(Generic[S]):
             await self.snapshot()
 
     def _tell(self, notes: list[Note], **where: object) -> None:
-        for note in notes:
-            if note.counter is not None:
-                metrics.FOLD_NOTES.labels(self.service, note.counter).inc()
-            if self._log is not None:
-                getattr(self._log, note.level)(note.event, **where, **note.fields)
+        tell(self.service, self._log, notes, **where)
 
     def _fenced_off(self, stream: str, headers: dict[str, str]) -> bool:
         """A record from a lease holder that has been fenced off since: its writer's revision

@@ -1,0 +1,382 @@
+"""The Slurm adapter's core: a Processor fold and a pure reconcile pass (SLU-1..5, EVI-8).
+
+Inputs: ``HP_NODES`` (the scorer's node views: holds, score, definition), ``HP_CONFIG``
+(``drainBelow`` per definition), ``HP_DIRECTIVES`` (eviction's requeue / fail / terminate),
+``HP_ALLOCATIONS`` (its own allocation records) and ``HP_COMMANDS`` filtered to
+``hp.provision`` (its own answers to terminations). Outputs: ``hp.alloc`` records,
+``hp.provision`` answers, and ``hp.cmd …hold-release.slurm`` when an administrator resumed
+one of our drains in Slurm.
+
+``step`` only folds. ``reconcile(state, observation, now)`` is level-based: it compares what
+Slurm shows with what the state requires and returns the records to store and the Slurm
+commands to run; run again on the same inputs it asks for nothing new, so a lost command, a
+restarted slurmctld or a restarted adapter heals at the next pass. ``settle`` folds the
+commands' results back. Every record the pass writes is applied to the state at once, and
+folding it again later changes nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Final
+
+from healthplane import gating, subjects, wire
+from healthplane.runtime.processor import Emit, Inbound, Input, Note, Reject
+from healthplane_slurm_adapter.rules import (
+    ENDED,
+    RUNNING,
+    AdapterState,
+    NodeNames,
+    NodeWant,
+    Observation,
+    Open,
+    OurDrain,
+    allocation_id,
+    causes,
+    confirmed,
+    drain_reason,
+    end_reason,
+    is_ours,
+)
+from healthplane_slurm_adapter.slurm import SlurmError, SlurmJob, SlurmNode
+
+SERVICE = "slurm-adapter"
+ACTOR = "slurm"  # who an administrator's RESUME in Slurm is recorded as (its commands' actor)
+INPUTS = (
+    Input("HP_NODES"),
+    Input("HP_CONFIG"),
+    Input("HP_DIRECTIVES"),
+    Input("HP_ALLOCATIONS", ("hp.alloc.>",)),
+    Input("HP_COMMANDS", ("hp.provision.>",)),
+)
+OUTPUTS = ("HP_ALLOCATIONS", "HP_COMMANDS")
+# An ended allocation's tombstone outlives the job in Slurm's queue (MinJobAge, 300 s by
+# default) by a wide margin, then goes.
+TOMBSTONE_TTL: Final = timedelta(hours=6)
+
+
+@dataclass(frozen=True, slots=True)
+class Drain:
+    node: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Resume:
+    node: str
+
+
+@dataclass(frozen=True, slots=True)
+class Requeue:
+    job_id: int
+    directive_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Cancel:
+    job_id: int
+    directive_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class PowerDown:
+    node: str
+    directive: wire.Directive
+
+
+Action = Drain | Resume | Requeue | Cancel | PowerDown
+Outcome = tuple[Action, SlurmError | None]
+
+
+@dataclass
+class Pass:
+    """What one reconcile pass decided: records to store now, commands to run, what to say."""
+
+    emits: list[Emit]
+    actions: list[Action]
+    notes: list[Note]
+
+
+class AdapterCore:
+    def __init__(self, cluster: str = "default", names: NodeNames | None = None, *,
+                 reason_prefix: str = "healthplane:", max_requeue: int = 5, confirm_s: float = 10.0,
+                 settle_s: float = 30.0) -> None:
+        self.cluster = cluster
+        self.names = names or NodeNames()
+        self.prefix = reason_prefix
+        self.max_requeue = max_requeue  # Slurm's MaxBatchRequeue default: the retry budget it keeps
+        self.confirm_s = confirm_s
+        self.settle_s = settle_s  # a directive's command is not sent again sooner than this
+        self._told: set[tuple[str, str]] = set()  # (what, whom) said once already
+
+    def initial_state(self) -> AdapterState:
+        return AdapterState()
+
+    # ------------------------------------------------------------------ the fold
+
+    def step(self, state: AdapterState, inbound: Inbound) -> tuple[AdapterState, Sequence[Emit]]:
+        if inbound.stream == "HP_NODES":
+            view = wire.decode(wire.NodeView, inbound.data)
+            if view.cluster == self.cluster:
+                state.nodes[view.node_id] = NodeWant(holds=list(view.holds), score=view.score,
+                                                     definition=view.definition)
+        elif inbound.stream == "HP_CONFIG":
+            envelope = wire.decode(wire.ConfigEnvelope, inbound.data)
+            state.drain_below, state.drain_below_by_definition = gating.thresholds(envelope)
+            state.config_version = envelope.version
+        elif inbound.stream == "HP_DIRECTIVES":
+            self._on_directive(state, wire.decode(wire.Directive, inbound.data))
+        elif inbound.stream == "HP_ALLOCATIONS":
+            self._on_allocation(state, wire.decode(wire.Allocation, inbound.data))
+        elif inbound.stream == "HP_COMMANDS":
+            result = wire.decode(wire.TerminationResult, inbound.data)
+            if result.cluster == self.cluster:
+                state.answered[result.directive_id] = result.accepted
+                state.pending = [d for d in state.pending if d.id != result.directive_id]
+        else:
+            raise Reject(f"unexpected input {inbound.subject} on {inbound.stream}")
+        return state, ()
+
+    def _on_directive(self, state: AdapterState, directive: wire.Directive) -> None:
+        if directive.cluster != self.cluster:
+            return
+        if directive.action in ("requeue", "fail") and not directive.allocation_id:
+            raise Reject(f"directive {directive.id}: {directive.action} needs an allocationId")
+        if directive.id in state.answered or any(d.id == directive.id for d in state.pending):
+            return  # folded again after a snapshot
+        state.pending.append(directive)
+
+    def _on_allocation(self, state: AdapterState, alloc: wire.Allocation) -> None:
+        if alloc.cluster != self.cluster or not is_ours(alloc.id):
+            return
+        if alloc.state in ("placed", "started"):
+            if alloc.id not in state.ended:
+                state.open[alloc.id] = Open(job_id=alloc.job_id, node_id=alloc.node_id,
+                                            attempt=alloc.node_fault_restarts)
+        else:
+            state.open.pop(alloc.id, None)
+            state.ended[alloc.id] = alloc.at
+
+    # ------------------------------------------------------------------ the pass
+
+    def reconcile(self, state: AdapterState, seen: Observation, now: datetime) -> tuple[AdapterState, Pass]:
+        out = Pass([], [], [])
+        jobs = {str(job.job_id): job for job in seen.jobs}
+        down = {node.name for node in seen.nodes if node.down}
+        self._allocations(state, seen, jobs, down, now, out)
+        self._directives(state, {node.name: node for node in seen.nodes}, jobs, now, out)
+        self._drains(state, seen, now, out)
+        # Tombstones of jobs Slurm no longer lists, once they are old.
+        state.ended = {a: at for a, at in state.ended.items() if now - at < TOMBSTONE_TTL}
+        state.job_reasons = {j: r for j, r in state.job_reasons.items() if j in jobs}
+        return state, out
+
+    def settle(self, state: AdapterState, outcomes: Sequence[Outcome], now: datetime) -> tuple[AdapterState, list[Emit]]:
+        """The commands' results: a termination's answer; a directive whose command could not
+        reach Slurm is sent again at the next pass, one Slurm refused is dropped and said."""
+        emits: list[Emit] = []
+        for action, error in outcomes:
+            if isinstance(action, PowerDown):
+                directive = action.directive
+                if error is not None and error.transient:
+                    state.in_flight.pop(directive.id, None)
+                    continue
+                accepted = error is None
+                message = (f"{directive.node_id} powered down (Slurm node {action.node}, POWER_DOWN)" if accepted
+                           else f"Slurm refused to power down {action.node}: {error.message if error else ''}")
+                emits.append(self._answer(state, directive, accepted, message, now))
+            elif isinstance(action, Requeue | Cancel) and error is not None:
+                state.in_flight.pop(action.directive_id, None)
+                if not error.transient:
+                    state.pending = [d for d in state.pending if d.id != action.directive_id]
+        return state, emits
+
+    def _answer(self, state: AdapterState, directive: wire.Directive, accepted: bool, message: str,
+                now: datetime) -> Emit:
+        state.answered[directive.id] = accepted
+        state.pending = [d for d in state.pending if d.id != directive.id]
+        state.in_flight.pop(directive.id, None)
+        result = wire.TerminationResult(directive_id=directive.id, node_id=directive.node_id, cluster=self.cluster,
+                                        accepted=accepted, message=message, at=now)
+        return Emit(subjects.provision(self.cluster, directive.node_id), wire.encode(result),
+                    msg_id=f"{SERVICE}:{self.cluster}:terminate:{directive.id}")
+
+    # ------------------------------------------------------------------ allocations (SLU-3)
+
+    def _allocations(self, state: AdapterState, seen: Observation, jobs: dict[str, SlurmJob], down: set[str],
+                     now: datetime, out: Pass) -> None:
+        open_by_job: dict[str, list[str]] = {}
+        for alloc_id, alloc in state.open.items():
+            open_by_job.setdefault(alloc.job_id, []).append(alloc_id)
+        for job_id, job in jobs.items():
+            slurm_state = job.job_state.upper()
+            for alloc_id in open_by_job.get(job_id, []):
+                if state.open[alloc_id].attempt < job.restart_cnt:  # run again since: requeued
+                    reason = state.job_reasons.get(job_id) or f"requeued by Slurm ({job.state_reason})"
+                    self._record(state, job, state.open[alloc_id], alloc_id, "requeued", reason, now, out)
+            if slurm_state in RUNNING:
+                for name in job.node_names:
+                    node_id = self.names.node_id(name)
+                    alloc_id = allocation_id(job_id, job.restart_cnt, name)
+                    if alloc_id not in state.open and alloc_id not in state.ended:
+                        alloc = Open(job_id=job_id, node_id=node_id, attempt=job.restart_cnt)
+                        self._record(state, job, alloc, alloc_id, "started", None, now, out)
+            elif slurm_state in ENDED:
+                for name in job.node_names:
+                    alloc_id = allocation_id(job_id, job.restart_cnt, name)
+                    if alloc_id in state.ended:
+                        continue
+                    alloc = state.open.get(alloc_id) or Open(job_id=job_id, node_id=self.names.node_id(name),
+                                                            attempt=job.restart_cnt)
+                    why = end_reason(job, slurm_state, down, state.job_reasons.get(job_id))
+                    self._record(state, job, alloc, alloc_id, ENDED[slurm_state], why, now, out)
+        # Jobs that left Slurm's queue while we were away: accounting says how they ended.
+        for job_id, alloc_ids in open_by_job.items():
+            if job_id in jobs or not job_id.isdigit():
+                continue
+            accounted = seen.ended.get(int(job_id))
+            record_state = ENDED.get(accounted or "", "finished")
+            reason = (f"{accounted} (from Slurm accounting)" if accounted
+                      else "left Slurm's queue unobserved; end state unknown (no Slurm accounting)")
+            for alloc_id in alloc_ids:
+                if alloc_id in state.open:
+                    alloc = state.open[alloc_id]
+                    self._record(state, None, alloc, alloc_id, record_state, reason, now, out)
+
+    def _record(self, state: AdapterState, job: SlurmJob | None, alloc: Open, alloc_id: str,
+                record_state: wire.AllocationState, reason: str | None, now: datetime, out: Pass) -> None:
+        """One allocation record, applied to the state now. The job's requeue flag is its
+        retry declaration: a requeueable Slurm job may be moved off a faulty node."""
+        requeueable = job.requeue if job is not None else None
+        record = wire.Allocation(
+            id=alloc_id, job_id=alloc.job_id, node_id=alloc.node_id, cluster=self.cluster, state=record_state, at=now,
+            reason=reason, retry_on=["node"] if requeueable else [],
+            retry_attempts=self.max_requeue if requeueable else 0,
+            restart="on-node-fault" if requeueable else "never", node_fault_restarts=alloc.attempt,
+            requeueable=requeueable, user=job.user_name if job else None,
+            partition=job.partition if job else None,
+            nodes=[self.names.node_id(n) for n in job.node_names] if job else None)
+        out.emits.append(Emit(subjects.allocation(self.cluster, alloc.node_id, alloc_id), wire.encode(record),
+                              msg_id=f"{SERVICE}:{self.cluster}:{alloc_id}:{record_state}"))
+        if record_state == "started":
+            state.open[alloc_id] = alloc
+        else:
+            state.open.pop(alloc_id, None)
+            state.ended[alloc_id] = now
+
+    # ------------------------------------------------------------------ directives (SLU-4)
+
+    def _directives(self, state: AdapterState, nodes: dict[str, SlurmNode], jobs: dict[str, SlurmJob],
+                    now: datetime, out: Pass) -> None:
+        keep: list[wire.Directive] = []
+        acted: set[str] = set()  # a job is requeued or cancelled once a pass, whatever its node count
+        clock = now.timestamp()
+        for directive in state.pending:
+            sent_at = state.in_flight.get(directive.id)
+            recent = sent_at is not None and clock - sent_at < self.settle_s
+            if directive.action == "terminate":
+                if directive.id in state.answered:
+                    continue
+                name = self.names.slurm_name(directive.node_id)
+                if name is None or name not in nodes:
+                    out.emits.append(self._answer(state, directive, False,
+                                                  f"{directive.node_id} is not a node of this Slurm cluster", now))
+                    continue
+                keep.append(directive)
+                if not recent:
+                    state.in_flight[directive.id] = clock
+                    out.actions.append(PowerDown(name, directive))
+                continue
+            alloc = state.open.get(directive.allocation_id or "")
+            job = jobs.get(alloc.job_id) if alloc else None
+            if alloc is None or job is None or job.restart_cnt != alloc.attempt or job.job_state.upper() not in RUNNING:
+                state.in_flight.pop(directive.id, None)
+                if sent_at is None:  # obeyed, then ended: nothing to say; else it was over before
+                    out.notes.append(_not_obeyed(directive, "allocation is not running in Slurm"))
+                continue
+            keep.append(directive)
+            if recent or alloc.job_id in acted:
+                continue
+            acted.add(alloc.job_id)
+            state.in_flight[directive.id] = clock
+            if directive.action == "requeue" and job.requeue:
+                state.job_reasons[alloc.job_id] = directive.message
+                out.actions.append(Requeue(job.job_id, directive.id))
+            else:
+                why = directive.message if directive.action == "fail" else (
+                    f"{directive.message}; job {job.job_id} is not requeueable in Slurm, so it was cancelled")
+                state.job_reasons[alloc.job_id] = why
+                out.actions.append(Cancel(job.job_id, directive.id))
+        state.pending = keep
+
+    # ------------------------------------------------------------------ drains (SLU-2, SLU-5)
+
+    def _drains(self, state: AdapterState, seen: Observation, now: datetime, out: Pass) -> None:
+        clock = seen.at.timestamp()
+        for node in seen.nodes:
+            node_id = self.names.node_id(node.name)
+            want = state.nodes.get(node_id)
+            why = causes(state, want)
+            overridden = [c for c in state.overridden.get(node.name, []) if c in why]
+            if overridden:
+                state.overridden[node.name] = overridden
+            else:
+                state.overridden.pop(node.name, None)
+            live = [c for c in why if c not in overridden]
+            ours = node.reason.startswith(self.prefix)
+            if node.drained:
+                if not ours:
+                    if live:
+                        self._tell_once(out, "drained by hand; left alone", node.name,
+                                        node=node.name, reason=node.reason)
+                    state.our_drains.pop(node.name, None)
+                    continue  # an administrator's drain: never resumed, never overwritten
+                state.our_drains[node.name] = OurDrain(node.reason_changed_at, clock)
+                if not live:
+                    out.actions.append(Resume(node.name))
+                    state.our_drains.pop(node.name)
+                elif want is not None and node.reason != (reason := drain_reason(self.prefix, state, want, live)):
+                    out.actions.append(Drain(node.name, reason))
+                continue
+            ours_before = state.our_drains.pop(node.name, None)
+            if ours_before is not None and confirmed(ours_before, self.confirm_s) and why:
+                # Our drain, gone without us: an administrator resumed the node in Slurm.
+                state.overridden[node.name] = why
+                out.emits += self._resumed_by_hand(node_id, want, node.name, ours_before, now)
+                out.notes.append(Note("info", "administrator resumed our drain in Slurm", "resumed_in_slurm",
+                                      {"node": node.name, "node_id": node_id, "overridden": why}))
+            elif live and want is not None:
+                out.actions.append(Drain(node.name, drain_reason(self.prefix, state, want, live)))
+        in_slurm = {node.name for node in seen.nodes}
+        for node_id, want in state.nodes.items():
+            name = self.names.slurm_name(node_id)
+            if (name is None or name not in in_slurm) and causes(state, want):
+                self._tell_once(out, "no Slurm node for a node that must be drained", node_id, node_id=node_id,
+                                slurm_name=name, template=self.names.template)
+
+    def _resumed_by_hand(self, node_id: str, want: NodeWant | None, name: str, drain: OurDrain,
+                         now: datetime) -> list[Emit]:
+        """An administrator's RESUME releases the holds the drain stood for, as the
+        administrator: Slurm is where that person said the node is fine (docs/slurm.md)."""
+        holds = [hold.id for hold in want.holds] if want else []
+        if not holds:
+            return []  # the score alone: nothing to release, the gate is overridden until it lifts
+        command_id = f"slurm-resume-{name}-{drain.set_at}"
+        command = wire.Command(id=command_id, node_id=node_id, cluster=self.cluster, verb="hold-release",
+                               actor=ACTOR, issued_at=now, hold_ids=holds,
+                               reason=f"resumed in Slurm by an administrator (node {name})")
+        return [Emit(subjects.command(self.cluster, node_id, "hold-release", ACTOR), wire.encode(command),
+                     msg_id=f"{SERVICE}:{self.cluster}:{command_id}")]
+
+    def _tell_once(self, out: Pass, event: str, whom: str, **fields: object) -> None:
+        if (event, whom) not in self._told:
+            self._told.add((event, whom))
+            out.notes.append(Note("warning", event, "_".join(event.split(";")[0].split()[:4]), dict(fields)))
+
+
+def _not_obeyed(directive: wire.Directive, why: str) -> Note:
+    return Note("info", "directive not obeyed", "directive_not_obeyed",
+                {"directive_id": directive.id, "action": directive.action, "node_id": directive.node_id,
+                 "allocation_id": directive.allocation_id, "reason": why})

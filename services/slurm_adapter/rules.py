@@ -1,0 +1,176 @@
+"""The Slurm adapter's state and rules, as pure functions (SLU-1..5).
+
+What the adapter folds (node views, config, directives, its own allocation records) is the
+state; what it reads from Slurm each pass is an :class:`Observation`. The rules compare the
+two: which nodes must be drained and why, which of our drains to lift, what a job's state in
+Slurm means for its allocations.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Final
+
+import msgspec
+
+from healthplane import gating, wire
+from healthplane_slurm_adapter.slurm import SlurmJob, SlurmNode
+
+# Slurm job states (squeue's job_state) and what an allocation makes of them.
+RUNNING: Final = frozenset({"RUNNING", "SUSPENDED"})
+ENDED: Final[dict[str, wire.AllocationState]] = {
+    "COMPLETED": "finished",
+    "FAILED": "failed", "NODE_FAIL": "failed", "TIMEOUT": "failed", "CANCELLED": "failed",
+    "PREEMPTED": "failed", "OUT_OF_MEMORY": "failed", "BOOT_FAIL": "failed", "DEADLINE": "failed",
+}
+# The gate is a cause of a drain like a hold is, under this name (holds are ids).
+SCORE_CAUSE: Final = "score"
+MAX_REASON_CHARS: Final = 200
+
+
+class NodeWant(msgspec.Struct, kw_only=True):
+    """What the scorer's node view says about a node: its holds, score and definition."""
+
+    holds: list[wire.Hold] = []
+    score: int | None = None
+    definition: str | None = None
+
+
+class Open(msgspec.Struct, kw_only=True):
+    """An allocation this adapter recorded as started and not yet ended."""
+
+    job_id: str
+    node_id: str
+    attempt: int  # the job's restart count in Slurm when it started
+
+
+class OurDrain(msgspec.Struct, array_like=True):
+    """Our drain as last seen in Slurm: when Slurm says its reason was set, and when we saw it."""
+
+    set_at: int  # Slurm's reason_changed_at, unix seconds
+    seen_at: float  # unix seconds of the observation
+
+
+class AdapterState(msgspec.Struct, kw_only=True):
+    nodes: dict[str, NodeWant] = {}  # node id -> its view (the adapter's cluster only)
+    open: dict[str, Open] = {}  # allocation id -> started, not ended
+    ended: dict[str, datetime] = {}  # allocation id -> when it ended: never recorded twice
+    pending: list[wire.Directive] = []  # folded, not yet settled
+    answered: dict[str, bool] = {}  # terminate directive id -> accepted
+    drain_below: int = 45
+    drain_below_by_definition: dict[str, int] = {}
+    config_version: int = 0
+    # What the adapter saw in Slurm and did there. Not folded from records: a cache of Slurm's
+    # own state that the snapshot keeps; lost, it is read again from Slurm at the next pass.
+    our_drains: dict[str, OurDrain] = {}  # Slurm node -> our drain, as last seen
+    overridden: dict[str, list[str]] = {}  # Slurm node -> causes an administrator's RESUME overrode
+    job_reasons: dict[str, str] = {}  # Slurm job id -> why we requeued or cancelled it
+    in_flight: dict[str, float] = {}  # directive id -> when its command went to Slurm (unix s)
+
+
+@dataclass(frozen=True, slots=True)
+class Observation:
+    """One pass's read of Slurm: every node, every job it still knows, and how the jobs we
+    saw run and that left the queue since ended (``sacct``; absent when the site keeps no
+    accounting)."""
+
+    nodes: list[SlurmNode]
+    jobs: list[SlurmJob]
+    ended: dict[int, str]
+    at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class NodeNames:
+    """How Slurm node names map to Healthplane node ids: ``template`` with one ``{name}``
+    (identity by default; ``{name}.cluster.example`` when the agents report FQDNs)."""
+
+    template: str = "{name}"
+
+    def __post_init__(self) -> None:
+        if self.template.count("{name}") != 1 or "{" in self.template.replace("{name}", ""):
+            raise ValueError(f"node id template must hold {{name}} exactly once (got {self.template!r})")
+
+    @property
+    def _affixes(self) -> tuple[str, str]:
+        prefix, _, suffix = self.template.partition("{name}")
+        return prefix, suffix
+
+    def node_id(self, name: str) -> str:
+        prefix, suffix = self._affixes
+        return f"{prefix}{name}{suffix}"
+
+    def slurm_name(self, node_id: str) -> str | None:
+        """The Slurm node of ``node_id``, or ``None`` when the template cannot produce it."""
+        prefix, suffix = self._affixes
+        if len(node_id) <= len(prefix) + len(suffix) or not (node_id.startswith(prefix) and node_id.endswith(suffix)):
+            return None
+        return node_id[len(prefix):len(node_id) - len(suffix)]
+
+
+def allocation_id(job_id: str, attempt: int, slurm_node: str) -> str:
+    """One node of one run of a Slurm job; the same run on the same node is the same id."""
+    return f"slurm-{job_id}-{attempt}-{slurm_node}"
+
+
+def is_ours(allocation: str) -> bool:
+    return allocation.startswith("slurm-")
+
+
+def causes(state: AdapterState, want: NodeWant | None) -> list[str]:
+    """Why a node must not take work: its hold ids, and ``score`` when POL-5 gates it."""
+    if want is None:
+        return []
+    found = [hold.id for hold in sorted(want.holds, key=lambda h: (h.created_at, h.id))]
+    threshold = gating.drain_below_for(state.drain_below, state.drain_below_by_definition, want.definition)
+    if gating.gated(want.score, threshold):
+        found.append(SCORE_CAUSE)
+    return found
+
+
+def drain_reason(prefix: str, state: AdapterState, want: NodeWant, live: list[str]) -> str:
+    """Slurm's reason for our drain: our prefix, then the first cause (the hold id with its
+    effect and reason, or the score and threshold), and how many more there are."""
+    holds = {hold.id: hold for hold in want.holds}
+    first = live[0]
+    if first == SCORE_CAUSE:
+        threshold = gating.drain_below_for(state.drain_below, state.drain_below_by_definition, want.definition)
+        text = f"score {want.score} below drainBelow {threshold}"
+    else:
+        hold = holds[first]
+        text = f"hold {hold.id} ({hold.effect}{': ' + hold.reason if hold.reason else ''})"
+    more = f" (+{len(live) - 1} more)" if len(live) > 1 else ""
+    reason = f"{prefix} {text}{more}"
+    # One line, bounded: Slurm shows it in sinfo -R and scontrol show node.
+    return " ".join(reason.split())[:MAX_REASON_CHARS]
+
+
+def confirmed(drain: OurDrain, confirm_s: float) -> bool:
+    """Whether our drain had stood in Slurm long enough to be in its saved state: slurmctld
+    writes its state a few seconds after a change, so a drain younger than that can vanish
+    with a controller killed -9 and is not an administrator's RESUME when it does."""
+    return drain.seen_at - drain.set_at >= confirm_s
+
+
+def end_reason(job: SlurmJob, slurm_state: str, down: set[str], own_reason: str | None) -> str | None:
+    """What an ended allocation's record says: our own reason when we ended it, the failed
+    node for NODE_FAIL, else Slurm's state and reason."""
+    if own_reason is not None:
+        return own_reason
+    if slurm_state == "COMPLETED":
+        return None
+    if slurm_state == "NODE_FAIL":
+        failed = sorted(set(job.node_names) & down)
+        return f"NODE_FAIL: node {', '.join(failed)} failed" if failed else "NODE_FAIL: Slurm lost a node of the job"
+    if slurm_state == "FAILED":
+        return f"FAILED: {exit_status(job.exit_code)}"
+    return f"{slurm_state}: {job.state_reason}" if job.state_reason and job.state_reason != "None" else slurm_state
+
+
+def exit_status(status: int) -> str:
+    """squeue's ``exit_code`` is the batch script's wait status: exit code in the high byte,
+    the signal that killed it in the low bits."""
+    if status & 0x7F:
+        return f"killed by signal {status & 0x7F}"
+    return f"exit code {status >> 8}"
