@@ -191,6 +191,7 @@ class AdapterCore:
                 state.in_flight.pop(action.directive_id, None)
                 if not error.transient:
                     state.pending = [d for d in state.pending if d.id != action.directive_id]
+                    state.job_reasons.pop(str(action.job_id), None)  # Slurm did not do it: not our end
         return state, emits
 
     def _answer(self, state: AdapterState, directive: wire.Directive, accepted: bool, message: str,
@@ -212,10 +213,14 @@ class AdapterCore:
             open_by_job.setdefault(alloc.job_id, []).append(alloc_id)
         for job_id, job in jobs.items():
             slurm_state = job.job_state.upper()
+            requeued = False
             for alloc_id in open_by_job.get(job_id, []):
                 if state.open[alloc_id].attempt < job.restart_cnt:  # run again since: requeued
                     reason = state.job_reasons.get(job_id) or f"requeued by Slurm ({job.state_reason})"
                     self._record(state, job, state.open[alloc_id], alloc_id, "requeued", reason, now, out)
+                    requeued = True
+            if requeued:  # our reason was that run's, never the next one's
+                state.job_reasons.pop(job_id, None)
             if slurm_state in RUNNING:
                 for name in job.node_names:
                     node_id = self.names.node_id(name)
@@ -232,6 +237,7 @@ class AdapterCore:
                                                             attempt=job.restart_cnt)
                     why = end_reason(job, slurm_state, down, state.job_reasons.get(job_id))
                     self._record(state, job, alloc, alloc_id, ENDED[slurm_state], why, now, out)
+                state.job_reasons.pop(job_id, None)  # this run is over: a later one is Slurm's to explain
         # Jobs that left Slurm's queue while we were away: accounting says how they ended.
         for job_id, alloc_ids in open_by_job.items():
             if job_id in jobs or not job_id.isdigit():
@@ -297,7 +303,11 @@ class AdapterCore:
                     out.notes.append(_not_obeyed(directive, "allocation is not running in Slurm"))
                 continue
             keep.append(directive)
-            if recent or alloc.job_id in acted:
+            if recent:
+                acted.add(alloc.job_id)  # its command is still settling: none for the job's other directives
+                continue
+            if alloc.job_id in acted:
+                state.in_flight.setdefault(directive.id, clock)  # the job's command is this one's too
                 continue
             acted.add(alloc.job_id)
             state.in_flight[directive.id] = clock
@@ -326,7 +336,9 @@ class AdapterCore:
                 state.overridden.pop(node.name, None)
             live = [c for c in why if c not in overridden]
             ours = node.reason.startswith(self.prefix)
-            if node.drained:
+            # Someone else's reason on a drained or DOWN node (an administrator's, or Slurm's own
+            # "Not responding"): draining would overwrite it, resuming would undo it.
+            if node.drained or (node.down and node.reason and not ours):
                 if not ours:
                     if live:
                         self._tell_once(out, "drained by hand; left alone", node.name,

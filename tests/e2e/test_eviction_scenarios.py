@@ -81,10 +81,10 @@ async def until(check: Callable[[], Awaitable[bool]], timeout: float = 45) -> No
         await asyncio.sleep(0.25)
 
 
-def _stack(tmp_path: Path, config: str) -> Iterator[Stack]:
+def _stack(tmp_path: Path, config: str, *up_flags: str, env: dict[str, str] | None = None) -> Iterator[Stack]:
     cluster = tmp_path / "cluster.yaml"
     cluster.write_text(config)
-    process = _up(tmp_path, "--no-sim", "--config", str(cluster))
+    process = _up(tmp_path, "--no-sim", "--config", str(cluster), *up_flags, env=env)
     fleet = None
     try:
         stack = _wait_for_stack(tmp_path / "hp" / "stack.json", process)

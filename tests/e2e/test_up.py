@@ -24,11 +24,11 @@ from healthplane.runtime.connect import connect
 pytestmark = [pytest.mark.slow, pytest.mark.nats]
 
 
-def _up(tmp_path: Path, *extra: str) -> subprocess.Popen[str]:
+def _up(tmp_path: Path, *extra: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-m", "healthplane.cli", "up", "--nats-port", "0", "--data-dir",
          str(tmp_path / "hp"), *extra],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
     )
 
 

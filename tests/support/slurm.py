@@ -141,12 +141,14 @@ class SlurmCluster:
         return result
 
     def sbatch(self, script: str = "sleep 600", *, node: str | None = None, requeue: bool | None = None,
-               name: str | None = None, nodes: int = 1) -> str:
+               name: str | None = None, nodes: int = 1, exclude: str | None = None) -> str:
         """Submits ``script`` as a batch job and returns its id. ``requeue=None`` keeps
         Slurm's default, which is requeueable."""
         argv = ["sbatch", "--parsable", f"--nodes={nodes}"]
         if node is not None:
             argv.append(f"--nodelist={node}")
+        if exclude is not None:
+            argv.append(f"--exclude={exclude}")
         if requeue is not None:
             argv.append("--requeue" if requeue else "--no-requeue")
         if name is not None:

@@ -1,0 +1,243 @@
+"""Issue 19's scenarios on the whole system beside a real Slurm: `healthplane up --scheduler
+slurm` (every service, the Slurm adapter instead of the reference scheduler) next to a real
+slurmctld with four slurmd (sim-000..sim-003, tests/support/slurm.py), a simulated fleet of
+the same four nodes reporting every 5 s (sim-002 and sim-003 provisioned), jobs from `sbatch`,
+operators through `healthplane node` and `scontrol` (SLU-1..5, SLU-7, EVI-2, EVI-7, POL-1).
+
+One stack and one Slurm for the module, in file order; each scenario uses its own nodes and
+leaves them as it found them, so that the suite pays for one start."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from healthplane import wire
+from tests.e2e.test_eviction_scenarios import Stack, _stack, until
+from tests.support.slurm import SlurmCluster, slurm_cluster
+
+pytestmark = [pytest.mark.slow, pytest.mark.nats, pytest.mark.slurm]
+# Scenarios release nodes that a later one faults again, minutes apart: no suppression after
+# an operator's uncordon, and no breaker counting the scenarios' cordons together.
+SETTINGS = "  maxUnavailablePercent: 50\n  cordonSuppressionMinutes: 0\n  circuitBreaker: {enabled: false}\n"
+CONFIG = "nodeHealth:\n  mode: cordon\n" + SETTINGS
+
+
+class Site:
+    def __init__(self, stack: Stack, slurm: SlurmCluster) -> None:
+        self.stack, self.slurm = stack, slurm
+
+    def drained(self, node: str) -> bool:
+        return "DRAIN" in self.slurm.node(node)["state_flags"]
+
+    def reason(self, node: str) -> str:
+        return str(self.slurm.node(node)["reason"])
+
+    def job_state(self, job: str) -> str:
+        return str((self.slurm.job(job) or {}).get("job_state"))
+
+    def ok(self, *args: str) -> str:
+        done = self.stack.cli(*args)
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    async def heal(self, *nodes: str) -> None:
+        """Repair: the simulated fault cleared and the service recorded (a hardware Xid holds
+        until then), no condition left; then release the holds."""
+        for node in nodes:
+            self.ok("sim", "inject", node, "--fault", "clear")
+            self.ok("node", "service", node, "--reason", "GPU reseated")
+
+        async def healthy() -> bool:  # no condition left (the failure tally may still cost points)
+            return [(await self.stack.view(n)).conditions for n in nodes] == [[]] * len(nodes)
+
+        await until(healthy)
+        for node in nodes:
+            self.ok("node", "uncordon", node)
+
+    async def wait(self, check: Callable[[], bool], what: str, timeout: float = 45) -> None:
+        async def checked() -> bool:
+            return check()
+
+        checked.__name__ = what
+        await until(checked, timeout)
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
+    root = tmp_path_factory.mktemp("slurm-site")
+    with slurm_cluster(root / "slurm") as slurm:
+        env = {**os.environ, "SLURM_CONF": str(slurm.conf), "HEALTHPLANE_SLURM_INTERVAL_SECONDS": "1",
+               "HEALTHPLANE_SLURM_CONFIRM_SECONDS": "3"}
+        for stack in _stack(root, CONFIG, "--scheduler", "slurm", env=env):
+            stack_json = json.loads((root / "hp" / "stack.json").read_text())
+            names = [s["name"] for s in stack_json["services"]]
+            assert "slurm-adapter" in names and "scheduler" not in names
+            yield Site(stack, slurm)
+
+
+def test_slu2_a_fault_drains_in_slurm_and_the_release_resumes_but_a_hand_drain_stays(site: Site) -> None:
+    """SLU-2: a fault → policy cordons → Slurm shows the node drained with our reason; the
+    fault healed and the hold released → resumed. A node an administrator drained by hand,
+    then faulted and healed in Healthplane, is never resumed by us."""
+    async def scenario() -> None:
+        site.slurm.drain("sim-002", "bad DIMM, ticket 4711")
+        for node in ("sim-001", "sim-002"):
+            site.ok("sim", "inject", node, "--fault", "xid:48", "--gpu", "0")
+
+        async def cordoned() -> bool:
+            return [(await site.stack.view(n)).status for n in ("sim-001", "sim-002")] == ["CORDONED"] * 2
+
+        await until(cordoned)
+        await site.wait(lambda: site.drained("sim-001"), "sim-001 drained in Slurm")
+        hold = (await site.stack.view("sim-001")).holds[0]
+        assert site.reason("sim-001").startswith(f"healthplane: hold {hold.id} (cordon: ")
+        assert site.reason("sim-002") == "bad DIMM, ticket 4711"
+        await site.heal("sim-001", "sim-002")
+        await site.wait(lambda: not site.drained("sim-001"), "sim-001 resumed in Slurm")
+        await asyncio.sleep(3)  # three more passes of the adapter
+        assert site.drained("sim-002") and site.reason("sim-002") == "bad DIMM, ticket 4711"
+        site.slurm.resume("sim-002")
+
+    asyncio.run(scenario())
+
+
+def test_slu4_drain_active_requeues_in_slurm_and_fails_what_cannot_be_requeued(site: Site) -> None:
+    """SLU-3, SLU-4, EVI-2: `node show` counts the node's running Slurm job; `node drain
+    --active` → the requeueable job is requeued by Slurm and runs on another node; the
+    --no-requeue one is cancelled, the reason in the NODE_DRAINED event and its record."""
+    async def scenario() -> None:
+        movable = site.slurm.sbatch("sleep 600", requeue=True, exclude="sim-001,sim-002")  # sim-000 or -003
+        stuck = site.slurm.sbatch("sleep 600", node="sim-001", requeue=False)
+        await site.wait(lambda: site.job_state(movable) == site.job_state(stuck) == "RUNNING", "both running")
+        first = str((site.slurm.job(movable) or {})["nodes"])
+        other = "sim-003" if first == "sim-000" else "sim-000"
+
+        async def counted() -> bool:
+            shown = json.loads(site.ok("node", "show", first, "-o", "json"))
+            return bool(shown["jobs"] == 1)
+
+        await until(counted)
+        assert site.ok("node", "drain", first, "--active", "--reason", "failing disk").strip() == (
+            "Cordoned 1 node(s); requeued 1 allocation(s)")
+        drained = site.ok("node", "drain", "sim-001", "--active", "--reason", "failing disk")
+        assert drained.strip() == "Cordoned 1 node(s); requeued 0 allocation(s); failed 1 that cannot be requeued"
+        await site.wait(lambda: (site.slurm.job(movable) or {}).get("restart_cnt") == 1, "the requeue in Slurm")
+        await site.wait(lambda: site.job_state(stuck) == "CANCELLED", "the cancel in Slurm")
+        await site.wait(lambda: site.job_state(movable) == "RUNNING", "the requeued job running again", timeout=60)
+        assert (site.slurm.job(movable) or {})["nodes"] == other
+        [event] = [e for e in await site.stack.events("NODE_DRAINED") if e.node_id == "sim-001"]
+        assert event.message == f"drained (active); 0 allocation(s) requeued; 1 failed, not requeueable: job {stuck}"
+
+        async def recorded() -> bool:
+            ended = [a for a in (await site.stack.allocations()).values() if a.job_id == stuck]
+            return bool(ended) and ended[0].state == "failed"
+
+        await until(recorded)
+        [record] = [a for a in (await site.stack.allocations()).values() if a.job_id == stuck]
+        assert record.reason == (f"node sim-001 was drained: failing disk; job {stuck} failed: its scheduler "
+                                 "cannot requeue it (submitted not requeueable)")
+        site.slurm.run("scancel", movable)
+        for node in (first, "sim-001"):
+            site.ok("node", "uncordon", node)
+        await site.wait(lambda: not site.drained(first) and not site.drained("sim-001"), "resumed")
+
+    asyncio.run(scenario())
+
+
+def test_evi7_a_job_failing_on_a_node_with_a_gpu_fault_is_attributed_and_moves_the_score(site: Site) -> None:
+    """SLU-3, EVI-7: a real Slurm job that fails on a node carrying a GPU fault →
+    JOB_FAILURE_ATTRIBUTED (GPU_XID_ERRORS), and the node's score counts it."""
+    async def scenario() -> None:
+        job = site.slurm.sbatch("sleep 8; exit 1", node="sim-002", requeue=False)
+        await site.wait(lambda: site.job_state(job) == "RUNNING", "the job running")
+        # GPU 1: sim-002's GPU 0 had its Xid in the first scenario, serviced since.
+        site.ok("sim", "inject", "sim-002", "--fault", "xid:48", "--gpu", "1")
+
+        async def faulted() -> bool:
+            return (await site.stack.view("sim-002")).score == 55
+
+        await until(faulted)
+
+        async def attributed() -> bool:
+            return any(e.node_id == "sim-002" for e in await site.stack.events("JOB_FAILURE_ATTRIBUTED"))
+
+        await until(attributed)
+        [event] = [e for e in await site.stack.events("JOB_FAILURE_ATTRIBUTED") if e.node_id == "sim-002"]
+        assert event.fault_class == "GPU_XID_ERRORS" and event.message.startswith(f"job {job} failed on a node with")
+
+        async def scored() -> bool:
+            view = await site.stack.view("sim-002")
+            return view.attributed_failures.count == 1 and (view.score or 100) < 55
+
+        await until(scored)
+        await site.heal("sim-002")
+        await site.wait(lambda: not site.drained("sim-002"), "sim-002 resumed")
+
+    asyncio.run(scenario())
+
+
+def test_slu5_a_drain_asked_while_slurmctld_is_down_for_30_s_lands_once_it_is_back(site: Site) -> None:
+    """SLU-5: slurmctld down for 30 s; an operator cordons a node meanwhile; once the
+    controller is back the adapter applies the drain by itself."""
+    async def scenario() -> None:
+        site.slurm.stop_controller()
+        stopped = time.monotonic()
+        try:
+            site.ok("node", "cordon", "sim-003", "--reason", "fan noise")
+
+            async def cordoned() -> bool:
+                return (await site.stack.view("sim-003")).status == "CORDONED"
+
+            await until(cordoned)
+            await asyncio.sleep(max(0.0, 30 - (time.monotonic() - stopped)))
+        finally:
+            site.slurm.start_controller()
+        await site.wait(lambda: site.drained("sim-003"), "the drain after slurmctld returned", timeout=60)
+        assert site.reason("sim-003").endswith("(cordon: fan noise)")
+        site.ok("node", "uncordon", "sim-003")
+        await site.wait(lambda: not site.drained("sim-003"), "sim-003 resumed")
+
+    asyncio.run(scenario())
+
+
+def test_pol4_replace_mode_waits_for_the_nodes_running_slurm_job(site: Site, tmp_path: Path) -> None:
+    """SLU-3, POL-4: in replace mode a provisioned node's running Slurm job is waited for —
+    the node drains in Slurm, no termination until the job has ended — then the teardown
+    goes to Slurm, whose answer for a node that is not a cloud node is the provisioner's."""
+    async def scenario() -> None:
+        config = tmp_path / "replace.yaml"
+        config.write_text("nodeHealth:\n  mode: replace\n" + SETTINGS)
+        site.ok("config", "apply", "-f", str(config))
+        job = site.slurm.sbatch("sleep 20", node="sim-003", requeue=False)
+        await site.wait(lambda: site.job_state(job) == "RUNNING", "the job running")
+        for fault in ("xid:48", "edac-ue"):  # 100 - 45 - 45 = 10: below drainBelow
+            site.ok("sim", "inject", "sim-003", "--fault", fault, "--gpu", "0")
+
+        async def waiting() -> bool:
+            return any("waiting for 1 allocation(s)" in e.message for e in await site.stack.events("POLICY_ACTED"))
+
+        await until(waiting)
+        await site.wait(lambda: site.drained("sim-003"), "sim-003 draining in Slurm")
+        assert site.job_state(job) == "RUNNING"
+        assert not [d for d in await site.stack.directives() if d.action == "terminate"]
+
+        async def answered() -> list[wire.TerminationResult]:
+            return [wire.decode(wire.TerminationResult, m.data)
+                    for m in await site.stack.read("HP_COMMANDS", "hp.provision.>")]
+
+        async def answer_came() -> bool:
+            return bool(await answered())
+
+        await until(answer_came, timeout=60)
+        assert site.job_state(job) == "COMPLETED"
+        answer = (await answered())[0]
+        assert not answer.accepted and "Slurm refused to power down sim-003" in answer.message
+
+    asyncio.run(scenario())
