@@ -1,6 +1,6 @@
 """The `slurm` fixture is a real Slurm 22.05 (SLU-7): nodes that register and run jobs where
-they are sent, drains with reasons that survive a controller restart, requeues that count,
-and a teardown that leaves no process behind."""
+they are sent, drains with reasons that survive a controller restart, and a teardown that
+leaves no process behind. (Requeues on this Slurm: tests/component/test_slurm_adapter.py.)"""
 
 from __future__ import annotations
 
@@ -33,18 +33,6 @@ def test_a_drain_shows_with_its_reason_and_resume_makes_the_node_idle(slurm: Slu
     slurm.resume("sim-001")
     slurm.wait_until_idle(10)
     assert slurm.node("sim-001")["reason"] == ""
-
-
-def test_a_requeued_job_goes_back_to_pending_and_runs_again(slurm: SlurmCluster) -> None:
-    job_id = slurm.sbatch(node="sim-000", requeue=True)
-    slurm.wait_for(lambda: (slurm.job(job_id) or {}).get("job_state") == "RUNNING", 10, "the job running")
-
-    slurm.run("scontrol", "requeue", job_id)
-    slurm.wait_for(lambda: (slurm.job(job_id) or {}).get("job_state") == "PENDING", 10, "the job pending")
-    assert (slurm.job(job_id) or {})["restart_cnt"] == 1
-    # Held for cred_expire (10 s), then the next scheduling pass.
-    slurm.wait_for(lambda: (slurm.job(job_id) or {}).get("job_state") == "RUNNING", 20, "the job running again")
-    assert (slurm.job(job_id) or {})["restart_cnt"] == 1
 
 
 def test_a_drain_survives_a_controller_restart(slurm: SlurmCluster) -> None:
