@@ -82,7 +82,8 @@ def _bindings(role: str) -> dict[str, str]:
         return {"cluster": CLUSTER}
     if role in USER_ROLES:
         return {"actor": USER}
-    return {"actor": encode_token(streams.SERVICE_ACTORS.get(role, role)), "service": encode_token(role)}
+    bound = {"actor": role, **streams.COMMAND_BINDINGS.get(role, {})}
+    return {**{name: encode_token(value) for name, value in bound.items()}, "service": encode_token(role)}
 
 
 def _bind(address: str, bindings: dict[str, str], event_type: str | None = None) -> str:

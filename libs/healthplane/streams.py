@@ -104,9 +104,10 @@ SERVICES: Final = ("health-ingest", "scorer", "policy", "eviction", "webhook-dis
                    "scheduler", "slurm-adapter")
 # The scheduler integrations (EVI-8): one runs in a stack, each writing the same channels.
 SCHEDULERS: Final = ("scheduler", "slurm-adapter")
-# A service whose commands carry another actor than its name: the Slurm adapter records an
-# administrator's RESUME in Slurm as actor ``slurm`` (SLU-2).
-SERVICE_ACTORS: Final[dict[str, str]] = {"slurm-adapter": "slurm"}
+# How a service's command subjects are bound beyond its own name as the actor: the Slurm
+# adapter records an administrator's RESUME in Slurm as actor ``slurm``, and may only release
+# holds that way, never cordon or deprovision (SLU-2).
+COMMAND_BINDINGS: Final[dict[str, dict[str, str]]] = {"slurm-adapter": {"actor": "slurm", "verb": "hold-release"}}
 # The one writer of each node event type (ARCHITECTURE.md): nats-server lets no other
 # identity append it, and the webhook dispatcher names it as the CloudEvent's source.
 EVENT_WRITERS: Final[dict[str, str]] = {

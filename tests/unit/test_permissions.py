@@ -89,6 +89,19 @@ def test_sec1_policy_commands_only_as_policy() -> None:
     assert not _allowed("policy", subjects.command("c1", "n1", "drain", "alice"))
 
 
+def test_slu2_the_slurm_adapter_only_releases_holds_as_slurm() -> None:
+    """SLU-2, SEC-1: an administrator's RESUME in Slurm becomes a hold release by actor slurm;
+    the adapter's identity can do nothing else with commands, and writes what a scheduler
+    writes."""
+    assert _allowed("slurm-adapter", subjects.command("c1", "n1", "hold-release", "slurm"))
+    for verb, actor in (("cordon", "slurm"), ("deprovision", "slurm"), ("hold-release", "slurm-adapter"),
+                        ("hold-release", "alice")):
+        assert not _allowed("slurm-adapter", subjects.command("c1", "n1", verb, actor)), (verb, actor)
+    assert _allowed("slurm-adapter", subjects.allocation("c1", "n1", "slurm-7-0-n1"))
+    assert _allowed("slurm-adapter", subjects.provision("c1", "n1"))
+    assert not _allowed("slurm-adapter", subjects.directive("c1", "n1"))
+
+
 def test_sec1_every_inbox_is_its_own() -> None:
     prefixes = {role: permissions.inbox(role) for role in permissions.ROLES}
     assert len(set(prefixes.values())) == len(prefixes)
