@@ -108,6 +108,27 @@ def test_slu2_a_fault_drains_in_slurm_and_the_release_resumes_but_a_hand_drain_s
     asyncio.run(scenario())
 
 
+def test_slu2_an_administrators_resume_in_slurm_releases_the_hold_as_actor_slurm(site: Site) -> None:
+    """SLU-2: an operator's cordon drains the node in Slurm; an administrator RESUMEs it there;
+    the hold is released by actor slurm (HOLD_RELEASED in the node's history), the node is
+    READY in Healthplane and stays resumed in Slurm."""
+    async def scenario() -> None:
+        site.ok("node", "cordon", "sim-000", "--reason", "checking cables")
+        await site.wait(lambda: site.drained("sim-000"), "sim-000 drained in Slurm")
+        await asyncio.sleep(3.5)  # past HEALTHPLANE_SLURM_CONFIRM_SECONDS: in slurmctld's saved state
+        site.slurm.resume("sim-000")
+
+        async def released() -> bool:
+            return any(e.node_id == "sim-000" and e.actor == "slurm" for e in await site.stack.events("HOLD_RELEASED"))
+
+        await until(released)
+        assert (await site.stack.view("sim-000")).status == "READY"
+        await asyncio.sleep(2)  # two more passes
+        assert not site.drained("sim-000")
+
+    asyncio.run(scenario())
+
+
 def test_slu4_drain_active_requeues_in_slurm_and_fails_what_cannot_be_requeued(site: Site) -> None:
     """SLU-3, SLU-4, EVI-2: `node show` counts the node's running Slurm job; `node drain
     --active` → the requeueable job is requeued by Slurm and runs on another node; the
