@@ -341,7 +341,7 @@ class AdapterCore:
             if node.drained or (node.down and node.reason and not ours):
                 if not ours:
                     if live:
-                        self._tell_once(out, "drained by hand; left alone", node.name,
+                        self._tell_once(out, "drained by hand; left alone", "left_alone", node.name,
                                         node=node.name, reason=node.reason)
                     state.our_drains.pop(node.name, None)
                     continue  # an administrator's drain: never resumed, never overwritten
@@ -365,7 +365,8 @@ class AdapterCore:
         for node_id, want in state.nodes.items():
             name = self.names.slurm_name(node_id)
             if (name is None or name not in in_slurm) and causes(state, want):
-                self._tell_once(out, "no Slurm node for a node that must be drained", node_id, node_id=node_id,
+                self._tell_once(out, "no Slurm node for a node that must be drained", "no_slurm_node", node_id,
+                                node_id=node_id,
                                 slurm_name=name, template=self.names.template)
 
     def _resumed_by_hand(self, node_id: str, want: NodeWant | None, name: str, drain: OurDrain,
@@ -382,10 +383,11 @@ class AdapterCore:
         return [Emit(subjects.command(self.cluster, node_id, "hold-release", ACTOR), wire.encode(command),
                      msg_id=f"{SERVICE}:{self.cluster}:{command_id}")]
 
-    def _tell_once(self, out: Pass, event: str, whom: str, **fields: object) -> None:
+    def _tell_once(self, out: Pass, event: str, counter: str, whom: str, **fields: object) -> None:
+        """Said once per node and adapter run: a condition that lasts is one line, not one a pass."""
         if (event, whom) not in self._told:
             self._told.add((event, whom))
-            out.notes.append(Note("warning", event, "_".join(event.split(";")[0].split()[:4]), dict(fields)))
+            out.notes.append(Note("warning", event, counter, dict(fields)))
 
 
 def _not_obeyed(directive: wire.Directive, why: str) -> Note:
