@@ -10,6 +10,7 @@ leaves them as it found them, so that the suite pays for one start."""
 from __future__ import annotations
 
 import asyncio
+import getpass
 import json
 import os
 import time
@@ -82,6 +83,15 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
             yield Site(stack, slurm)
 
 
+@pytest.fixture(autouse=True)
+def no_job_left(site: Site) -> Iterator[None]:
+    """A scenario that fails leaves no job behind to block the next one's nodes."""
+    yield
+    site.slurm.run("scancel", f"--user={getpass.getuser()}", check=False)
+    site.slurm.wait_for(lambda: not [j for j in site.slurm.run("squeue", "-h", "-o", "%i").stdout.split()], 30,
+                        "no job left")
+
+
 def test_slu2_a_fault_drains_in_slurm_and_the_release_resumes_but_a_hand_drain_stays(site: Site) -> None:
     """SLU-2: a fault → policy cordons → Slurm shows the node drained with our reason; the
     fault healed and the hold released → resumed. A node an administrator drained by hand,
@@ -115,7 +125,9 @@ def test_slu2_an_administrators_resume_in_slurm_releases_the_hold_as_actor_slurm
     async def scenario() -> None:
         site.ok("node", "cordon", "sim-000", "--reason", "checking cables")
         await site.wait(lambda: site.drained("sim-000"), "sim-000 drained in Slurm")
-        await asyncio.sleep(3.5)  # past HEALTHPLANE_SLURM_CONFIRM_SECONDS: in slurmctld's saved state
+        # Well past HEALTHPLANE_SLURM_CONFIRM_SECONDS (3) since Slurm set it, as the adapter saw it
+        # last: a drain in slurmctld's saved state, not one a crash could have lost.
+        await asyncio.sleep(6)
         site.slurm.resume("sim-000")
 
         async def released() -> bool:
@@ -140,9 +152,8 @@ def test_slu4_drain_active_requeues_in_slurm_and_fails_what_cannot_be_requeued(s
         first = str((site.slurm.job(movable) or {})["nodes"])
         other = "sim-003" if first == "sim-000" else "sim-000"
 
-        async def counted() -> bool:
-            shown = json.loads(site.ok("node", "show", first, "-o", "json"))
-            return bool(shown["jobs"] == 1)
+        async def counted() -> bool:  # eviction knows both jobs: what drain --active acts on
+            return [json.loads(site.ok("node", "show", n, "-o", "json"))["jobs"] for n in (first, "sim-001")] == [1, 1]
 
         await until(counted)
         assert site.ok("node", "drain", first, "--active", "--reason", "failing disk").strip() == (
@@ -176,7 +187,7 @@ def test_evi7_a_job_failing_on_a_node_with_a_gpu_fault_is_attributed_and_moves_t
     """SLU-3, EVI-7: a real Slurm job that fails on a node carrying a GPU fault →
     JOB_FAILURE_ATTRIBUTED (GPU_XID_ERRORS), and the node's score counts it."""
     async def scenario() -> None:
-        job = site.slurm.sbatch("sleep 8; exit 1", node="sim-002", requeue=False)
+        job = site.slurm.sbatch("sleep 14; exit 1", node="sim-002", requeue=False)  # fails once the fault is in
         await site.wait(lambda: site.job_state(job) == "RUNNING", "the job running")
         # GPU 1: sim-002's GPU 0 had its Xid in the first scenario, serviced since.
         site.ok("sim", "inject", "sim-002", "--fault", "xid:48", "--gpu", "1")
@@ -236,7 +247,7 @@ def test_pol4_replace_mode_waits_for_the_nodes_running_slurm_job(site: Site, tmp
         config = tmp_path / "replace.yaml"
         config.write_text("nodeHealth:\n  mode: replace\n" + SETTINGS)
         site.ok("config", "apply", "-f", str(config))
-        job = site.slurm.sbatch("sleep 20", node="sim-003", requeue=False)
+        job = site.slurm.sbatch("sleep 30", node="sim-003", requeue=False)  # still running when policy acts
         await site.wait(lambda: site.job_state(job) == "RUNNING", "the job running")
         for fault in ("xid:48", "edac-ue"):  # 100 - 45 - 45 = 10: below drainBelow
             site.ok("sim", "inject", "sim-003", "--fault", fault, "--gpu", "0")
