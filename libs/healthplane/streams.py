@@ -102,7 +102,8 @@ WRITES_NODE: Final = ("collector", "sim")
 # The control plane's services (registry.CONTROL_PLANE; the library does not import it).
 SERVICES: Final = ("health-ingest", "scorer", "policy", "eviction", "webhook-dispatcher", "substrate-bridge",
                    "scheduler", "slurm-adapter")
-# The scheduler integrations (EVI-8): one runs in a stack, each writing the same channels.
+# The scheduler integrations (EVI-8, registry.SCHEDULERS): one runs in a stack, each writing
+# the same channels.
 SCHEDULERS: Final = ("scheduler", "slurm-adapter")
 # How a service's command subjects are bound beyond its own name as the actor: the Slurm
 # adapter records an administrator's RESUME in Slurm as actor ``slurm``, and may only release

@@ -54,11 +54,16 @@ def load_cursor(state_dir: Path) -> Cursor | None:
         return None
 
 
-def save_cursor(state_dir: Path, cursor: Cursor) -> None:
+def _write_whole(state_dir: Path, name: str, data: bytes) -> None:
+    """Written aside, then renamed: a reader never sees half a file, even after a crash."""
     state_dir.mkdir(parents=True, exist_ok=True)
-    tmp = state_dir / (CURSOR_FILE + ".tmp")
-    tmp.write_text(json.dumps({"bootId": cursor.boot_id, "seq": cursor.seq}))
-    os.replace(tmp, state_dir / CURSOR_FILE)
+    tmp = state_dir / (name + ".tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, state_dir / name)
+
+
+def save_cursor(state_dir: Path, cursor: Cursor) -> None:
+    _write_whole(state_dir, CURSOR_FILE, json.dumps({"bootId": cursor.boot_id, "seq": cursor.seq}).encode())
 
 
 class CarriedTally(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
@@ -85,10 +90,7 @@ def load_tally(state_dir: Path, cursor: Cursor | None) -> CarriedTally | None:
 
 
 def save_tally(state_dir: Path, carried: CarriedTally) -> None:
-    state_dir.mkdir(parents=True, exist_ok=True)
-    tmp = state_dir / (TALLY_FILE + ".tmp")
-    tmp.write_bytes(msgspec.json.encode(carried))
-    os.replace(tmp, state_dir / TALLY_FILE)
+    _write_whole(state_dir, TALLY_FILE, msgspec.json.encode(carried))
 
 
 def _seq_of(raw: bytes) -> int | None:

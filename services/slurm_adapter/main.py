@@ -115,7 +115,6 @@ class Reconciler:
         self._stopping = asyncio.Event()
         self._backoff = Backoff(min(1.0, settings.interval_seconds), max(60.0, settings.interval_seconds), jitter=0.2)
         self._last_error: str | None = None
-        self.passes = 0  # completed passes (tests and the bench wait on it)
 
     def stop(self) -> None:
         self._stopping.set()
@@ -166,7 +165,6 @@ class Reconciler:
             await self.proc.act(lambda state, now: self.core.settle(state, outcomes, now))
         OUR_DRAINS.set(sum(1 for node in seen.nodes if node.drained and node.reason.startswith(self.core.prefix)))
         PASSES.labels("ok").inc()
-        self.passes += 1
         if not any(error is not None and error.transient for _, error in outcomes):
             self._last_error = None
             return True

@@ -8,7 +8,7 @@ Slurm means for its allocations.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Final
 
@@ -87,23 +87,23 @@ class NodeNames:
     (identity by default; ``{name}.cluster.example`` when the agents report FQDNs)."""
 
     template: str = "{name}"
+    # What stands before and after {name}: split once, since every pass maps every node.
+    prefix: str = field(init=False)
+    suffix: str = field(init=False)
 
     def __post_init__(self) -> None:
         if self.template.count("{name}") != 1 or "{" in self.template.replace("{name}", ""):
             raise ValueError(f"node id template must hold {{name}} exactly once (got {self.template!r})")
-
-    @property
-    def _affixes(self) -> tuple[str, str]:
         prefix, _, suffix = self.template.partition("{name}")
-        return prefix, suffix
+        object.__setattr__(self, "prefix", prefix)
+        object.__setattr__(self, "suffix", suffix)
 
     def node_id(self, name: str) -> str:
-        prefix, suffix = self._affixes
-        return f"{prefix}{name}{suffix}"
+        return f"{self.prefix}{name}{self.suffix}"
 
     def slurm_name(self, node_id: str) -> str | None:
         """The Slurm node of ``node_id``, or ``None`` when the template cannot produce it."""
-        prefix, suffix = self._affixes
+        prefix, suffix = self.prefix, self.suffix
         if len(node_id) <= len(prefix) + len(suffix) or not (node_id.startswith(prefix) and node_id.endswith(suffix)):
             return None
         return node_id[len(prefix):len(node_id) - len(suffix)]

@@ -142,7 +142,7 @@ class Slurm:
             process = await asyncio.create_subprocess_exec(
                 self._path(argv[0]), *argv[1:], stdin=asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-                env=self.environ, start_new_session=True, limit=MAX_OUTPUT_BYTES)
+                env=self.environ, start_new_session=True)
         except OSError as exc:
             raise SlurmError(shown, f"cannot run {self._path(argv[0])}: {exc.strerror or exc}",
                              transient=True) from None
@@ -227,17 +227,15 @@ class Slurm:
 
 
 async def _read_bounded(stream: asyncio.StreamReader | None, shown: str) -> bytes:
-    if stream is None:
-        return b""
-    data = await stream.read(MAX_OUTPUT_BYTES + 1)
-    while data and len(data) <= MAX_OUTPUT_BYTES:
-        more = await stream.read(MAX_OUTPUT_BYTES + 1 - len(data))
-        if not more:
-            return data
-        data += more
-    if len(data) > MAX_OUTPUT_BYTES:
-        raise SlurmError(shown, f"printed more than {MAX_OUTPUT_BYTES} bytes", transient=False)
-    return data
+    """Everything the command prints, refused past ``MAX_OUTPUT_BYTES``."""
+    chunks: list[bytes] = []
+    size = 0
+    while stream is not None and (chunk := await stream.read(1 << 16)):
+        size += len(chunk)
+        if size > MAX_OUTPUT_BYTES:
+            raise SlurmError(shown, f"printed more than {MAX_OUTPUT_BYTES} bytes", transient=False)
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def _kill(process: asyncio.subprocess.Process) -> None:

@@ -30,6 +30,7 @@ def _fold(service: str) -> object | None:
 
 def test_sec1_the_table_names_every_service_the_stack_runs() -> None:
     assert set(streams.SERVICES) == set(registry.CONTROL_PLANE)
+    assert set(streams.SCHEDULERS) == set(registry.SCHEDULERS.values())  # the same scheduler integrations
     assert set(streams.EVENT_WRITERS) == set(wire.EVENT_TYPES)
     assert set(streams.EVENT_WRITERS.values()) <= set(streams.SERVICES)
 
