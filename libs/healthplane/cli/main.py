@@ -33,6 +33,9 @@ def _up_arguments(parser: argparse.ArgumentParser) -> None:
     where = parser.add_mutually_exclusive_group()
     where.add_argument("--nats-url", help="use this server instead of starting one")
     where.add_argument("--nats-port", type=int, default=4222, help="port of the embedded server (0 = any free)")
+    parser.add_argument("--servers", type=_server_count, default=1, metavar="1|3|5",
+                        help="nats-servers to start: 3 or 5 make a JetStream cluster, every stream R3 (HA-1); "
+                             "client ports from --nats-port up")
     parser.add_argument("--config", help="cluster config to apply (default: built-in defaults)")
     parser.add_argument("--data-dir", default=".healthplane", help="store and stack.json (default ./.healthplane)")
     parser.add_argument("--insecure", action="store_true",
@@ -41,6 +44,12 @@ def _up_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--scheduler", **one_of(["reference", "slurm"]), default="reference",
                         help="reference: the simulated scheduler; slurm: the adapter for the Slurm cluster "
                              "this host's Slurm commands reach (SLURM_CONF), instead (docs/slurm.md)")
+
+
+def _server_count(text: str) -> int:
+    if text not in ("1", "3", "5"):
+        raise argparse.ArgumentTypeError(f"{text!r}: 1, 3 or 5 (a JetStream cluster keeps a majority of an odd number)")
+    return int(text)
 
 
 def _run_up(args: argparse.Namespace) -> int:

@@ -1,6 +1,7 @@
 """``healthplane up``: the embedded stack for development.
 
-Starts a JetStream nats-server on loopback (unless ``--nats-url``), creates the streams,
+Starts a JetStream nats-server on loopback (``--servers 3``: a three-server cluster, every
+stream and bucket R3; none with ``--nats-url``), creates the streams,
 applies the config, starts every built service as its own process, prints what runs where
 and writes ``DATA_DIR/stack.json``. A service that dies is restarted like systemd's
 ``Restart=on-failure`` (``healthplane.supervise``): with a growing delay, on the same metrics
@@ -28,7 +29,7 @@ from pathlib import Path
 from healthplane import configstore, registry, streams, tls
 from healthplane.config import ClusterConfig, ConfigError, load_cluster_config
 from healthplane.creds import CredsError, Keystore, write_secret
-from healthplane.natsserver import NatsServer, NatsServerError, free_port
+from healthplane.natsserver import NatsCluster, NatsServer, NatsServerError, free_port
 from healthplane.runtime.connect import connect
 from healthplane.supervise import (
     GiveUp,
@@ -73,10 +74,12 @@ def run(args: argparse.Namespace) -> int:
         config = load_cluster_config(args.config) if args.config else ClusterConfig()
     except ConfigError as exc:
         return _fail(str(exc).splitlines()[0])
+    if args.nats_url and args.servers > 1:
+        return _fail("--servers starts nats-servers and --nats-url uses running ones: give one of them")
     data_dir = Path(args.data_dir).resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
 
-    server: NatsServer | None = None
+    nats: NatsServer | NatsCluster | None = None
     children: list[Child] = []
     stop_requested = False
 
@@ -93,14 +96,20 @@ def run(args: argparse.Namespace) -> int:
         server_tls = tls.make_throwaway(data_dir / "tls") if args.tls else None
         if server_tls is not None:  # every client of this stack, and what it starts, verifies it
             os.environ[tls.ENV_CA] = str(server_tls.ca)
+        keystore = identities.keystore if identities else None
+        replicas: int | None = None  # a server we did not start: its streams stay as they are
         if args.nats_url:
             nats_url = args.nats_url
+        elif args.servers > 1:
+            ports = [args.nats_port + i for i in range(args.servers)] if args.nats_port else None
+            nats = NatsCluster(data_dir / "nats-cluster", args.servers, ports=ports, keystore=keystore,
+                               tls=server_tls).start()
+            nats_url, replicas = nats.url, streams.replicas_for(args.servers)
         else:
-            server = NatsServer(data_dir / "nats", port=args.nats_port,
-                                keystore=identities.keystore if identities else None, tls=server_tls).start()
-            nats_url = server.url
+            nats = NatsServer(data_dir / "nats", port=args.nats_port, keystore=keystore, tls=server_tls).start()
+            nats_url, replicas = nats.url, 1
         try:
-            asyncio.run(_prepare(nats_url, config, identities.admin if identities else None))
+            asyncio.run(_prepare(nats_url, config, identities.admin if identities else None, replicas))
         except (ConnectionError, streams.StreamConflict, configstore.ConfigConflict) as exc:
             raise CannotStart(str(exc)) from exc
 
@@ -115,10 +124,10 @@ def run(args: argparse.Namespace) -> int:
         _check_alive(children, log_dir)
 
         def write_stack() -> None:
-            _write_stack(data_dir, nats_url, server, children, identities, server_tls)
+            _write_stack(data_dir, nats_url, _members(nats), children, identities, server_tls)
 
         write_stack()
-        _print_table(nats_url, server, children, data_dir, simulated=0 if args.no_sim else args.nodes)
+        _print_table(nats_url, _members(nats), children, data_dir, simulated=0 if args.no_sim else args.nodes)
         _print_access(nats_url, identities, server_tls, args)
 
         while not stop_requested:
@@ -135,8 +144,14 @@ def run(args: argparse.Namespace) -> int:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         _stop_all(children)
-        if server is not None:
-            server.stop()
+        if nats is not None:
+            nats.stop()
+
+
+def _members(nats: NatsServer | NatsCluster | None) -> list[NatsServer]:
+    if nats is None:
+        return []
+    return nats.servers if isinstance(nats, NatsCluster) else [nats]
 
 
 INSECURE_WARNING = ("healthplane up: --insecure: nats-server runs WITHOUT authentication; anyone who can reach it "
@@ -178,11 +193,11 @@ def _identities(data_dir: Path, cluster: str) -> Identities:
     return Identities(keystore, admin, viewer, tokens["admin"], tokens["viewer"], by_child)
 
 
-async def _prepare(nats_url: str, config: ClusterConfig, admin: Path | None) -> None:
+async def _prepare(nats_url: str, config: ClusterConfig, admin: Path | None, replicas: int | None) -> None:
     nc = await connect(nats_url, name="healthplane-up", creds=str(admin) if admin else None, give_up_after=10)
     try:
         js = nc.jetstream()
-        await streams.ensure(js)
+        await streams.ensure(js, replicas, servers=len(nc.servers))
         await configstore.apply(js, config, actor="healthplane-up", on_skipped=lambda record: print(
             f"healthplane up: warning: {record.line()}", file=sys.stderr))
     finally:
@@ -224,12 +239,13 @@ def _supervise(child: Child, nats_url: str, log_dir: Path, now: float) -> bool:
     return True
 
 
-def _write_stack(data_dir: Path, nats_url: str, server: NatsServer | None, children: list[Child],
+def _write_stack(data_dir: Path, nats_url: str, servers: list[NatsServer], children: list[Child],
                  identities: Identities | None, server_tls: tls.ServerTls | None) -> None:
     # Paths only, never key material (SEC-6).
     stack: dict[str, object] = {
         "natsUrl": nats_url,
-        "natsServerPid": server.process.pid if server and server.process else None,
+        "natsServerPid": _pid(servers[0]) if servers else None,
+        "servers": [{"name": s.name, "pid": _pid(s), "url": s.url, "storeDir": str(s.store_dir)} for s in servers],
         "insecure": identities is None,
     }
     if identities is not None:
@@ -245,6 +261,10 @@ def _write_stack(data_dir: Path, nats_url: str, server: NatsServer | None, child
     staged = data_dir / "stack.json.new"
     staged.write_text(json.dumps(stack, indent=2) + "\n", encoding="utf-8")
     staged.replace(data_dir / "stack.json")
+
+
+def _pid(server: NatsServer) -> int | None:
+    return server.process.pid if server.process else None
 
 
 def _start_service(name: str, nats_url: str, log_dir: Path, identities: Identities | None) -> Child:
@@ -311,7 +331,7 @@ def _print_access(nats_url: str, identities: Identities | None, server_tls: tls.
                   args: argparse.Namespace) -> None:
     """The lines an operator pastes to point the CLI at this stack (SEC-3)."""
     exports = []
-    if args.nats_url or args.nats_port != 4222:
+    if args.nats_url or args.nats_port != 4222 or args.servers > 1:
         exports.append(f"HEALTHPLANE_NATS_URL={nats_url}")
     if identities is not None:
         exports.append(f"HEALTHPLANE_NATS_CREDS={identities.admin}")
@@ -327,9 +347,10 @@ def _print_access(nats_url: str, identities: Identities | None, server_tls: tls.
     sys.stdout.flush()
 
 
-def _print_table(nats_url: str, server: NatsServer | None, children: list[Child], data_dir: Path,
+def _print_table(nats_url: str, servers: list[NatsServer], children: list[Child], data_dir: Path,
                  simulated: int) -> None:
-    rows = [("nats-server", str(server.process.pid) if server and server.process else "-", "-", nats_url)]
+    rows = [(f"nats-server {s.name}" if len(servers) > 1 else "nats-server", str(_pid(s) or "-"), "-", s.url)
+            for s in servers] or [("nats-server", "-", "-", nats_url)]
     rows += [(c.name, str(c.process.pid), str(c.restarts), c.metrics_url) for c in children]
     width = max(len(r[0]) for r in rows)
     print(f"{'SERVICE':<{width}}  {'PID':>7}  RESTARTS  ENDPOINT")

@@ -30,6 +30,7 @@ from healthplane.streams import LEASE_TTL_S as TTL_S
 from healthplane.streams import LEASES_BUCKET as BUCKET
 
 HEADER = "Hp-Lease-Rev"
+RETRY_S = 0.5
 
 
 class Lease:
@@ -45,6 +46,7 @@ class Lease:
         self._revision: int | None = None
         self._renewed_at: float | None = None  # monotonic, taken before the request was sent
         self.is_leader = False
+        self.unanswered = False  # the last round got no answer from the bus
 
     def _set(self, leader: bool) -> None:
         if leader != self.is_leader:
@@ -55,22 +57,33 @@ class Lease:
                 self._on_change(leader)
 
     async def attempt(self) -> bool:
-        """One round: renew the lease we hold, or take it when it is free."""
-        kv = await self._js.key_value(BUCKET)
+        """One round: renew the lease we hold, or take it when it is free. Any failure (the
+        bus down, the bucket's raft group electing a leader after a server loss) is a round
+        that proves nothing: the next one tries again."""
         value = self.holder.encode()
         sent_at = time.monotonic()
         try:
+            kv = await self._js.key_value(BUCKET)
             if self._revision is not None:
                 self._revision = await kv.update(self.name, value, last=self._revision)
             else:
                 self._revision = await kv.create(self.name, value)
             self._renewed_at = sent_at
         except (KeyWrongLastSequenceError, KeyNotFoundError, NotFoundError):
-            self._revision = None
-        except Exception as exc:  # the bus is down: we cannot prove we still hold it
+            self._revision = None  # another holder has it, or it expired: not ours
+        except Exception as exc:
+            # No answer (the bus down, the bucket electing a leader): the lease may still be
+            # ours, and the fence alone decides whether we may write until a renewal gets
+            # through or the TTL runs out. Dropping it here would leave the service without a
+            # holder for a whole TTL after every server loss.
+            self.unanswered = True
             if self._log is not None:
                 self._log.warning("lease renewal failed", lease=self.name, error=str(exc) or type(exc).__name__)
+            if self._revision is not None and self.fence() is not None:
+                return True
             self._revision = None
+        else:
+            self.unanswered = False
         self._set(self._revision is not None)
         return self.is_leader
 
@@ -91,8 +104,10 @@ class Lease:
     async def run(self, stopping: asyncio.Event) -> None:
         while not stopping.is_set():
             await self.attempt()
+            # A round the bus did not answer is tried again soon, while the fence still holds.
+            delay = RETRY_S if self.unanswered else self._renew_every_s
             try:
-                await asyncio.wait_for(stopping.wait(), self._renew_every_s)
+                await asyncio.wait_for(stopping.wait(), delay)
             except TimeoutError:
                 pass
         await self.release()

@@ -52,7 +52,9 @@ async def _run(name: str, main: ServiceMain, nats_url: str | None, creds: str | 
     js = nc.jetstream(publish_async_max_pending=8192)
     lost = asyncio.create_task(_closed_for_good(closed, stopping))
     try:
-        await streams.ensure(js)
+        # Existing streams keep the replicas their operator chose; missing ones get R3 on a
+        # cluster, R1 on one server (HA-1).
+        await streams.ensure(js, servers=len(nc.servers))
         ctx = ServiceContext(name, nc, js, log, endpoint.url, stopping)
         log.info("service started", nats_url=nats_url or connect.default_url())
         await main(ctx)

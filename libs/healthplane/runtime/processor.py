@@ -34,6 +34,8 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import os
+import socket
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -46,10 +48,11 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import StreamConfig
+from nats.js.errors import APIError
 
-from healthplane import subjects, wire
+from healthplane import streams, subjects, wire
 from healthplane.config import ConfigError
-from healthplane.runtime import consumers, deadletters, lease, metrics, snapshots
+from healthplane.runtime import consumers, deadletters, fencing, lease, metrics, snapshots
 from healthplane.runtime.backoff import Backoff
 from healthplane.runtime.publish import Ack, Outbound, Publisher, PublishError
 from healthplane.runtime.pull import Delivery, PullLoop
@@ -67,6 +70,9 @@ class Reject(Exception):
     """Raised by a core for an input it cannot fold (malformed, wrong shape), before it changes
     the state. The input is dead-lettered, terminated, logged and counted; later inputs go on
     (REL-3)."""
+
+
+FENCE_MARKS = streams.FENCE_PREFIX + "."
 
 
 class LeaseLost(Exception):
@@ -321,8 +327,10 @@ class Processor(Generic[S]):
         self._rebuilding = False
         self._stopping_requested = False
         self.rebuilds = 0
-        # A replica behind a lease: asked before every write, stamped on every output.
+        # A replica behind a lease: asked before every write, stamped on every output, and
+        # bound by the server to this holder's marks (runtime.fencing).
         self._fence = fence
+        self._marks: fencing.Marks | None = None
         self._lease_revisions: dict[str, int] = {}
         self._aside = deadletters.SetAside(nc, self._publisher, service, self.producer, log,
                                           before_write=self._write_allowed)
@@ -330,6 +338,8 @@ class Processor(Generic[S]):
     # ------------------------------------------------------------------ start
 
     async def start(self) -> None:
+        if self._fence is not None:
+            await self._claim_marks()
         await self._restore()
         self._dead = await deadletters.skipped_inputs(self._nc, self._js, self.service, self.producer)
         self._output_subjects = [subject for stream in self._outputs
@@ -349,6 +359,24 @@ class Processor(Generic[S]):
             )
             self._loops.append(loop)
         settle_heap()
+
+    async def _claim_marks(self) -> None:
+        revision = self._fence() if self._fence is not None else None
+        if revision is None:
+            raise LeaseLost
+        marks = fencing.Marks(self._js, self.service, self.partition, f"{socket.gethostname()}:{os.getpid()}",
+                              [*self._outputs, snapshots.STREAM])
+        try:
+            await marks.claim(revision)
+        except fencing.Superseded as exc:
+            if self._log is not None:
+                self._log.warning("a newer lease holder writes: not taking over", reason=str(exc))
+            raise LeaseLost from exc
+        self._marks = marks
+
+    def _fenced(self, subject: str, headers: dict[str, str]) -> dict[str, str]:
+        bound = self._marks.headers_for(subject) if self._marks is not None else None
+        return {**headers, **bound} if bound else headers
 
     async def run(self) -> None:
         """Process until :meth:`stop`; then snapshot and return."""
@@ -476,10 +504,16 @@ class Processor(Generic[S]):
             for stream in self._outputs:
                 info = await self._js.stream_info(stream)
                 outputs[stream] = info.state.last_seq
-            manifest = await snapshots.save(
-                self._js, service=self.service, partition=self.partition, taken_at=datetime.now(UTC),
-                positions=dict(self.positions), outputs=outputs, state_json=msgspec.json.encode(self.state),
-                previous_slot=self._slot, lease_revisions=dict(self._lease_revisions))
+            bound = self._marks.headers(snapshots.STREAM) if self._marks is not None else None
+            try:
+                manifest = await snapshots.save(
+                    self._js, service=self.service, partition=self.partition, taken_at=datetime.now(UTC),
+                    positions=dict(self.positions), outputs=outputs, state_json=msgspec.json.encode(self.state),
+                    previous_slot=self._slot, lease_revisions=dict(self._lease_revisions), headers=bound)
+            except APIError as exc:
+                if bound is not None and exc.err_code == fencing.WRONG_LAST_SEQUENCE:
+                    raise LeaseLost from exc  # a newer holder marked the stream: its snapshot stands
+                raise
             self._slot = manifest.slot
             self._since_snapshot = 0
             self._last_snapshot_at = time.monotonic()
@@ -532,6 +566,9 @@ class Processor(Generic[S]):
                     positions[stream] = seq  # set aside before: a replay passes over it
                     continue
                 msg = delivery.msg
+                if msg.subject.startswith(FENCE_MARKS):  # a holder's mark: no record to fold
+                    positions[stream] = seq
+                    continue
                 if msg.headers and lease.HEADER in msg.headers and self._fenced_off(stream, msg.headers):
                     positions[stream] = seq
                     continue
@@ -649,6 +686,8 @@ class Processor(Generic[S]):
             records: list[Outbound] = []
             revision = self._write_allowed() if emits else None
             try:
+                if self._marks is not None and emits:
+                    await self._marks.renew_if_due()
                 for emit, headers in emits:
                     if emit.purge_stream is not None:
                         acks += await self._publisher.store_all(records)  # what came before lands first
@@ -657,12 +696,20 @@ class Processor(Generic[S]):
                         await self._js.purge_stream(emit.purge_stream, subject=emit.subject)
                         continue
                     if revision is not None:
-                        headers = {**headers, lease.HEADER: revision}
+                        headers = self._fenced(emit.subject, {**headers, lease.HEADER: revision})
                     records.append((emit.subject, emit.payload, headers))
                 acks += await self._publisher.store_all(records)
+            except fencing.Superseded as exc:
+                raise LeaseLost from exc
             except PublishError as exc:
                 if self._nc.is_closed:
                     raise
+                if self._marks is not None and exc.err_code == fencing.WRONG_LAST_SEQUENCE:
+                    # The server refused this holder's write: a newer holder has marked the
+                    # stream. Nothing more from this one, not even a snapshot.
+                    if self._log is not None:
+                        self._log.warning("write refused by the server's fence: a newer lease holder writes")
+                    raise LeaseLost from exc
                 refused = records[exc.index] if exc.index is not None and exc.index < len(records) else None
                 if refused is not None and (exc.permanent or (exc.code == 503 and not self._stored_anywhere(refused[0]))):
                     emits = await self._set_aside(refused, str(exc), emits, inputs or {})

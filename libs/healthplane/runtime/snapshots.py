@@ -32,17 +32,20 @@ def chunk_subject(service: str, partition: int, slot: int, index: int) -> str:
 
 async def save(js: JetStreamContext, *, service: str, partition: int, taken_at: datetime,
                positions: dict[str, int], outputs: dict[str, int], state_json: bytes,
-               previous_slot: int | None, lease_revisions: dict[str, int] | None = None) -> wire.Snapshot:
+               previous_slot: int | None, lease_revisions: dict[str, int] | None = None,
+               headers: dict[str, str] | None = None) -> wire.Snapshot:
+    """Chunks into the slot not in force, then the manifest that points at them; ``headers``
+    go on every record (a lease holder's fence, runtime.fencing)."""
     compressed = zlib.compress(state_json, 1)
     digest = hashlib.sha256(compressed).hexdigest()
     slot = 0 if previous_slot in (None, 1) else 1
     chunks = [compressed[i:i + CHUNK_BYTES] for i in range(0, len(compressed), CHUNK_BYTES)] or [b""]
     for index, chunk in enumerate(chunks):
         await js.publish(chunk_subject(service, partition, slot, index), chunk, stream=STREAM,
-                         headers={DIGEST_HEADER: digest})
+                         headers={**(headers or {}), DIGEST_HEADER: digest})
     manifest = wire.Snapshot(service=service, partition=partition, taken_at=taken_at, positions=positions,
                              outputs=outputs, lease_revisions=lease_revisions or {}, slot=slot, chunks=len(chunks), size=len(compressed), digest=digest)
-    await js.publish(subjects.snapshot(service, partition), wire.encode(manifest), stream=STREAM)
+    await js.publish(subjects.snapshot(service, partition), wire.encode(manifest), stream=STREAM, headers=headers)
     return manifest
 
 
