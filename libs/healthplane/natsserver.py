@@ -220,6 +220,8 @@ class NatsCluster:
                  name: str = "healthplane") -> None:
         if size < 1:
             raise NatsServerError(f"a cluster needs at least one server, not {size}")
+        self.store_dir = Path(store_dir)
+        self.keystore = keystore
         route_ports = tuple(free_port(host) for _ in range(size))
         client_ports = ports or [0] * size
         self.servers = [
@@ -260,3 +262,6 @@ class NatsCluster:
     def stop(self, timeout_s: float = 10.0) -> None:
         for server in self.servers:
             server.stop(timeout_s)
+
+    def named(self, name: str) -> NatsServer:
+        return next(server for server in self.servers if server.name == name)

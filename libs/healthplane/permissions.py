@@ -158,9 +158,10 @@ def _extra_publish(role: str) -> tuple[str, ...]:
     common: tuple[str, ...] = ("$JS.API.INFO", "$JS.API.STREAM.NAMES", "$JS.API.STREAM.INFO.*")
     if role in SERVICE_ROLES:
         own_lease = f"$KV.{streams.LEASES_BUCKET}.{encode_token(role)}"
-        # A stream only this service writes it may purge (the scorer drops a removed node's view).
+        # A stream only this service writes it may purge (the scorer drops a removed node's view);
+        # the replicas' fence marks (runtime.fencing) are every service's and do not count.
         owned = tuple(f"$JS.API.STREAM.PURGE.{s.name}" for s in streams.STREAMS
-                      if all(c.writers == (role,) for c in s.channels))
+                      if all(c.writers == (role,) for c in s.channels if not c.address.startswith(streams.FENCE_PREFIX)))
         common = (*common, *owned)
         if role == "substrate-bridge":  # it sizes the nodes bucket (BRG-1) and writes it
             return (*common, own_lease, f"$JS.API.STREAM.UPDATE.KV_{streams.NODES_BUCKET}",

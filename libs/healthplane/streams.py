@@ -12,10 +12,13 @@ stream and the field when an existing stream conflicts in a way JetStream cannot
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Iterable
 from dataclasses import dataclass
 from typing import Final
 
+from nats.errors import NoRespondersError
+from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import JetStreamContext
 from nats.js.api import (
     DiscardPolicy,
@@ -24,7 +27,7 @@ from nats.js.api import (
     StorageType,
     StreamConfig,
 )
-from nats.js.errors import APIError, NotFoundError
+from nats.js.errors import APIError, NotFoundError, ServiceUnavailableError
 
 HOUR: Final = 3600.0
 DAY: Final = 24 * HOUR
@@ -93,7 +96,14 @@ class StreamDef:
             discard=DiscardPolicy.OLD,
             duplicate_window=DUPLICATE_WINDOW,
             allow_direct=True,
+            # A lease holder's records go as atomic batches bound to its fence mark
+            # (runtime.fencing); nats-server 2.12 or later.
+            allow_atomic=True if self.fenced else None,
         )
+
+    @property
+    def fenced(self) -> bool:
+        return any(c.address.startswith(FENCE_PREFIX) for c in self.channels)
 
 
 # Who may publish what (SEC-1): the identities of healthplane.permissions. A collector writes
@@ -233,7 +243,7 @@ _IMMUTABLE: Final = ("retention", "storage")
 # Fields we own and converge on; everything else the server fills in is left alone.
 _COMPARED: Final = (
     "subjects", "retention", "storage", "max_age", "max_msgs_per_subject", "max_msgs", "max_bytes",
-    "num_replicas", "duplicate_window", "allow_direct", "discard",
+    "num_replicas", "duplicate_window", "allow_direct", "discard", "allow_atomic",
 )
 
 
@@ -255,6 +265,8 @@ def _differences(existing: StreamConfig, wanted: StreamConfig) -> list[str]:
             have, want = sorted(have or []), sorted(want or [])
         if field in ("max_age", "duplicate_window"):
             have, want = round(float(have or 0), 3), round(float(want or 0), 3)
+        if field == "allow_atomic":  # unset and false are the same to the server
+            have, want = bool(have), bool(want)
         if have != want:
             diffs.append(field)
     return diffs
@@ -281,6 +293,7 @@ async def ensure(
     place); ``None`` (a service starting) leaves existing ones as their operator made them
     and creates missing ones at :func:`replicas_for` the ``servers`` the client sees. More
     replicas than the cluster has servers is refused with the stream named."""
+    await _jetstream_answers(js)
     created: list[str] = []
     updated: list[str] = []
     for definition in streams:
@@ -332,6 +345,24 @@ async def ensure(
             await _placed(stream, replicas, js.update_stream(info.config))
             updated.append(stream)
     return EnsureResult(tuple(created), tuple(updated))
+
+
+JETSTREAM_WAIT_S: Final = 30.0
+
+
+async def _jetstream_answers(js: JetStreamContext, timeout_s: float = JETSTREAM_WAIT_S) -> None:
+    """Until JetStream answers for this account: a cluster just started (or electing its meta
+    leader after a loss) says "JetStream not enabled for account" or nothing for a few seconds.
+    Past ``timeout_s`` the last error is raised."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while True:
+        try:
+            await js.account_info()
+            return
+        except (ServiceUnavailableError, NoRespondersError, NatsTimeoutError):
+            if asyncio.get_running_loop().time() > deadline:
+                raise
+            await asyncio.sleep(0.2)
 
 
 async def _placed(stream: str, replicas: int, request: Awaitable[object]) -> None:

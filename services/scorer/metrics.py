@@ -16,13 +16,10 @@ HEALTH_STATES = ("healthy", "degraded", "unknown")
 
 
 class NodeSeries(Collector):
-    def __init__(self, state: Callable[[], ScorerState], is_leader: Callable[[], bool]) -> None:
-        self._state = state
-        self._is_leader = is_leader
+    def __init__(self, state: Callable[[], ScorerState]) -> None:
+        self._state = state  # a standby's is empty (lifecycle.run_processor_service)
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
-        if not self._is_leader():
-            return
         state = self._state()
         nodes = list(state.nodes.values())  # one atomic copy: the event loop mutates the dict
         score = GaugeMetricFamily("healthplane_node_reliability_score",

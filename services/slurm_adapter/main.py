@@ -29,7 +29,8 @@ import pydantic
 from prometheus_client import Counter, Gauge, Histogram
 
 from healthplane.runtime.backoff import Backoff
-from healthplane.runtime.lifecycle import ServiceContext, run_service, until_stopped
+from healthplane.runtime.lease import Lease
+from healthplane.runtime.lifecycle import Runner, ServiceContext, run_service, serve_replicated
 from healthplane.runtime.processor import Emit, Processor, tell
 from healthplane.settings import EnvSettings
 from healthplane_slurm_adapter.fold import (
@@ -206,12 +207,18 @@ def main(args: argparse.Namespace) -> int:
         return 2
 
     async def serve(ctx: ServiceContext) -> None:
-        core = core_from(settings)
-        proc = Processor(nc=ctx.nc, js=ctx.js, service=SERVICE, core=core, state_type=AdapterState,
-                         inputs=INPUTS, outputs=OUTPUTS, batch=512, log=ctx.log)
         slurm = Slurm(settings.bin_dir, timeout_s=settings.command_timeout_seconds)
         ctx.log.info("slurm adapter settings", **settings.model_dump())
-        await proc.start()
-        await until_stopped(ctx, proc, Reconciler(proc, core, slurm, settings, ctx.log))
+
+        async def lead(lease: Lease) -> list[Runner]:
+            # One replica talks to Slurm: the holder's decisions go out through its fenced
+            # Processor before any command runs, so a holder fenced off runs none.
+            core = core_from(settings)
+            proc = Processor(nc=ctx.nc, js=ctx.js, service=SERVICE, core=core, state_type=AdapterState,
+                             inputs=INPUTS, outputs=OUTPUTS, batch=512, log=ctx.log, fence=lease.fence)
+            await proc.start()
+            return [proc, Reconciler(proc, core, slurm, settings, ctx.log)]
+
+        await serve_replicated(ctx, SERVICE, lead)
 
     return run_service(SERVICE, serve, nats_url=args.nats_url, creds=args.creds, metrics_port=args.metrics_port)

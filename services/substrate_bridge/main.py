@@ -22,7 +22,8 @@ from nats.js.errors import NoKeysError
 from healthplane import configstore, streams, wire
 from healthplane.runtime import consumers, metrics
 from healthplane.runtime.deadletters import SetAside
-from healthplane.runtime.lifecycle import ServiceContext, run_service, until_stopped
+from healthplane.runtime.lease import Lease
+from healthplane.runtime.lifecycle import Runner, ServiceContext, run_service, serve_replicated
 from healthplane.runtime.publish import Outbound, Publisher, PublishError
 from healthplane.runtime.pull import Delivery, PullLoop
 from healthplane.runtime.replay import read_all
@@ -191,10 +192,14 @@ def main(args: argparse.Namespace) -> int:
         return 2
 
     async def serve(ctx: ServiceContext) -> None:
-        await apply_cap(ctx.js, ctx.log, settings)
-        bridge = Bridge(ctx, settings.bucket_sample_seconds)
-        await bridge.start()
-        await until_stopped(ctx, bridge)
+        async def lead(_lease: Lease) -> list[Runner]:
+            # One replica consumes: two would each register a newcomer (HA-3).
+            await apply_cap(ctx.js, ctx.log, settings)
+            bridge = Bridge(ctx, settings.bucket_sample_seconds)
+            await bridge.start()
+            return [bridge]
+
+        await serve_replicated(ctx, SERVICE, lead)
 
     return run_service(SERVICE, serve, nats_url=args.nats_url, creds=args.creds,
                        metrics_port=args.metrics_port)

@@ -32,7 +32,8 @@ from healthplane import configstore, subjects, wire
 from healthplane.config import ConfigError
 from healthplane.runtime import consumers, metrics
 from healthplane.runtime.deadletters import SetAside
-from healthplane.runtime.lifecycle import ServiceContext, run_service, until_stopped
+from healthplane.runtime.lease import Lease
+from healthplane.runtime.lifecycle import Runner, ServiceContext, run_service, serve_replicated
 from healthplane.runtime.logs import LogBudget
 from healthplane.runtime.publish import Publisher
 from healthplane.runtime.pull import Delivery, PullLoop
@@ -365,9 +366,14 @@ def main(args: argparse.Namespace) -> int:
     settings = Settings.from_env(os.environ)
 
     async def serve(ctx: ServiceContext) -> None:
-        dispatcher = Dispatcher(ctx, settings)
-        await dispatcher.start()
-        await until_stopped(ctx, dispatcher)
+        async def lead(_lease: Lease) -> list[Runner]:
+            # One replica delivers: per endpoint, events go out in the order they happened,
+            # which two consumers of one durable could not keep (HA-3).
+            dispatcher = Dispatcher(ctx, settings)
+            await dispatcher.start()
+            return [dispatcher]
+
+        await serve_replicated(ctx, SERVICE, lead)
 
     return run_service(SERVICE, serve, nats_url=args.nats_url, creds=args.creds,
                        metrics_port=args.metrics_port)

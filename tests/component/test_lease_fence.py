@@ -46,6 +46,28 @@ async def test_the_fence_closes_before_the_lease_can_expire(nats_server: NatsSer
         await nc.close()
 
 
+async def test_a_restarted_instance_takes_its_own_lease_back_at_once(nats_server: NatsServer,
+                                                                    js: JetStreamContext) -> None:
+    # HA-3: a replica killed and started again under its instance name (runtime.lease) leads at
+    # its first attempt, not a TTL later; another instance still waits for the lease to lapse.
+    nc = await connect(nats_server.url, name="restart-test", creds=creds_for(nats_server, "scorer"), give_up_after=5)
+    try:
+        crashed = Lease(nc.jetstream(), "scorer", "host-a/scorer")
+        assert await crashed.attempt()
+        revision = crashed.fence()  # then kill -9: no release
+        other = Lease(nc.jetstream(), "scorer", "host-b/scorer")
+        assert not await other.attempt()
+        restarted = Lease(nc.jetstream(), "scorer", "host-a/scorer")
+        assert await restarted.attempt()
+        renewed = restarted.fence()
+        assert renewed is not None and revision is not None and renewed > revision
+        assert not await crashed.attempt()  # the old process, were it alive, holds nothing
+        assert not await other.attempt()
+        await restarted.release()
+    finally:
+        await nc.close()
+
+
 def _assessment(node: str, n: int) -> wire.Assessment:
     at = T0 + timedelta(seconds=n)
     failing = n % 2 == 1
@@ -56,7 +78,7 @@ def _assessment(node: str, n: int) -> wire.Assessment:
 
 def _scorer(server: NatsServer, log: Path) -> subprocess.Popen[bytes]:
     return subprocess.Popen([sys.executable, "-m", "healthplane.cli", "service", "scorer"],
-                            env=env_for(server, "scorer"),
+                            env=env_for(server, "scorer", HEALTHPLANE_INSTANCE=log.stem),  # two replicas
                             stdout=subprocess.DEVNULL, stderr=open(log, "ab"))
 
 

@@ -89,7 +89,7 @@ async def test_only_the_leader_exports_node_series_and_failover_moves_them(
     ingest = start(nats_server, "health-ingest", tmp_path / "ingest.log")
     scorers = [subprocess.Popen(
         [sys.executable, "-m", "healthplane.cli", "service", "scorer", "--metrics-port", str(port)],
-        env=env_for(nats_server, "scorer"),
+        env=env_for(nats_server, "scorer", HEALTHPLANE_INSTANCE=f"scorer-{port}"),  # two replicas
         stdout=subprocess.DEVNULL, stderr=open(tmp_path / f"scorer-{port}.log", "ab")) for port in ports]
     try:
         await js.publish(subjects.resource("lab", "fresh-1"), wire.encode(resource_report("fresh-1", cluster="lab")))

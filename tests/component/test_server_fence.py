@@ -14,7 +14,7 @@ from healthplane import streams, subjects, wire
 from healthplane.natsserver import NatsServer
 from healthplane.runtime.connect import connect
 from healthplane.runtime.lease import HEADER
-from healthplane.runtime.processor import LeaseLost, Processor
+from healthplane.runtime.processor import Emit, LeaseLost, Processor
 from healthplane.runtime.replay import read_all
 from healthplane_scorer.fold import INPUTS, OUTPUTS, SERVICE, ScorerCore, ScorerState
 from tests.support.secure import creds_for
@@ -43,8 +43,8 @@ async def _until(check, timeout: float = 20.0) -> None:  # type: ignore[no-untyp
 
 async def test_a_superseded_holder_is_refused_by_the_server(nats_server: NatsServer, js: JetStreamContext) -> None:
     # HA-3: holder A (lease revision 5) writes; B (revision 7) takes over and marks the streams;
-    # A, whose clock still says it leads, folds one more input: the server refuses its write,
-    # A stops with LeaseLost, and every stored view after B's mark is B's.
+    # A, whose clock still says it leads, sends the write it had queued: the server refuses it,
+    # A stops with LeaseLost, and every stored record after B's mark is B's.
     creds = creds_for(nats_server, "scorer")
     nc_a = await connect(nats_server.url, name="holder-a", creds=creds, give_up_after=5)
     nc_b = await connect(nats_server.url, name="holder-b", creds=creds, give_up_after=5)
@@ -58,11 +58,18 @@ async def test_a_superseded_holder_is_refused_by_the_server(nats_server: NatsSer
             return bool(await read_all(nc_a, js, "HP_NODES", "hp.node.lab.n1"))
 
         await _until(a_wrote)
+        [a_view] = await read_all(nc_a, js, "HP_NODES", "hp.node.lab.n1")
         await b.start()  # B marks every stream it writes (and the snapshots)
         running_b = asyncio.create_task(b.run())
-        await js.publish(subjects.assessment("lab", "n2"), _assessment("n2", 2))
+
+        def queued(state: ScorerState, now: datetime) -> tuple[ScorerState, list[Emit]]:
+            return state, [Emit(a_view.subject, a_view.data), Emit(subjects.event("lab", "n1", "SCORE_CHANGED"), b"{}")]
+
         with pytest.raises(LeaseLost):
-            await asyncio.wait_for(running_a, 20)
+            await a.act(queued)
+        a.stop()
+        await running_a
+        await js.publish(subjects.assessment("lab", "n2"), _assessment("n2", 2))
 
         async def b_wrote() -> bool:
             return bool(await read_all(nc_b, js, "HP_NODES", "hp.node.lab.n2"))
@@ -70,15 +77,15 @@ async def test_a_superseded_holder_is_refused_by_the_server(nats_server: NatsSer
         await _until(b_wrote)
         [view] = await read_all(nc_b, js, "HP_NODES", "hp.node.lab.n2")
         assert view.headers is not None and view.headers[HEADER] == "7"
-        # Nothing of A's after B's mark, in any stream the scorer writes.
+        # Nothing of A's after B's mark, in any stream the scorer writes, snapshots included
+        # (A's stop took none: its fence said it still led, the server said no).
         for stream in (*OUTPUTS, "HP_SNAPSHOTS"):
             mark = streams.fence_subject(stream, SERVICE)
             assert mark is not None
             marked_at = (await js.get_last_msg(stream, mark)).seq
-            after = [m for m in await read_all(nc_b, js, stream, list(streams.STREAMS_BY_NAME[stream].subjects),
-                                               start_seq=marked_at + 1, headers_only=True)
-                     if HEADER in (m.headers or {})]
-            assert all(m.headers and m.headers[HEADER] == "7" for m in after), stream
+            after = await read_all(nc_b, js, stream, list(streams.STREAMS_BY_NAME[stream].subjects),
+                                   start_seq=(marked_at or 0) + 1, headers_only=True)
+            assert not [m for m in after if (m.headers or {}).get(HEADER) == "5"], stream
         b.stop()
         await running_b
     finally:

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import os
 
-from healthplane.natsserver import NatsServer
+from healthplane.natsserver import NatsCluster, NatsServer
 
 
-def creds_for(server: NatsServer, role: str, name: str | None = None) -> str | None:
+def creds_for(server: NatsServer | NatsCluster, role: str, name: str | None = None) -> str | None:
     """The credentials file of ``role`` on ``server`` (issued once per test); ``None`` on an
     insecure server. ``name`` names a person (roles admin, viewer) or the cluster (sim)."""
     keystore = server.keystore
@@ -28,9 +28,12 @@ def creds_for(server: NatsServer, role: str, name: str | None = None) -> str | N
     return str(path)
 
 
-def env_for(server: NatsServer, role: str, name: str | None = None, **extra: str) -> dict[str, str]:
+def env_for(server: NatsServer | NatsCluster, role: str, name: str | None = None, **extra: str) -> dict[str, str]:
     """A child process's environment: this server, this identity, nothing of the test's own."""
-    env = {**os.environ, "HEALTHPLANE_NATS_URL": server.url, "HEALTHPLANE_LOG_FORMAT": "json", **extra}
+    # One instance name per role: a service a test kills and starts again takes its lease
+    # back at once (runtime.lease); a second replica alongside passes its own.
+    env = {**os.environ, "HEALTHPLANE_NATS_URL": server.url, "HEALTHPLANE_LOG_FORMAT": "json",
+           "HEALTHPLANE_INSTANCE": f"test-{role}", **extra}
     env.pop("HEALTHPLANE_NATS_CREDS", None)
     creds = creds_for(server, role, name)
     if creds is not None:

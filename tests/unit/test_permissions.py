@@ -110,3 +110,16 @@ def test_sec1_every_inbox_is_its_own() -> None:
         granted = permissions.of(role).subscribe
         assert f"{prefixes[role]}.>" in granted
         assert not any(s in ("_INBOX.>", ">") for s in granted)
+
+
+def test_ha3_every_service_marks_only_as_itself_and_the_marks_take_no_purge_away() -> None:
+    # HA-3 (runtime.fencing): a replica marks the streams it writes under its own name only;
+    # the marks beside the scorer's views leave HP_NODES the scorer's alone to purge.
+    for service in streams.SERVICES:
+        mark = streams.fence_subject("HP_NODES", service)
+        assert mark is not None and _allowed(service, mark)
+        for other in streams.SERVICES:
+            if other != service:
+                assert not _allowed(other, mark), f"{other} may mark as {service}"
+    assert "$JS.API.STREAM.PURGE.HP_NODES" in permissions.of("scorer").publish
+    assert not [p for p in permissions.of("policy").publish if p.startswith("$JS.API.STREAM.PURGE.HP_NODES")]

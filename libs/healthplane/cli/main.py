@@ -36,6 +36,8 @@ def _up_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--servers", type=_server_count, default=1, metavar="1|3|5",
                         help="nats-servers to start: 3 or 5 make a JetStream cluster, every stream R3 (HA-1); "
                              "client ports from --nats-port up")
+    parser.add_argument("--replicas", type=int, default=1, metavar="N",
+                        help="processes per service (2: a warm standby behind each service's lease, HA-3)")
     parser.add_argument("--config", help="cluster config to apply (default: built-in defaults)")
     parser.add_argument("--data-dir", default=".healthplane", help="store and stack.json (default ./.healthplane)")
     parser.add_argument("--insecure", action="store_true",

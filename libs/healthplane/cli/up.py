@@ -17,6 +17,7 @@ import asyncio
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -31,6 +32,7 @@ from healthplane.config import ClusterConfig, ConfigError, load_cluster_config
 from healthplane.creds import CredsError, Keystore, write_secret
 from healthplane.natsserver import NatsCluster, NatsServer, NatsServerError, free_port
 from healthplane.runtime.connect import connect
+from healthplane.runtime.lease import INSTANCE_ENV
 from healthplane.supervise import (
     GiveUp,
     LeaveStopped,
@@ -58,10 +60,20 @@ class Child:
     state: str = "running"  # running | restarting | failed | stopped
     failures_at: list[float] = field(default_factory=list)
     restart_at: float | None = None
+    replica: int = 1  # --replicas: the second scorer is replica 2
+
+    @property
+    def label(self) -> str:
+        return _label(self.name, self.replica)
 
     @property
     def metrics_url(self) -> str:
         return f"http://127.0.0.1:{self.port}/metrics"
+
+
+def _label(name: str, replica: int) -> str:
+    """Unique among the children: the log file's name and what ``up`` prints."""
+    return name if replica == 1 else f"{name}-{replica}"
 
 
 def _fail(message: str) -> int:
@@ -74,6 +86,8 @@ def run(args: argparse.Namespace) -> int:
         config = load_cluster_config(args.config) if args.config else ClusterConfig()
     except ConfigError as exc:
         return _fail(str(exc).splitlines()[0])
+    if args.replicas < 1:
+        return _fail(f"--replicas {args.replicas}: at least 1")
     if args.nats_url and args.servers > 1:
         return _fail("--servers starts nats-servers and --nats-url uses running ones: give one of them")
     data_dir = Path(args.data_dir).resolve()
@@ -115,8 +129,9 @@ def run(args: argparse.Namespace) -> int:
 
         log_dir = data_dir / "logs"
         log_dir.mkdir(exist_ok=True)
-        for name in registry.control_plane(args.scheduler):
-            children.append(_start_service(name, nats_url, log_dir, identities))
+        for replica in range(1, args.replicas + 1):  # HA-3: each replica stands by behind its lease
+            for name in registry.control_plane(args.scheduler):
+                children.append(_start_service(name, nats_url, log_dir, identities, replica))
         if not args.no_sim:
             fleet = ["sim", "run", "--nodes", str(args.nodes), "--provisioned", str(args.nodes // 2),
                      "--cluster", config.cluster]
@@ -210,12 +225,12 @@ RESTART_POLICY = RestartPolicy()
 def _supervise(child: Child, nats_url: str, log_dir: Path, now: float) -> bool:
     """One look at ``child``: restart it when it died and its delay has passed; True when
     what ``stack.json`` says of it changed."""
-    log = log_dir / f"{child.name}.log"
+    log = log_dir / f"{child.label}.log"
     if child.state == "restarting" and child.restart_at is not None and now >= child.restart_at:
-        child.process = _spawn(child.name, child.command, child.port, nats_url, log_dir, child.creds)
+        child.process = _spawn(child.label, child.command, child.port, nats_url, log_dir, child.creds)
         child.restarts += 1
         child.state, child.restart_at = "running", None
-        print(f"healthplane up: {child.name} restarted (pid {child.process.pid}, restart {child.restarts})",
+        print(f"healthplane up: {child.label} restarted (pid {child.process.pid}, restart {child.restarts})",
               file=sys.stderr)
         return True
     code = child.process.poll() if child.state == "running" else None
@@ -227,15 +242,15 @@ def _supervise(child: Child, nats_url: str, log_dir: Path, now: float) -> bool:
     match decision:
         case Restart(delay_s):
             child.state, child.restart_at = "restarting", now + delay_s
-            print(f"healthplane up: {child.name} {exit_reason(code)}; restarting in {delay_s:g}s; see {log}",
+            print(f"healthplane up: {child.label} {exit_reason(code)}; restarting in {delay_s:g}s; see {log}",
                   file=sys.stderr)
         case GiveUp(reason):
             child.state = "failed"
-            print(f"healthplane up: {child.name} {exit_reason(code)} and {reason}; not restarting it; see {log}",
+            print(f"healthplane up: {child.label} {exit_reason(code)} and {reason}; not restarting it; see {log}",
                   file=sys.stderr)
         case LeaveStopped(reason):
             child.state = "stopped"
-            print(f"healthplane up: {child.name} {reason}; not restarted; see {log}", file=sys.stderr)
+            print(f"healthplane up: {child.label} {reason}; not restarted; see {log}", file=sys.stderr)
     return True
 
 
@@ -254,7 +269,7 @@ def _write_stack(data_dir: Path, nats_url: str, servers: list[NatsServer], child
     if server_tls is not None:
         stack["tlsCa"] = str(server_tls.ca)
     stack["services"] = [
-        {"name": c.name, "pid": c.process.pid, "metricsUrl": c.metrics_url, "state": c.state,
+        {"name": c.name, "replica": c.replica, "pid": c.process.pid, "metricsUrl": c.metrics_url, "state": c.state,
          "restarts": c.restarts} for c in children
     ]
     # Replaced whole, never half-written: a reader polling it sees the old or the new one.
@@ -267,19 +282,23 @@ def _pid(server: NatsServer) -> int | None:
     return server.process.pid if server.process else None
 
 
-def _start_service(name: str, nats_url: str, log_dir: Path, identities: Identities | None) -> Child:
-    return _start_child(name, ["service", name], nats_url, log_dir, identities)
+def _start_service(name: str, nats_url: str, log_dir: Path, identities: Identities | None, replica: int = 1) -> Child:
+    return _start_child(name, ["service", name], nats_url, log_dir, identities, replica)
 
 
-def _start_child(name: str, command: list[str], nats_url: str, log_dir: Path, identities: Identities | None) -> Child:
+def _start_child(name: str, command: list[str], nats_url: str, log_dir: Path, identities: Identities | None,
+                 replica: int = 1) -> Child:
     port = free_port()
-    creds = identities.by_child[name] if identities else None
-    return Child(name, command, port, _spawn(name, command, port, nats_url, log_dir, creds), creds)
+    creds = identities.by_child[name] if identities else None  # replicas share their service's identity
+    process = _spawn(_label(name, replica), command, port, nats_url, log_dir, creds)
+    return Child(name, command, port, process, creds, replica=replica)
 
 
 def _spawn(name: str, command: list[str], port: int, nats_url: str, log_dir: Path,
            creds: Path | None) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "HEALTHPLANE_NATS_URL": nats_url, "HEALTHPLANE_LOG_FORMAT": "json"}
+    # A replica restarted after a crash takes its own lease back at once (runtime.lease).
+    env = {**os.environ, "HEALTHPLANE_NATS_URL": nats_url, "HEALTHPLANE_LOG_FORMAT": "json",
+           INSTANCE_ENV: f"{socket.gethostname()}/{name}"}
     env.pop("HEALTHPLANE_NATS_CREDS", None)  # each child its own identity, never the caller's
     if creds is not None:
         env["HEALTHPLANE_NATS_CREDS"] = str(creds)
@@ -302,7 +321,7 @@ def _check_alive(children: list[Child], log_dir: Path, timeout_s: float = 60.0) 
     while waiting:
         for child in list(waiting):
             if child.process.poll() is not None:
-                raise CannotStart(f"{child.name} exited at start; see {log_dir / child.name}.log")
+                raise CannotStart(f"{child.label} exited at start; see {log_dir / child.label}.log")
             try:
                 with urllib.request.urlopen(child.metrics_url, timeout=1) as answer:
                     if answer.status == 200:
@@ -310,7 +329,8 @@ def _check_alive(children: list[Child], log_dir: Path, timeout_s: float = 60.0) 
             except OSError:
                 pass
         if waiting and time.monotonic() > deadline:
-            raise CannotStart(f"{waiting[0].name} did not answer within {timeout_s:g}s; see {log_dir / waiting[0].name}.log")
+            raise CannotStart(f"{waiting[0].label} did not answer within {timeout_s:g}s; "
+                              f"see {log_dir / waiting[0].label}.log")
         time.sleep(0.1)
 
 
@@ -351,7 +371,7 @@ def _print_table(nats_url: str, servers: list[NatsServer], children: list[Child]
                  simulated: int) -> None:
     rows = [(f"nats-server {s.name}" if len(servers) > 1 else "nats-server", str(_pid(s) or "-"), "-", s.url)
             for s in servers] or [("nats-server", "-", "-", nats_url)]
-    rows += [(c.name, str(c.process.pid), str(c.restarts), c.metrics_url) for c in children]
+    rows += [(c.label, str(c.process.pid), str(c.restarts), c.metrics_url) for c in children]
     width = max(len(r[0]) for r in rows)
     print(f"{'SERVICE':<{width}}  {'PID':>7}  RESTARTS  ENDPOINT")
     for name, pid, restarts, endpoint in rows:

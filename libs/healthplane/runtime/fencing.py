@@ -7,7 +7,10 @@ check and the socket. So each holder, on taking over, appends a *mark* to every 
 writes (``streams.fence_subject``: ``hp.fence.<stream>.<service>.<partition>``), and each of
 its records carries ``Nats-Expected-Last-Subject-Sequence-Subject`` = that subject and
 ``Nats-Expected-Last-Subject-Sequence`` = its mark's sequence: nats-server stores the record
-only while the holder's mark is still the last one there (err 10071 otherwise).
+only while the holder's mark is still the last one there (err 10071 otherwise). On a cluster
+the server serialises writes that carry an expectation on the same subject, so a holder's
+records go as atomic batches (``Publisher.store_atomic``, streams with ``allow_atomic``),
+the expectation on each batch's first record: checked once, stored whole or not at all.
 
 Marks are ordered by lease revision (the KV bucket's sequence, higher for every new holder):
 a claim reads the last mark and appends its own only when that mark's revision is not
@@ -32,6 +35,9 @@ from healthplane import streams
 EXPECT_SEQ: Final = "Nats-Expected-Last-Subject-Sequence"
 EXPECT_SUBJECT: Final = "Nats-Expected-Last-Subject-Sequence-Subject"
 WRONG_LAST_SEQUENCE: Final = 10071
+# Another write with an expectation on the same subject is still being stored (a cluster
+# serialises them): not a verdict, try again.
+EXPECTATION_IN_PROCESS: Final = 10164
 REMARK_EVERY_S: Final = 6 * 3600.0  # the shortest max_age of a fenced stream is 7 days
 _CLAIM_TRIES: Final = 8
 
@@ -89,8 +95,8 @@ class Marks:
                 ack = await self._js.publish(subject, msgspec.json.encode(Mark(revision=revision, holder=self._holder)),
                                              stream=stream, headers={EXPECT_SEQ: str(last_seq)})
             except APIError as exc:
-                if exc.err_code == WRONG_LAST_SEQUENCE:
-                    continue  # another claim landed in between: read again
+                if exc.err_code in (WRONG_LAST_SEQUENCE, EXPECTATION_IN_PROCESS):
+                    continue  # another claim landed (or is landing) in between: read again
                 raise
             return int(ack.seq)
         raise Superseded(f"{stream}: the mark kept changing under {_CLAIM_TRIES} claims")

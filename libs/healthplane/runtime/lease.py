@@ -19,24 +19,37 @@ higher one, which covers the last window: a write queued in the client before th
 from __future__ import annotations
 
 import asyncio
+import os
+import socket
 import time
 from collections.abc import Callable
 from typing import Any
 
 from nats.js import JetStreamContext
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError, NotFoundError
+from nats.js.kv import KeyValue
 
 from healthplane.streams import LEASE_TTL_S as TTL_S
 from healthplane.streams import LEASES_BUCKET as BUCKET
 
 HEADER = "Hp-Lease-Rev"
 RETRY_S = 0.5
+# Who holds a lease: a name that stays the same across a restart of the same replica (``up``
+# names each child, the systemd unit the host), so a replica restarted after a crash takes its
+# own lease back at once instead of waiting out the TTL. Two live processes must never share
+# one; without it each process is its own (host:pid).
+INSTANCE_ENV = "HEALTHPLANE_INSTANCE"
+
+
+def instance_name() -> str:
+    return os.environ.get(INSTANCE_ENV) or f"{socket.gethostname()}:{os.getpid()}"
 
 
 class Lease:
     def __init__(self, js: JetStreamContext, name: str, holder: str, *, ttl_s: float = TTL_S,
                  on_change: Callable[[bool], None] | None = None, log: Any = None) -> None:
         self._js, self.name, self.holder = js, name, holder
+        self.ttl_s = ttl_s
         self._renew_every_s = ttl_s / 3
         # The fence closes this long before the key can expire: time for the renewal's own
         # round trip and for clocks that do not tick at quite the same rate.
@@ -67,7 +80,7 @@ class Lease:
             if self._revision is not None:
                 self._revision = await kv.update(self.name, value, last=self._revision)
             else:
-                self._revision = await kv.create(self.name, value)
+                self._revision = await self._take(kv, value)
             self._renewed_at = sent_at
         except (KeyWrongLastSequenceError, KeyNotFoundError, NotFoundError):
             self._revision = None  # another holder has it, or it expired: not ours
@@ -79,13 +92,22 @@ class Lease:
             self.unanswered = True
             if self._log is not None:
                 self._log.warning("lease renewal failed", lease=self.name, error=str(exc) or type(exc).__name__)
-            if self._revision is not None and self.fence() is not None:
-                return True
-            self._revision = None
-        else:
-            self.unanswered = False
+            return self.fence() is not None
+        self.unanswered = False
         self._set(self._revision is not None)
         return self.is_leader
+
+    async def _take(self, kv: KeyValue, value: bytes) -> int:
+        """Create the key; when it holds our own name already, take it over: it is this
+        instance's lease from before a restart (the process that held it is gone, and this is
+        its replacement), or one of our renewals that landed without its answer."""
+        try:
+            return await kv.create(self.name, value)
+        except KeyWrongLastSequenceError:
+            entry = await kv.get(self.name)
+            if entry.value != value or entry.revision is None:
+                raise
+            return await kv.update(self.name, value, last=entry.revision)
 
     def fence(self) -> int | None:
         """The lease's revision while this holder may still write; ``None`` once it may not
@@ -93,10 +115,12 @@ class Lease:
         if self._revision is None or self._renewed_at is None:
             return None
         if time.monotonic() - self._renewed_at >= self._valid_for_s:
-            if self._log is not None:
+            if self._log is not None and self.is_leader:
                 self._log.warning("lease not renewed in time: writes fenced off", lease=self.name,
                                   since_renewal_s=round(time.monotonic() - self._renewed_at, 2))
-            self._revision = None
+            # Not renewed in time: no more writes. The revision is kept for the next renewal's
+            # compare-and-set, which succeeds only if nobody took the key meanwhile and it has
+            # not expired, so a holder that rides out a bucket election leads again at once.
             self._set(False)
             return None
         return self._revision
@@ -104,8 +128,9 @@ class Lease:
     async def run(self, stopping: asyncio.Event) -> None:
         while not stopping.is_set():
             await self.attempt()
-            # A round the bus did not answer is tried again soon, while the fence still holds.
-            delay = RETRY_S if self.unanswered else self._renew_every_s
+            # A holder renews at a third of the TTL; a standby, or a holder whose round the bus
+            # did not answer, tries again soon: a lease that lapses is taken within RETRY_S.
+            delay = self._renew_every_s if self.is_leader and not self.unanswered else RETRY_S
             try:
                 await asyncio.wait_for(stopping.wait(), delay)
             except TimeoutError:

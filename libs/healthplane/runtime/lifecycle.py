@@ -3,6 +3,13 @@
 ``run_service`` is the one entry point every ``healthplane service NAME`` goes through.
 SIGTERM/SIGINT set ``ctx.stopping``; the service finishes the batch in hand, acks,
 snapshots and returns, and the process exits 0.
+
+``serve_replicated`` is how every service runs twice safely (HA-3): each replica competes
+for the service's lease (``runtime.lease``); the holder builds its runners (a Processor
+restored from the latest snapshot, a consumer loop) and runs them, the others wait as warm
+standbys, retrying every half second so that a holder killed with -9 is replaced as soon as
+its lease expires. A holder whose lease lapses, or whose write the server's fence refuses
+(``runtime.fencing``), stops its runners, writes nothing more, and waits to lead again.
 """
 
 from __future__ import annotations
@@ -11,16 +18,19 @@ import asyncio
 import signal
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
+from nats import errors as nats_errors
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
+from nats.js.errors import ServiceUnavailableError
 from prometheus_client import REGISTRY
 from prometheus_client.registry import Collector
 
 from healthplane import streams
 from healthplane.runtime import connect, logs, metrics
-from healthplane.runtime.processor import Core, Input, Processor
+from healthplane.runtime.lease import Lease, instance_name
+from healthplane.runtime.processor import Core, Input, LeaseLost, Processor
 
 S = TypeVar("S")
 
@@ -97,6 +107,66 @@ async def until_stopped(ctx: ServiceContext, *runners: Any) -> None:
     waiter.cancel()
 
 
+class Runner(Protocol):
+    async def run(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+
+async def serve_replicated(ctx: ServiceContext, lease_name: str,
+                           lead: Callable[[Lease], Awaitable[Sequence[Runner]]]) -> None:
+    """Run what ``lead`` builds while this replica holds ``lease_name``; stand by otherwise.
+    ``lead`` gets the lease to fence its writes with (``Processor(fence=lease.fence)``) and
+    returns its runners, already started; they are stopped when the lease is lost."""
+    leading, lost = asyncio.Event(), asyncio.Event()
+
+    def on_change(leader: bool) -> None:
+        (leading if leader else lost).set()
+
+    lease = Lease(ctx.js, lease_name, instance_name(), on_change=on_change, log=ctx.log)
+    holder = asyncio.create_task(lease.run(ctx.stopping))
+    try:
+        while not ctx.stopping.is_set():
+            if not lease.is_leader and not await _first(leading, ctx.stopping):
+                break
+            leading.clear()
+            lost.clear()
+            try:
+                runners = await lead(lease)
+                tasks = [asyncio.create_task(r.run()) for r in runners]
+                waiters = [asyncio.create_task(lost.wait()), asyncio.create_task(ctx.stopping.wait())]
+                await asyncio.wait([*tasks, *waiters], return_when=asyncio.FIRST_COMPLETED)
+                for runner in runners:
+                    runner.stop()
+                for waiter in waiters:
+                    waiter.cancel()
+                for result in await asyncio.gather(*tasks, return_exceptions=True):
+                    if isinstance(result, BaseException) and not isinstance(result, LeaseLost):
+                        raise result
+            except LeaseLost:
+                pass
+            except (nats_errors.TimeoutError, nats_errors.NoRespondersError, ServiceUnavailableError) as exc:
+                # JetStream busy electing leaders after a server loss: the takeover is tried
+                # again while the lease holds, not given up with the process.
+                ctx.log.warning("taking over failed, trying again", lease=lease_name, error=str(exc) or type(exc).__name__)
+                await _first(lost, ctx.stopping, timeout_s=1.0)
+                continue
+            if not ctx.stopping.is_set():
+                ctx.log.warning("not leading: stopped writing, standing by", lease=lease_name)
+                await _first(lost, ctx.stopping, timeout_s=lease.ttl_s)  # the lapse, if it has not come
+    finally:
+        await holder
+
+
+async def _first(event: asyncio.Event, stopping: asyncio.Event, timeout_s: float | None = None) -> bool:
+    """Wait for ``event`` or ``stopping`` (at most ``timeout_s``); True when ``event`` came first."""
+    waiters = [asyncio.create_task(event.wait()), asyncio.create_task(stopping.wait())]
+    await asyncio.wait(waiters, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+    for waiter in waiters:
+        waiter.cancel()
+    return event.is_set() and not stopping.is_set()
+
+
 def run_processor_service(args: Any, service: str, core: Callable[[ServiceContext], Core[S]], state_type: type[S],
                           inputs: Sequence[Input], outputs: Sequence[str], *,
                           series: Callable[[Callable[[], S]], Collector] | None = None) -> int:
@@ -104,11 +174,21 @@ def run_processor_service(args: Any, service: str, core: Callable[[ServiceContex
     state-derived metrics (``series``), run it until a signal arrives."""
 
     async def serve(ctx: ServiceContext) -> None:
-        proc = Processor(nc=ctx.nc, js=ctx.js, service=service, core=core(ctx), state_type=state_type,
-                         inputs=inputs, outputs=outputs, batch=512, log=ctx.log)
+        active: list[tuple[Processor[S], Lease]] = []  # the Processor of this replica's last lead
+
+        def led() -> S:  # a standby's metrics are empty, not the state it held last
+            return active[0][0].state if active and active[0][1].is_leader else state_type()
+
         if series is not None:
-            REGISTRY.register(series(lambda: proc.state))
-        await proc.start()
-        await until_stopped(ctx, proc)
+            REGISTRY.register(series(led))
+
+        async def lead(lease: Lease) -> list[Runner]:
+            proc = Processor(nc=ctx.nc, js=ctx.js, service=service, core=core(ctx), state_type=state_type,
+                             inputs=inputs, outputs=outputs, batch=512, log=ctx.log, fence=lease.fence)
+            await proc.start()
+            active[:] = [(proc, lease)]
+            return [proc]
+
+        await serve_replicated(ctx, service, lead)
 
     return run_service(service, serve, nats_url=args.nats_url, creds=args.creds, metrics_port=args.metrics_port)

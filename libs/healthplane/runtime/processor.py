@@ -331,6 +331,7 @@ class Processor(Generic[S]):
         # bound by the server to this holder's marks (runtime.fencing).
         self._fence = fence
         self._marks: fencing.Marks | None = None
+        self._superseded = False  # the server refused a write: a newer holder writes now
         self._lease_revisions: dict[str, int] = {}
         self._aside = deadletters.SetAside(nc, self._publisher, service, self.producer, log,
                                           before_write=self._write_allowed)
@@ -374,9 +375,42 @@ class Processor(Generic[S]):
             raise LeaseLost from exc
         self._marks = marks
 
-    def _fenced(self, subject: str, headers: dict[str, str]) -> dict[str, str]:
-        bound = self._marks.headers_for(subject) if self._marks is not None else None
-        return {**headers, **bound} if bound else headers
+    async def _store(self, records: list[Outbound]) -> list[Ack]:
+        """Store ``records``; behind a lease, each fenced stream's records go as atomic batches
+        bound to this holder's mark (runtime.fencing), the rest pipelined, all at once. A
+        :class:`PublishError`'s index is the record's in ``records``; a fence refusal wins
+        over any other error."""
+        marks = self._marks
+        if marks is None or not records:
+            return await self._publisher.store_all(records)
+        plain: list[int] = []
+        fenced: dict[str, list[int]] = {}
+        for index, (subject, _, _) in enumerate(records):
+            stream = marks.stream_of(subject)
+            if stream is not None and marks.headers(stream) is not None:
+                fenced.setdefault(stream, []).append(index)
+            else:
+                plain.append(index)
+
+        async def send(indexes: list[int], stream: str | None) -> list[Ack]:
+            chosen = [records[i] for i in indexes]
+            try:
+                if stream is None:
+                    return await self._publisher.store_all(chosen)
+                return await self._publisher.store_atomic(chosen, marks.headers(stream) or {})
+            except PublishError as exc:
+                if exc.index is not None and exc.index < len(indexes):
+                    exc.index = indexes[exc.index]
+                raise
+
+        sends = [send(plain, None)] if plain else []
+        sends += [send(indexes, stream) for stream, indexes in fenced.items()]
+        results = await asyncio.gather(*sends, return_exceptions=True)
+        failures = [r for r in results if isinstance(r, BaseException)]
+        if failures:
+            refused = [f for f in failures if isinstance(f, PublishError) and f.err_code == fencing.WRONG_LAST_SEQUENCE]
+            raise (refused or failures)[0]
+        return [ack for result in results if not isinstance(result, BaseException) for ack in result]
 
     async def run(self) -> None:
         """Process until :meth:`stop`; then snapshot and return."""
@@ -498,7 +532,7 @@ class Processor(Generic[S]):
 
     async def snapshot(self) -> None:
         async with self._lock:
-            if self._fence is not None and self._fence() is None:
+            if self._superseded or (self._fence is not None and self._fence() is None):
                 return  # a fenced-off holder must not overwrite the new holder's snapshot
             outputs = {}
             for stream in self._outputs:
@@ -512,6 +546,7 @@ class Processor(Generic[S]):
                     previous_slot=self._slot, lease_revisions=dict(self._lease_revisions), headers=bound)
             except APIError as exc:
                 if bound is not None and exc.err_code == fencing.WRONG_LAST_SEQUENCE:
+                    self._superseded = True
                     raise LeaseLost from exc  # a newer holder marked the stream: its snapshot stands
                 raise
             self._slot = manifest.slot
@@ -645,6 +680,8 @@ class Processor(Generic[S]):
         processor); raises :class:`LeaseLost` once the fence has closed."""
         if self._fence is None:
             return None
+        if self._superseded:
+            raise LeaseLost
         revision = self._fence()
         if revision is None:
             raise LeaseLost
@@ -690,15 +727,15 @@ class Processor(Generic[S]):
                     await self._marks.renew_if_due()
                 for emit, headers in emits:
                     if emit.purge_stream is not None:
-                        acks += await self._publisher.store_all(records)  # what came before lands first
+                        acks += await self._store(records)  # what came before lands first
                         records = []
                         self._write_allowed()
                         await self._js.purge_stream(emit.purge_stream, subject=emit.subject)
                         continue
                     if revision is not None:
-                        headers = self._fenced(emit.subject, {**headers, lease.HEADER: revision})
+                        headers = {**headers, lease.HEADER: revision}
                     records.append((emit.subject, emit.payload, headers))
-                acks += await self._publisher.store_all(records)
+                acks += await self._store(records)
             except fencing.Superseded as exc:
                 raise LeaseLost from exc
             except PublishError as exc:
@@ -709,6 +746,7 @@ class Processor(Generic[S]):
                     # stream. Nothing more from this one, not even a snapshot.
                     if self._log is not None:
                         self._log.warning("write refused by the server's fence: a newer lease holder writes")
+                    self._superseded = True
                     raise LeaseLost from exc
                 refused = records[exc.index] if exc.index is not None and exc.index < len(records) else None
                 if refused is not None and (exc.permanent or (exc.code == 503 and not self._stored_anywhere(refused[0]))):

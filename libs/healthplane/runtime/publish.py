@@ -42,6 +42,14 @@ PERMANENT_ERR_CODES: Final = frozenset({
 })
 
 
+# JetStream atomic batch publish (nats-server 2.12+, a stream with allow_atomic).
+BATCH_ID: Final = "Nats-Batch-Id"
+BATCH_SEQUENCE: Final = "Nats-Batch-Sequence"
+BATCH_COMMIT: Final = "Nats-Batch-Commit"
+MAX_ATOMIC: Final = 1000  # the server's largest batch by default
+ATOMIC_DUPLICATE: Final = 10201  # "atomic publish batch contains duplicate message id": stored before
+
+
 class PublishError(RuntimeError):
     """JetStream did not store a record; ``code``/``err_code`` are the server's when it said why.
 
@@ -50,10 +58,11 @@ class PublishError(RuntimeError):
     ``index``: which record of a batch, when the batch was refused for one of them."""
 
     def __init__(self, message: str, code: int | None = None, err_code: int | None = None, *,
-                 permanent: bool = False, index: int | None = None) -> None:
+                 permanent: bool = False, index: int | None = None, stream: str = "") -> None:
         super().__init__(message)
         self.code = code
         self.err_code = err_code
+        self.stream = stream  # the stream that answered, when one did
         self.permanent = permanent or err_code in PERMANENT_ERR_CODES
         self.index = index
 
@@ -106,6 +115,7 @@ def _outcome_of(data: bytes) -> Ack | PublishError:
             description,
             code=code if isinstance(code, int) else None,
             err_code=err_code if isinstance(err_code, int) else None,
+            stream=body.stream,
         )
     return Ack(body.stream, body.seq, body.duplicate)
 
@@ -219,6 +229,72 @@ class Publisher:
             acks.append(outcome)
         return acks
 
+    async def store_atomic(self, records: Sequence[Outbound], first: Mapping[str, str]) -> list[Ack]:
+        """Store records of one stream as JetStream atomic batches (``allow_atomic``, at most
+        ``MAX_ATOMIC`` records each, one after the other): each is stored whole or not at
+        all, and ``first``'s headers (an expectation: the lease holder's fence) go on its
+        first record, so the server checks them once for the batch (runtime.fencing). Records
+        pipelined with an expectation each would refuse one another on a cluster (10164).
+
+        A batch sent again after its ack was lost is answered "duplicate message id" (10201):
+        atomic, so it was stored whole, and its records count as duplicates."""
+        acks: list[Ack] = []
+        for start in range(0, len(records), MAX_ATOMIC):
+            acks += await self._store_atomic(records[start:start + MAX_ATOMIC], first, start)
+        return acks
+
+    async def _store_atomic(self, records: Sequence[Outbound], first: Mapping[str, str], offset: int) -> list[Ack]:
+        if self._nc.is_closed:
+            raise PublishError("connection closed")
+        await self._ensure_subscribed()
+        await nats_internals.engage(self._nc)
+        if writes_frames(self._nc):
+            self._attach_ack_lane()
+        batch_id = str(self._next_batch)
+        self._next_batch += 1
+        atomic_id = f"{self._prefix.rstrip('.').rpartition('.')[2]}-{batch_id}"  # unique while in flight
+        last = len(records) - 1
+        framed: list[Outbound] = []
+        for index, (subject, payload, headers) in enumerate(records):
+            marked = {**(headers or {}), **(first if index == 0 else {}),
+                      BATCH_ID: atomic_id, BATCH_SEQUENCE: str(index + 1)}
+            if index == last:
+                marked[BATCH_COMMIT] = "1"
+            framed.append((subject, payload, marked))
+        batch = _Batch(1, asyncio.get_running_loop().create_future())  # the commit's ack only
+        self._batches[batch_id] = batch
+        try:
+            reply = f"{self._prefix}b{batch_id}_0"
+            if writes_frames(self._nc):
+                await self._write_frames(framed, reply, only_last_replies=True)
+            else:
+                for index, (subject, payload, headers) in enumerate(framed):
+                    await self._nc.publish(subject, payload, reply=reply if index == last else "",
+                                           headers=dict(headers or {}))
+            try:
+                async with asyncio.timeout(self._timeout):
+                    await batch.done
+            except TimeoutError:
+                pass
+        except PublishError as exc:
+            exc.index = offset + (exc.index or 0)
+            raise
+        except Exception as exc:
+            raise PublishError(f"{records[0][0]}: {exc or type(exc).__name__}", index=offset) from exc
+        finally:
+            self._batches.pop(batch_id, None)
+        outcome = batch.outcomes[0]
+        if outcome is None:
+            raise PublishError(f"{records[0][0]}: no ack for an atomic batch of {len(records)} within "
+                               f"{self._timeout:g}s", index=offset)
+        if isinstance(outcome, PublishError):
+            if outcome.err_code == ATOMIC_DUPLICATE:
+                return [Ack(outcome.stream, 0, True) for _ in records]
+            raise PublishError(f"{records[0][0]}: {outcome} (atomic batch of {len(records)})", outcome.code,
+                               outcome.err_code, permanent=outcome.permanent, index=offset) from outcome
+        first_seq = outcome.seq - len(records) + 1
+        return [Ack(outcome.stream, first_seq + i, False) for i in range(len(records))]
+
     async def store_each(self, records: Sequence[Outbound]) -> list[Ack | PublishError]:
         """Publish every record and return what JetStream said about each, in order: its ack,
         or the :class:`PublishError` it was refused with (or that no ack came in time).
@@ -261,9 +337,11 @@ class Publisher:
         late = PublishError(f"no ack within {self._timeout:g}s")
         return [late if outcome is None else outcome for outcome in batch.outcomes]
 
-    async def _write_frames(self, records: Sequence[Outbound], reply_stem: str) -> None:
+    async def _write_frames(self, records: Sequence[Outbound], reply_stem: str, *,
+                            only_last_replies: bool = False) -> None:
         """``HPUB``/``PUB`` frames for every record, handed to the connection as one command:
-        what ``nc.publish`` does per record, without its per-call cost."""
+        what ``nc.publish`` does per record, without its per-call cost. ``only_last_replies``:
+        an atomic batch, where only the commit (the last) asks for an answer, at ``reply_stem``."""
         max_payload = self._nc.max_payload
         frames: list[bytes] = []
         payload_bytes = 0
@@ -274,8 +352,11 @@ class Publisher:
                 raise PublishError(f"{subject}: payload of {len(payload)} bytes exceeds the server's "
                                    f"{max_payload}", permanent=True, index=index)
             payload_bytes += len(payload)
-            frames.append(pub_frame(subject, payload, f"{reply_stem}{index}",
-                                    header_block(headers) if headers else b""))
+            if only_last_replies:
+                reply = reply_stem if index == len(records) - 1 else ""
+            else:
+                reply = f"{reply_stem}{index}"
+            frames.append(pub_frame(subject, payload, reply, header_block(headers) if headers else b""))
         await write_frames(self._nc, b"".join(frames), len(records), payload_bytes)
 
     async def submit(self, subject: str, payload: bytes, headers: dict[str, str] | None = None) -> asyncio.Future[Ack]:

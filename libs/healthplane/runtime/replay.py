@@ -157,8 +157,21 @@ async def _pull_all(nc: NATS, stream: str, consumer: str, total: int, inbox: str
     fine while it progresses)."""
     batch = max(batch, -(-total // 64))  # at most 64 requests waiting on the server
     request = msgspec.json.encode({"batch": batch, "expires": int(3600 * 1e9)})
-    for _ in range(-(-total // batch)):
-        await nc.publish(f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{consumer}", request, reply=inbox)
+
+    async def ask() -> None:
+        for _ in range(-(-total // batch)):
+            await nc.publish(f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{consumer}", request, reply=inbox)
+
+    await ask()
+    # On a cluster the consumer lives on one server, set up there after the create's answer
+    # came back: requests that reach it first are lost. Ask again while nothing has come
+    # (extra requests ask for nothing more than the count; they go with the consumer).
+    wait_s = 0.1
+    while received() == 0 and not done.done() and wait_s < idle_timeout_s:
+        await asyncio.wait([done], timeout=wait_s)
+        if received() == 0 and not done.done():
+            await ask()
+        wait_s *= 2
     seen = -1
     while not done.done():
         if received() == seen:

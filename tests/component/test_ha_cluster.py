@@ -1,0 +1,256 @@
+"""HA-1..3 on a real three-server JetStream cluster (``NatsCluster``: three nats-server
+processes routed to each other, every stream and bucket R3), with the services as their own
+processes, two scorers among them, and a fleet of collectors publishing as production does
+(Nats-Msg-Id, retried until acknowledged). Everything is counted: every acknowledged report
+is stored once, no output is stored twice, the views equal a replay."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from itertools import pairwise
+from pathlib import Path
+
+import pytest
+from nats.aio.client import Client as NATS
+from nats.js import JetStreamContext
+
+from healthplane import streams, subjects, wire
+from healthplane.creds import Keystore
+from healthplane.natsserver import NatsCluster, NatsServer
+from healthplane.runtime.connect import connect
+from healthplane.runtime.processor import Inbound
+from healthplane.runtime.replay import read_all, replay
+from healthplane_collector.agent import Collector, Settings
+from healthplane_collector.sim import SimNode
+from healthplane_scorer.fold import ScorerCore, node_view
+from tests.support.secure import creds_for, env_for
+
+pytestmark = [pytest.mark.nats, pytest.mark.slow]
+CLUSTER = "lab"
+NODES = [f"n{i:02d}" for i in range(16)]
+T0 = datetime(2026, 12, 1, 9, 0, tzinfo=UTC)
+
+
+@pytest.fixture
+def cluster(tmp_path: Path, keystore: Keystore, monkeypatch: pytest.MonkeyPatch) -> Iterator[NatsCluster]:
+    monkeypatch.setenv("HEALTHPLANE_NATS_CREDS", str(keystore.user("test", "admin", tmp_path / "test-admin.creds")))
+    servers = NatsCluster(tmp_path / "nats", keystore=keystore).start()
+    try:
+        yield servers
+    finally:
+        servers.stop()
+
+
+async def test_ha1_every_stream_and_bucket_is_r3_and_more_than_the_cluster_has_is_refused(
+        cluster: NatsCluster) -> None:
+    # HA-1: on three servers a service's ensure() creates everything R3 (it sees the three);
+    # R5 on three servers is refused with the stream named; R1 -> R3 happens in place.
+    nc = await connect(cluster.url, name="ha1", give_up_after=10)
+    try:
+        js = nc.jetstream()
+        assert len(nc.servers) == 3
+        await streams.ensure(js, servers=len(nc.servers))
+        for name in [s.name for s in streams.STREAMS] + [f"KV_{streams.NODES_BUCKET}", f"KV_{streams.LEASES_BUCKET}"]:
+            info = await js.stream_info(name)
+            assert info.config.num_replicas == 3, name
+            assert info.cluster is not None and len(info.cluster.replicas or []) == 2, name
+        with pytest.raises(streams.StreamConflict, match=r"stream HP_REPORTS: 5 replicas asked.*at least 5"):
+            await streams.ensure(js, replicas=5)
+        await streams.ensure(js, replicas=1)
+        assert (await js.stream_info("HP_NODES")).config.num_replicas == 1
+        again = await streams.ensure(js, replicas=3)  # in place: nothing recreated, records kept
+        assert again.created == () and "HP_NODES" in again.updated
+        assert (await js.stream_info(f"KV_{streams.LEASES_BUCKET}")).config.num_replicas == 3
+    finally:
+        await nc.close()
+
+
+async def test_ha1_one_server_refuses_r3_naming_the_stream(nats_server: NatsServer, js: JetStreamContext) -> None:
+    # HA-1: R1 on one server, and R3 asked of it is one line, not a traceback.
+    assert (await js.stream_info("HP_REPORTS")).config.num_replicas == 1
+    with pytest.raises(streams.StreamConflict, match=r"stream HP_REPORTS: 3 replicas asked.*at least 3"):
+        await streams.ensure(js, replicas=3)
+
+
+@dataclass
+class Fleet:
+    """Collectors of ``NODES`` publishing one report each per round, each retried with the same
+    Nats-Msg-Id until acknowledged, as the agent does."""
+
+    js: JetStreamContext
+    acked: dict[str, list[str]] = field(default_factory=dict)  # node -> msg ids acknowledged
+    ack_times: list[float] = field(default_factory=list)
+    stopping: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def run(self) -> None:
+        sims = {node: SimNode(node) for node in NODES}
+        collectors = {node: Collector(Settings(node_id=node, cluster=CLUSTER, interval_s=3600), sim, sim.kmsg)
+                      for node, sim in sims.items()}
+        for collector in collectors.values():
+            collector.refresh_inventory()
+        round_ = 0
+        while not self.stopping.is_set():
+            round_ += 1
+            for index, node in enumerate(NODES):
+                if round_ == 8 + index:  # a fault per node, spread over the run: events to count
+                    sims[node].inject("xid:48", 0, T0)
+                report = await collectors[node].collect("scheduled", T0 + timedelta(seconds=round_))
+                await self._publish(node, f"{node}:{round_}", wire.encode(report))
+            await asyncio.sleep(0.2)
+
+    async def _publish(self, node: str, msg_id: str, payload: bytes) -> None:
+        delay = 0.05
+        while True:
+            try:
+                await self.js.publish(subjects.report(CLUSTER, node), payload, timeout=2,
+                                      headers={"Nats-Msg-Id": msg_id})
+            except Exception:  # no responders, a timeout while the stream elects a leader
+                await asyncio.sleep(delay)
+                delay = min(1.0, delay * 2)
+                continue
+            self.acked.setdefault(node, []).append(msg_id)
+            self.ack_times.append(time.monotonic())
+            return
+
+    def longest_gap_after(self, moment: float) -> float:
+        times = [moment, *[t for t in self.ack_times if t >= moment]]
+        return max(b - a for a, b in pairwise(times))
+
+
+def _service(servers: NatsServer | NatsCluster, name: str, log: Path) -> subprocess.Popen[bytes]:
+    return subprocess.Popen([sys.executable, "-m", "healthplane.cli", "service", name],
+                            env=env_for(servers, name, HEALTHPLANE_INSTANCE=log.stem),  # one per replica
+                            stdout=subprocess.DEVNULL, stderr=open(log, "ab"), stdin=subprocess.DEVNULL)
+
+
+async def _until(check, timeout: float, what: str) -> float:  # type: ignore[no-untyped-def]
+    started = time.monotonic()
+    while not await check():
+        if time.monotonic() - started > timeout:
+            raise AssertionError(f"not within {timeout:g} s: {what}")
+        await asyncio.sleep(0.1)
+    return time.monotonic() - started
+
+
+Lose = Callable[[NATS, JetStreamContext, dict[str, subprocess.Popen[bytes]], Fleet], Awaitable[float]]
+
+
+async def _under_load(servers: NatsServer | NatsCluster, tmp_path: Path, lose: Lose) -> float:
+    """The fleet reporting through health-ingest and two scorers; ``lose`` takes something
+    away mid-run and says how long the pipeline took to notice; then everything is counted."""
+    nc = await connect(servers.url, name="ha", give_up_after=10)
+    sim_nc = await connect(servers.url, name="ha-fleet", creds=creds_for(servers, "sim", CLUSTER), give_up_after=10)
+    js = nc.jetstream()
+    await streams.ensure(js, servers=len(nc.servers))
+    processes = {label: _service(servers, name, tmp_path / f"{label}.log")
+                 for label, name in (("health-ingest", "health-ingest"), ("scorer", "scorer"), ("scorer-2", "scorer"))}
+    fleet = Fleet(sim_nc.jetstream())
+    publishing = asyncio.create_task(fleet.run())
+    try:
+        async def viewed() -> bool:
+            return len(await read_all(nc, js, "HP_NODES", "hp.node.>", last_per_subject=True)) == len(NODES)
+
+        await _until(viewed, 60, "a view of every node")
+        figure = await lose(nc, js, processes, fleet)
+        await asyncio.sleep(2)
+        fleet.stopping.set()
+        await publishing
+        # Everything acknowledged is folded: each node's view is of its last acknowledged report.
+        last_round = {node: int(ids[-1].rpartition(":")[2]) for node, ids in fleet.acked.items()}
+
+        async def caught_up() -> bool:  # ingest folded every report, the scorer every assessment
+            assessed = [wire.decode(wire.Assessment, m.data)
+                        for m in await read_all(nc, js, "HP_ASSESSMENTS", "hp.assess.>", last_per_subject=True)]
+            views = {wire.decode(wire.NodeView, m.data).node_id: wire.decode(wire.NodeView, m.data)
+                     for m in await read_all(nc, js, "HP_NODES", "hp.node.>", last_per_subject=True)}
+            return len(assessed) == len(NODES) and all(
+                a.report_sent_at == T0 + timedelta(seconds=last_round[a.node_id])
+                and views[a.node_id].last_reported_at == a.last_report_at for a in assessed)
+
+        await _until(caught_up, 30, "every node assessed and viewed at its last acknowledged report")
+    finally:
+        fleet.stopping.set()
+        await publishing
+        for process in processes.values():
+            if process.poll() is None:
+                process.terminate()
+        for process in processes.values():
+            process.wait(30)
+
+    # Nothing acknowledged lost, nothing stored twice.
+    stored = Counter((m.headers or {}).get("Nats-Msg-Id") for m in
+                     await read_all(nc, js, "HP_REPORTS", "hp.report.>", headers_only=True))
+    assert stored == Counter(msg_id for ids in fleet.acked.values() for msg_id in ids)
+    for stream, subject in (("HP_NODE_EVENTS", "hp.event.>"), ("HP_ASSESSMENTS", "hp.assess.>")):
+        ids = Counter((m.headers or {}).get("Nats-Msg-Id") for m in
+                      await read_all(nc, js, stream, subject, headers_only=True))
+        assert not [i for i, n in ids.items() if n > 1], f"{stream}: an output stored twice"
+    raised = [wire.decode(wire.NodeEvent, m.data) for m in
+              await read_all(nc, js, "HP_NODE_EVENTS", "hp.event.*.*.CONDITION_RAISED")]
+    assert sorted(e.node_id for e in raised) == sorted(n for n in NODES if last_round[n] >= 8 + NODES.index(n))
+
+    # The views equal a replay of the assessments (HA-3: state = replay).
+    core, state = ScorerCore(), ScorerCore().initial_state()
+    async for msg in replay(js, "HP_ASSESSMENTS", "hp.assess.>"):
+        state, _ = core.step(state, Inbound("HP_ASSESSMENTS", msg.metadata.sequence.stream, msg.subject, msg.data,
+                                            {}, T0, True))
+    latest = {v.node_id: v for v in (wire.decode(wire.NodeView, m.data) for m in
+                                     await read_all(nc, js, "HP_NODES", "hp.node.>", last_per_subject=True))}
+    for node in state.nodes.values():
+        assert latest[node.node_id] == node_view(state, node)
+    await sim_nc.close()
+    await nc.close()
+    return figure
+
+
+async def test_ha2_a_server_killed_under_load_loses_nothing_and_the_pipeline_resumes(
+        cluster: NatsCluster, tmp_path: Path) -> None:
+    # HA-2: kill -9 the server that leads the reports' stream (a host lost, no goodbye) under
+    # load: publishers retry until acknowledged, the services reconnect to the other two.
+    async def lose_the_reports_leader(nc: NATS, js: JetStreamContext, processes: dict[str, subprocess.Popen[bytes]],
+                                      fleet: Fleet) -> float:
+        leader = (await js.stream_info("HP_REPORTS")).cluster
+        assert leader is not None and leader.leader is not None
+        lost_at = time.monotonic()
+        cluster.named(leader.leader).kill()
+        await asyncio.sleep(12)
+        return fleet.longest_gap_after(lost_at)
+
+    stall_s = await _under_load(cluster, tmp_path, lose_the_reports_leader)
+    print(f"HA-2: publishes stalled {stall_s:.2f} s after kill -9 of the HP_REPORTS leader")
+    assert stall_s < 10.0  # raft's election timeout (4-9 s, fixed in nats-server) after a leader's kill -9
+
+
+async def test_ha3_the_scorer_holder_killed_under_load_is_replaced_within_the_lease_ttl(
+        nats_server: NatsServer, tmp_path: Path) -> None:
+    # HA-3: kill -9 the scorer replica that holds the lease under load: the standby writes
+    # views within the TTL of the holder's last renewal, and its state equals a replay.
+    async def lose_the_holder(nc: NATS, js: JetStreamContext, processes: dict[str, subprocess.Popen[bytes]],
+                              fleet: Fleet) -> float:
+        kv = await js.key_value(streams.LEASES_BUCKET)
+        holder = processes[(await kv.get("scorer")).value.decode()]  # type: ignore[union-attr]  # its instance
+        before = await _latest_revision(nc, js)
+        holder.send_signal(signal.SIGKILL)
+
+        async def taken_over() -> bool:
+            return await _latest_revision(nc, js) > before
+
+        return await _until(taken_over, 30, "the standby scorer writing views")
+
+    takeover_s = await _under_load(nats_server, tmp_path, lose_the_holder)
+    print(f"HA-3: the standby scorer wrote {takeover_s:.2f} s after kill -9 of the holder")
+    assert takeover_s < streams.LEASE_TTL_S + 2.0
+
+
+async def _latest_revision(nc, js: JetStreamContext) -> int:  # type: ignore[no-untyped-def]
+    found = await read_all(nc, js, "HP_NODES", "hp.node.>", last_per_subject=True, headers_only=True)
+    return max((int((m.headers or {}).get("Hp-Lease-Rev", "0")) for m in found), default=0)
+
