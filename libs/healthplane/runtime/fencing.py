@@ -111,17 +111,9 @@ class Marks:
         """The headers that bind a record of ``stream`` to this holder's mark."""
         return self._headers.get(stream)
 
-    def headers_for(self, subject: str) -> dict[str, str] | None:
-        stream = self.stream_of(subject)
-        return self._headers.get(stream) if stream is not None else None
-
 
 def _revision_of(data: bytes | None) -> int:
     try:
         return _decode_mark(data or b"").revision
     except msgspec.DecodeError:
         return 0  # not a mark we wrote: anyone's to supersede
-
-
-def is_fence_subject(subject: str) -> bool:
-    return subject.startswith(streams.FENCE_PREFIX + ".")

@@ -23,7 +23,7 @@ from typing import Any, Protocol, TypeVar
 from nats import errors as nats_errors
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
-from nats.js.errors import ServiceUnavailableError
+from nats.js.errors import APIError, ServiceUnavailableError
 from prometheus_client import REGISTRY
 from prometheus_client.registry import Collector
 
@@ -70,8 +70,7 @@ async def _run(name: str, main: ServiceMain, nats_url: str | None, creds: str | 
         await main(ctx)
     finally:
         lost.cancel()
-        if not nc.is_closed:
-            await nc.drain()
+        await _let_go(nc)
     if nc.is_closed and lost.done() and not lost.cancelled() and lost.result():
         # The server closed it and nats-py will not reconnect (a revoked identity): exit so
         # the supervisor says so, instead of running on with no bus.
@@ -79,6 +78,27 @@ async def _run(name: str, main: ServiceMain, nats_url: str | None, creds: str | 
         return 1
     log.info("service stopped")
     return 0
+
+
+DRAIN_TIMEOUT_S = 2.0
+
+
+async def _let_go(nc: NATS) -> None:
+    """Drain the connection (what was published is flushed, subscriptions end cleanly) when
+    there is a server to drain to; with none (it went away, we are reconnecting) close it:
+    a stop must not wait for a bus that may never come back."""
+    if nc.is_closed:
+        return
+    try:
+        if nc.is_connected:
+            await asyncio.wait_for(nc.drain(), DRAIN_TIMEOUT_S)
+            return
+    except (TimeoutError, nats_errors.Error):
+        pass
+    try:
+        await nc.close()
+    except OSError:
+        pass  # the transport is gone already: nothing left to close cleanly
 
 
 async def _closed_for_good(closed: asyncio.Event, stopping: asyncio.Event) -> bool:
@@ -93,6 +113,11 @@ def run_service(name: str, main: ServiceMain, *, nats_url: str | None = None,
         return asyncio.run(_run(name, main, nats_url, creds, metrics_port))
     except streams.StreamConflict as exc:
         logs.get(service=name).error("cannot start", reason=str(exc))
+        return 1
+    except (nats_errors.Error, APIError) as exc:
+        # The bus went away or refused what the service needs (no answer past every retry):
+        # one line, and the supervisor (systemd, `up`) starts it again.
+        logs.get(service=name).error("stopped: the bus did not answer", reason=str(exc) or type(exc).__name__)
         return 1
 
 

@@ -376,41 +376,33 @@ class Processor(Generic[S]):
         self._marks = marks
 
     async def _store(self, records: list[Outbound]) -> list[Ack]:
-        """Store ``records``; behind a lease, each fenced stream's records go as atomic batches
-        bound to this holder's mark (runtime.fencing), the rest pipelined, all at once. A
-        :class:`PublishError`'s index is the record's in ``records``; a fence refusal wins
-        over any other error."""
+        """Store ``records`` in order. Behind a lease each run of consecutive records of one
+        fenced stream goes as an atomic batch bound to this holder's mark (runtime.fencing),
+        one run after the other: what a kill leaves stored is still a prefix of the emits,
+        which the restart's scan of its own outputs relies on (``EmittedBefore``). A
+        :class:`PublishError`'s index is the record's in ``records``."""
         marks = self._marks
         if marks is None or not records:
             return await self._publisher.store_all(records)
-        plain: list[int] = []
-        fenced: dict[str, list[int]] = {}
+        runs: list[tuple[str | None, int, int]] = []  # (fenced stream or None, start, end)
         for index, (subject, _, _) in enumerate(records):
             stream = marks.stream_of(subject)
-            if stream is not None and marks.headers(stream) is not None:
-                fenced.setdefault(stream, []).append(index)
+            key = stream if stream is not None and marks.headers(stream) is not None else None
+            if runs and runs[-1][0] == key:
+                runs[-1] = (key, runs[-1][1], index + 1)
             else:
-                plain.append(index)
-
-        async def send(indexes: list[int], stream: str | None) -> list[Ack]:
-            chosen = [records[i] for i in indexes]
+                runs.append((key, index, index + 1))
+        acks: list[Ack] = []
+        for stream, start, end in runs:
             try:
                 if stream is None:
-                    return await self._publisher.store_all(chosen)
-                return await self._publisher.store_atomic(chosen, marks.headers(stream) or {})
+                    acks += await self._publisher.store_all(records[start:end])
+                else:
+                    acks += await self._publisher.store_atomic(records[start:end], marks.headers(stream) or {})
             except PublishError as exc:
-                if exc.index is not None and exc.index < len(indexes):
-                    exc.index = indexes[exc.index]
+                exc.index = start + (exc.index or 0)
                 raise
-
-        sends = [send(plain, None)] if plain else []
-        sends += [send(indexes, stream) for stream, indexes in fenced.items()]
-        results = await asyncio.gather(*sends, return_exceptions=True)
-        failures = [r for r in results if isinstance(r, BaseException)]
-        if failures:
-            refused = [f for f in failures if isinstance(f, PublishError) and f.err_code == fencing.WRONG_LAST_SEQUENCE]
-            raise (refused or failures)[0]
-        return [ack for result in results if not isinstance(result, BaseException) for ack in result]
+        return acks
 
     async def run(self) -> None:
         """Process until :meth:`stop`; then snapshot and return."""
