@@ -214,7 +214,7 @@ async def test_rel1_kill_9_in_the_middle_of_drain_all(nats_server: NatsServer, j
     """Every node ends in exactly one correct state: one cordon hold, one NODE_DRAINED, one
     outcome per command, however the kill fell."""
     scorer = start(nats_server, "scorer", tmp_path / "scorer.log")
-    nodes = [f"n{i:04d}" for i in range(1500)]
+    nodes = [f"n{i:04d}" for i in range(600)]
     try:
         for node in nodes:
             await register(js, node)
