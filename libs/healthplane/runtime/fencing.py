@@ -9,7 +9,7 @@ its records carries ``Nats-Expected-Last-Subject-Sequence-Subject`` = that subje
 ``Nats-Expected-Last-Subject-Sequence`` = its mark's sequence: nats-server stores the record
 only while the holder's mark is still the last one there (err 10071 otherwise). On a cluster
 the server serialises writes that carry an expectation on the same subject, so a holder's
-records go as atomic batches (``Publisher.store_atomic``, streams with ``allow_atomic``),
+records go as atomic batches (``Publisher.store_runs``, streams with ``allow_atomic``),
 the expectation on each batch's first record: checked once, stored whole or not at all.
 
 Marks are ordered by lease revision (the KV bucket's sequence, higher for every new holder):

@@ -54,7 +54,7 @@ from healthplane import streams, subjects, wire
 from healthplane.config import ConfigError
 from healthplane.runtime import consumers, deadletters, fencing, lease, metrics, snapshots
 from healthplane.runtime.backoff import Backoff
-from healthplane.runtime.publish import Ack, Outbound, Publisher, PublishError
+from healthplane.runtime.publish import Ack, Outbound, Publisher, PublishError, Run
 from healthplane.runtime.pull import Delivery, PullLoop
 from healthplane.runtime.replay import read_all
 
@@ -332,6 +332,7 @@ class Processor(Generic[S]):
         self._fence = fence
         self._marks: fencing.Marks | None = None
         self._superseded = False  # the server refused a write: a newer holder writes now
+        self._replicated_outputs = False
         self._lease_revisions: dict[str, int] = {}
         self._aside = deadletters.SetAside(nc, self._publisher, service, self.producer, log,
                                           before_write=self._write_allowed)
@@ -343,8 +344,10 @@ class Processor(Generic[S]):
             await self._claim_marks()
         await self._restore()
         self._dead = await deadletters.skipped_inputs(self._nc, self._js, self.service, self.producer)
-        self._output_subjects = [subject for stream in self._outputs
-                                 for subject in (await self._js.stream_info(stream)).config.subjects or []]
+        infos = [await self._js.stream_info(stream) for stream in self._outputs]
+        self._output_subjects = [subject for info in infos for subject in info.config.subjects or []]
+        # On a cluster a batch waits for another of its stream (Publisher.store_runs).
+        self._replicated_outputs = any((info.config.num_replicas or 1) > 1 for info in infos)
         self._already_emitted = (await self._scan_emitted(self._snapshot_outputs)).behind(self.positions)
         self._start_seq = {spec.stream: (await self._js.stream_info(spec.stream)).state.last_seq
                            for spec in self._inputs if not spec.after_others}
@@ -377,32 +380,22 @@ class Processor(Generic[S]):
 
     async def _store(self, records: list[Outbound]) -> list[Ack]:
         """Store ``records`` in order. Behind a lease each run of consecutive records of one
-        fenced stream goes as an atomic batch bound to this holder's mark (runtime.fencing),
-        one run after the other: what a kill leaves stored is still a prefix of the emits,
-        which the restart's scan of its own outputs relies on (``EmittedBefore``). A
-        :class:`PublishError`'s index is the record's in ``records``."""
+        fenced stream is an atomic batch bound to this holder's mark (runtime.fencing); the
+        runs go out pipelined in emit order, so what a kill leaves stored is a prefix of the
+        emits, which the restart's scan of its own outputs relies on (``EmittedBefore``)."""
         marks = self._marks
         if marks is None or not records:
             return await self._publisher.store_all(records)
-        runs: list[tuple[str | None, int, int]] = []  # (fenced stream or None, start, end)
-        for index, (subject, _, _) in enumerate(records):
-            stream = marks.stream_of(subject)
-            key = stream if stream is not None and marks.headers(stream) is not None else None
-            if runs and runs[-1][0] == key:
-                runs[-1] = (key, runs[-1][1], index + 1)
+        runs: list[Run] = []
+        for record in records:
+            stream = marks.stream_of(record[0])
+            first = marks.headers(stream) if stream is not None else None
+            key = stream if first is not None else None
+            if runs and runs[-1][2] == key:
+                runs[-1][0].append(record)  # type: ignore[attr-defined]
             else:
-                runs.append((key, index, index + 1))
-        acks: list[Ack] = []
-        for stream, start, end in runs:
-            try:
-                if stream is None:
-                    acks += await self._publisher.store_all(records[start:end])
-                else:
-                    acks += await self._publisher.store_atomic(records[start:end], marks.headers(stream) or {})
-            except PublishError as exc:
-                exc.index = start + (exc.index or 0)
-                raise
-        return acks
+                runs.append(([record], first, key))
+        return await self._publisher.store_runs(runs, one_per_stream=self._replicated_outputs)
 
     async def run(self) -> None:
         """Process until :meth:`stop`; then snapshot and return."""

@@ -91,6 +91,9 @@ _decode_ack = msgspec.json.Decoder(_AckBody).decode
 
 # One record to store: subject, payload, headers (None for none).
 Outbound = tuple[str, bytes, Mapping[str, str] | None]
+# Records stored together (``Publisher.store_runs``): plain (``None``) or an atomic batch with
+# these headers on its first record, and the stream they go to.
+Run = tuple[Sequence[Outbound], Mapping[str, str] | None, str | None]
 
 _UNSAFE_IN_SUBJECT = frozenset(" \t\r\n")
 
@@ -229,21 +232,44 @@ class Publisher:
             acks.append(outcome)
         return acks
 
-    async def store_atomic(self, records: Sequence[Outbound], first: Mapping[str, str]) -> list[Ack]:
-        """Store records of one stream as JetStream atomic batches (``allow_atomic``, at most
-        ``MAX_ATOMIC`` records each, one after the other): each is stored whole or not at
-        all, and ``first``'s headers (an expectation: the lease holder's fence) go on its
-        first record, so the server checks them once for the batch (runtime.fencing). Records
-        pipelined with an expectation each would refuse one another on a cluster (10164).
+    async def store_runs(self, runs: Sequence[Run], *, one_per_stream: bool) -> list[Ack]:
+        """Store runs of records in order, each run either plain (every record acked) or, with
+        ``first`` headers, a JetStream atomic batch of one stream (``allow_atomic``): stored
+        whole or not at all, ``first`` (an expectation: a lease holder's fence) on its first
+        record, so the server checks it once for the batch (runtime.fencing). Runs go out
+        pipelined, in order, in one write: whatever a crash leaves stored is a prefix.
+
+        ``one_per_stream`` (a cluster): a cluster refuses a batch whose expectation is checked
+        while another on the same subject is still being stored (10164), so runs go in segments
+        with at most one batch per stream each, a segment's acks awaited before the next.
 
         A batch sent again after its ack was lost is answered "duplicate message id" (10201):
-        atomic, so it was stored whole, and its records count as duplicates."""
+        atomic, so it was stored whole, and its records count as duplicates. A PublishError's
+        index is the failing record's, or its batch's first, in the flattened runs."""
+        chunked: list[Run] = []
+        for run in runs:  # the server's largest batch
+            records, first, stream = run
+            if first is None or len(records) <= MAX_ATOMIC:
+                chunked.append(run)
+            else:
+                chunked += [(records[i:i + MAX_ATOMIC], first, stream) for i in range(0, len(records), MAX_ATOMIC)]
+        segments: list[list[Run]] = [[]]
+        streams_in_segment: set[str] = set()
+        for run in chunked:
+            records, first, stream = run
+            if one_per_stream and first is not None and stream in streams_in_segment:
+                segments.append([])
+                streams_in_segment = set()
+            segments[-1].append(run)
+            if first is not None and stream is not None:
+                streams_in_segment.add(stream)
         acks: list[Ack] = []
-        for start in range(0, len(records), MAX_ATOMIC):
-            acks += await self._store_atomic(records[start:start + MAX_ATOMIC], first, start)
+        for segment in segments:
+            if segment:
+                acks += await self._store_segment(segment, len(acks))
         return acks
 
-    async def _store_atomic(self, records: Sequence[Outbound], first: Mapping[str, str], offset: int) -> list[Ack]:
+    async def _store_segment(self, runs: Sequence[Run], offset: int) -> list[Ack]:
         if self._nc.is_closed:
             raise PublishError("connection closed")
         await self._ensure_subscribed()
@@ -252,48 +278,80 @@ class Publisher:
             self._attach_ack_lane()
         batch_id = str(self._next_batch)
         self._next_batch += 1
-        atomic_id = f"{self._prefix.rstrip('.').rpartition('.')[2]}-{batch_id}"  # unique while in flight
-        last = len(records) - 1
-        framed: list[Outbound] = []
-        for index, (subject, payload, headers) in enumerate(records):
-            marked = {**(headers or {}), **(first if index == 0 else {}),
-                      BATCH_ID: atomic_id, BATCH_SEQUENCE: str(index + 1)}
-            if index == last:
-                marked[BATCH_COMMIT] = "1"
-            framed.append((subject, payload, marked))
-        batch = _Batch(1, asyncio.get_running_loop().create_future())  # the commit's ack only
+        reply_stem = f"{self._prefix}b{batch_id}_"
+        framed: list[tuple[str, bytes, Mapping[str, str] | None, str]] = []  # + the reply, "" for none
+        slots: list[tuple[int, int, bool]] = []  # per ack slot: first record index, record count, atomic
+        position = 0
+        for records, first, _ in runs:
+            if first is None:
+                for subject, payload, headers in records:
+                    framed.append((subject, payload, headers, f"{reply_stem}{len(slots)}"))
+                    slots.append((position, 1, False))
+                    position += 1
+                continue
+            atomic_id = f"{self._prefix.rstrip('.').rpartition('.')[2]}-{batch_id}-{len(slots)}"
+            last = len(records) - 1
+            for index, (subject, payload, headers) in enumerate(records):
+                marked = {**(headers or {}), **(first if index == 0 else {}),
+                          BATCH_ID: atomic_id, BATCH_SEQUENCE: str(index + 1)}
+                if index == last:
+                    marked[BATCH_COMMIT] = "1"
+                framed.append((subject, payload, marked, f"{reply_stem}{len(slots)}" if index == last else ""))
+            slots.append((position, len(records), True))
+            position += len(records)
+        batch = _Batch(len(slots), asyncio.get_running_loop().create_future())
         self._batches[batch_id] = batch
         try:
-            reply = f"{self._prefix}b{batch_id}_0"
             if writes_frames(self._nc):
-                await self._write_frames(framed, reply, only_last_replies=True)
+                await self._write_framed(framed)
             else:
-                for index, (subject, payload, headers) in enumerate(framed):
-                    await self._nc.publish(subject, payload, reply=reply if index == last else "",
-                                           headers=dict(headers or {}))
+                for subject, payload, headers, reply in framed:
+                    await self._nc.publish(subject, payload, reply=reply, headers=dict(headers) if headers else None)
             try:
                 async with asyncio.timeout(self._timeout):
                     await batch.done
             except TimeoutError:
-                pass
+                pass  # the slots without an ack are reported as such below
         except PublishError as exc:
             exc.index = offset + (exc.index or 0)
             raise
         except Exception as exc:
-            raise PublishError(f"{records[0][0]}: {exc or type(exc).__name__}", index=offset) from exc
+            raise PublishError(f"{framed[0][0]}: {exc or type(exc).__name__}", index=offset) from exc
         finally:
             self._batches.pop(batch_id, None)
-        outcome = batch.outcomes[0]
-        if outcome is None:
-            raise PublishError(f"{records[0][0]}: no ack for an atomic batch of {len(records)} within "
-                               f"{self._timeout:g}s", index=offset)
-        if isinstance(outcome, PublishError):
-            if outcome.err_code == ATOMIC_DUPLICATE:
-                return [Ack(outcome.stream, 0, True) for _ in records]
-            raise PublishError(f"{records[0][0]}: {outcome} (atomic batch of {len(records)})", outcome.code,
-                               outcome.err_code, permanent=outcome.permanent, index=offset) from outcome
-        first_seq = outcome.seq - len(records) + 1
-        return [Ack(outcome.stream, first_seq + i, False) for i in range(len(records))]
+        acks: list[Ack] = []
+        for (start, count, atomic), outcome in zip(slots, batch.outcomes, strict=True):
+            subject = framed[start][0]
+            if outcome is None:
+                raise PublishError(f"{subject}: no ack within {self._timeout:g}s", index=offset + start)
+            if isinstance(outcome, PublishError):
+                if atomic and outcome.err_code == ATOMIC_DUPLICATE:
+                    acks += [Ack(outcome.stream, 0, True)] * count
+                    continue
+                what = f" (atomic batch of {count})" if atomic else ""
+                raise PublishError(f"{subject}: {outcome}{what}", outcome.code, outcome.err_code,
+                                   permanent=outcome.permanent, index=offset + start) from outcome
+            if atomic:
+                acks += [Ack(outcome.stream, outcome.seq - count + 1 + i, False) for i in range(count)]
+            else:
+                acks.append(outcome)
+        return acks
+
+    async def _write_framed(self, framed: Sequence[tuple[str, bytes, Mapping[str, str] | None, str]]) -> None:
+        """``HPUB``/``PUB`` frames, each with its reply ("" for none), handed to the connection as
+        one command: what ``nc.publish`` does per record, without its per-call cost."""
+        max_payload = self._nc.max_payload
+        frames: list[bytes] = []
+        payload_bytes = 0
+        for index, (subject, payload, headers, reply) in enumerate(framed):
+            if not subject or not _UNSAFE_IN_SUBJECT.isdisjoint(subject):
+                raise PublishError(f"{subject!r} is not a subject", permanent=True, index=index)
+            if len(payload) > max_payload:
+                raise PublishError(f"{subject}: payload of {len(payload)} bytes exceeds the server's "
+                                   f"{max_payload}", permanent=True, index=index)
+            payload_bytes += len(payload)
+            frames.append(pub_frame(subject, payload, reply, header_block(headers) if headers else b""))
+        await write_frames(self._nc, b"".join(frames), len(framed), payload_bytes)
 
     async def store_each(self, records: Sequence[Outbound]) -> list[Ack | PublishError]:
         """Publish every record and return what JetStream said about each, in order: its ack,
@@ -337,27 +395,11 @@ class Publisher:
         late = PublishError(f"no ack within {self._timeout:g}s")
         return [late if outcome is None else outcome for outcome in batch.outcomes]
 
-    async def _write_frames(self, records: Sequence[Outbound], reply_stem: str, *,
-                            only_last_replies: bool = False) -> None:
+    async def _write_frames(self, records: Sequence[Outbound], reply_stem: str) -> None:
         """``HPUB``/``PUB`` frames for every record, handed to the connection as one command:
-        what ``nc.publish`` does per record, without its per-call cost. ``only_last_replies``:
-        an atomic batch, where only the commit (the last) asks for an answer, at ``reply_stem``."""
-        max_payload = self._nc.max_payload
-        frames: list[bytes] = []
-        payload_bytes = 0
-        for index, (subject, payload, headers) in enumerate(records):
-            if not subject or not _UNSAFE_IN_SUBJECT.isdisjoint(subject):
-                raise PublishError(f"{subject!r} is not a subject", permanent=True, index=index)
-            if len(payload) > max_payload:
-                raise PublishError(f"{subject}: payload of {len(payload)} bytes exceeds the server's "
-                                   f"{max_payload}", permanent=True, index=index)
-            payload_bytes += len(payload)
-            if only_last_replies:
-                reply = reply_stem if index == len(records) - 1 else ""
-            else:
-                reply = f"{reply_stem}{index}"
-            frames.append(pub_frame(subject, payload, reply, header_block(headers) if headers else b""))
-        await write_frames(self._nc, b"".join(frames), len(records), payload_bytes)
+        what ``nc.publish`` does per record, without its per-call cost."""
+        await self._write_framed([(subject, payload, headers, f"{reply_stem}{index}")
+                                  for index, (subject, payload, headers) in enumerate(records)])
 
     async def submit(self, subject: str, payload: bytes, headers: dict[str, str] | None = None) -> asyncio.Future[Ack]:
         await self._ensure_subscribed()
