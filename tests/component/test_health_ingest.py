@@ -117,7 +117,11 @@ async def test_silent_node_is_missed_on_time_and_resumes(nats_server: NatsServer
         await until(missed, timeout=30)
         waited = asyncio.get_running_loop().time() - sent
         assert 14 <= waited <= 20
-        assert "quiet-1" in (tmp_path / "ingest.log").read_text()
+
+        async def logged() -> bool:  # the service's line lands after its event: a moment later
+            return "quiet-1" in (tmp_path / "ingest.log").read_text()
+
+        await until(logged, timeout=10)
         await js.publish(subjects.report("lab", "quiet-1"), await report_of(node, interval=1))
 
         async def resumed() -> bool:
