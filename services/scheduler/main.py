@@ -20,7 +20,8 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from healthplane.gating import gated
-from healthplane.runtime.lifecycle import ServiceContext, run_service, until_stopped
+from healthplane.runtime.lease import Lease
+from healthplane.runtime.lifecycle import Runner, ServiceContext, run_service, serve_replicated
 from healthplane.runtime.processor import Emit, Inbound, Note, Processor, tell
 from healthplane.settings import EnvSettings
 from healthplane_scheduler.fold import INPUTS, OUTPUTS, SERVICE, SchedulerCore
@@ -92,14 +93,21 @@ def main(args: argparse.Namespace) -> int:
         return 2
 
     async def serve(ctx: ServiceContext) -> None:
-        core = Told(SchedulerCore(settings.slots_per_node), ctx.log)
-        proc = Processor(nc=ctx.nc, js=ctx.js, service=SERVICE, core=core, state_type=SchedulerState,
-                         inputs=INPUTS, outputs=OUTPUTS, batch=512, log=ctx.log)
-        proc.tick_every_s = settings.tick_seconds
-        REGISTRY.register(SchedulerSeries(lambda: proc.state))
+        active: list[Processor[SchedulerState]] = []  # this replica's Processor while it leads
+        REGISTRY.register(SchedulerSeries(lambda: active[0].state if active else SchedulerState()))
         ctx.log.info("scheduler settings", slots_per_node=settings.slots_per_node,
                      tick_seconds=settings.tick_seconds)
-        await proc.start()
-        await until_stopped(ctx, proc)
+
+        async def lead(lease: Lease) -> list[Runner]:
+            # One replica places work: two would both place the same job (HA-3).
+            core = Told(SchedulerCore(settings.slots_per_node), ctx.log)
+            proc = Processor(nc=ctx.nc, js=ctx.js, service=SERVICE, core=core, state_type=SchedulerState,
+                             inputs=INPUTS, outputs=OUTPUTS, batch=512, log=ctx.log, fence=lease.fence)
+            proc.tick_every_s = settings.tick_seconds
+            await proc.start()
+            active[:] = [proc]
+            return [proc]
+
+        await serve_replicated(ctx, SERVICE, lead)
 
     return run_service(SERVICE, serve, nats_url=args.nats_url, creds=args.creds, metrics_port=args.metrics_port)

@@ -25,7 +25,7 @@ from healthplane.config import parse_cluster_config
 from healthplane.natsserver import NatsServer
 from healthplane.runtime import logs, snapshots
 from healthplane.runtime.connect import connect
-from healthplane.runtime.processor import Inbound, Processor
+from healthplane.runtime.processor import FENCE_MARKS, Inbound, Processor
 from healthplane.runtime.replay import read_all
 from healthplane_collector.sim import Fleet
 from healthplane_scheduler.fold import INPUTS, OUTPUTS, SERVICE, SchedulerCore
@@ -111,6 +111,8 @@ async def replayed(nc: NATS, js: JetStreamContext) -> SchedulerState:
     for spec in INPUTS:
         filters = list(spec.filter_subjects) or list((await js.stream_info(spec.stream)).config.subjects or [])
         for msg in await read_all(nc, js, spec.stream, filters):
+            if msg.subject.startswith(FENCE_MARKS):
+                continue  # a lease holder's mark, not a record: the Processor passes over it too
             meta = msg.metadata
             state, _ = core.step(state, Inbound(spec.stream, meta.sequence.stream, msg.subject, msg.data, {},
                                                 meta.timestamp, True))

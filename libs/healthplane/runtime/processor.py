@@ -34,8 +34,6 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import os
-import socket
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -368,7 +366,7 @@ class Processor(Generic[S]):
         revision = self._fence() if self._fence is not None else None
         if revision is None:
             raise LeaseLost
-        marks = fencing.Marks(self._js, self.service, self.partition, f"{socket.gethostname()}:{os.getpid()}",
+        marks = fencing.Marks(self._js, self.service, self.partition, lease.instance_name(),
                               [*self._outputs, snapshots.STREAM])
         try:
             await marks.claim(revision)
