@@ -157,16 +157,18 @@ def _extra_publish(role: str) -> tuple[str, ...]:
         return ()
     common: tuple[str, ...] = ("$JS.API.INFO", "$JS.API.STREAM.NAMES", "$JS.API.STREAM.INFO.*")
     if role in SERVICE_ROLES:
+        # Its lease, and those of its partitions and their members (HA-4): scorer.2of4, scorer.members.X.
         own_lease = f"$KV.{streams.LEASES_BUCKET}.{encode_token(role)}"
+        own_lease_tree = f"{own_lease}.>"
         # A stream only this service writes it may purge (the scorer drops a removed node's view);
         # the replicas' fence marks (runtime.fencing) are every service's and do not count.
         owned = tuple(f"$JS.API.STREAM.PURGE.{s.name}" for s in streams.STREAMS
                       if all(c.writers == (role,) for c in s.channels if not c.address.startswith(streams.FENCE_PREFIX)))
         common = (*common, *owned)
         if role == "substrate-bridge":  # it sizes the nodes bucket (BRG-1) and writes it
-            return (*common, own_lease, f"$JS.API.STREAM.UPDATE.KV_{streams.NODES_BUCKET}",
+            return (*common, own_lease, own_lease_tree, f"$JS.API.STREAM.UPDATE.KV_{streams.NODES_BUCKET}",
                     f"$KV.{streams.NODES_BUCKET}.>")
-        return (*common, own_lease)
+        return (*common, own_lease, own_lease_tree)
     if role == ADMIN:
         # Creates and converges the streams (``healthplane up``), drives the simulator, and
         # replays dead letters to the subject they came from (any record subject but the

@@ -44,6 +44,10 @@ CONTROL_PLANE: Final = tuple(
 # `healthplane up --scheduler NAME`: which scheduler integration runs (EVI-8); one at a time,
 # since each obeys the directives and writes the allocations.
 SCHEDULERS: Final[dict[str, str]] = {"reference": "scheduler", "slurm": "slurm-adapter"}
+# The per-node folds that run as partitions of the node space (HA-4, ``--partitions P``); the
+# others decide over the whole fleet at once (policy's guardrails and breaker, eviction's holds
+# and directives, the schedulers' placement) and run as one holder with standbys.
+PARTITIONED: Final = ("health-ingest", "scorer")
 
 
 def control_plane(scheduler: str = "reference") -> tuple[str, ...]:

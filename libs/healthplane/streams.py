@@ -26,6 +26,7 @@ from nats.js.api import (
     RetentionPolicy,
     StorageType,
     StreamConfig,
+    SubjectTransform,
 )
 from nats.js.errors import APIError, NotFoundError, ServiceUnavailableError
 
@@ -41,6 +42,15 @@ NODES_BUCKET: Final = "substrate-nodes"
 NODES_BUCKET_DEFAULT_MAX_BYTES: Final = 64 * 1024 * 1024
 LEASES_BUCKET: Final = "healthplane-leases"
 LEASE_TTL_S: Final = 10.0
+
+# HA-4: the per-node records the partitioned folds read carry one more token, last: the
+# node's slot, ``{{partition(PARTITION_SLOTS, cluster, node)}}``, written by the stream itself
+# (a subject transform), so publishers keep the contract's subjects and a node's records all
+# land in one slot. A fold replica owns the slots of its partitions (``slots_of``): P of them
+# can change without moving a record, as long as P <= PARTITION_SLOTS. 24 divides by 1, 2, 3,
+# 4, 6, 8 and 12, so the usual P split the nodes evenly. Whether an install has slots is
+# chosen when its streams are created (``ensure(slotted=True)``, ``up --partitions``).
+PARTITION_SLOTS: Final = 24
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,12 +86,14 @@ class StreamDef:
     description: str = ""
     # The services that read it (consumers, direct gets); viewers and admins read every stream.
     readers: tuple[str, ...] = ()
+    # The per-node channel whose records get the slot token in a partitioned install (HA-4).
+    slotted: str | None = None
 
     @property
     def subjects(self) -> tuple[str, ...]:
         return tuple(dict.fromkeys(channel.subject for channel in self.channels))
 
-    def config(self, replicas: int) -> StreamConfig:
+    def config(self, replicas: int, slotted: bool = False) -> StreamConfig:
         return StreamConfig(
             name=self.name,
             description=self.description,
@@ -99,7 +111,21 @@ class StreamDef:
             # A lease holder's records go as atomic batches bound to its fence mark
             # (runtime.fencing); nats-server 2.12 or later.
             allow_atomic=True if self.fenced else None,
+            subject_transform=self.slot_transform if slotted else None,
         )
+
+    @property
+    def slot_transform(self) -> SubjectTransform | None:
+        """``hp.report.*.*`` -> ``hp.report.{{wildcard(1)}}.{{wildcard(2)}}.{{partition(24,1,2)}}``:
+        the channel's subject with its node's slot appended (cluster and node are always its
+        first two parameters). Other subjects of the stream (fence marks, jobs) pass as they are."""
+        if self.slotted is None:
+            return None
+        tokens = self.slotted.split(".")
+        params = [i for i, t in enumerate(tokens) if t.startswith("{")]
+        source = ".".join("*" if t.startswith("{") else t for t in tokens)
+        dest = [f"{{{{wildcard({params.index(i) + 1})}}}}" if i in params else t for i, t in enumerate(tokens)]
+        return SubjectTransform(src=source, dest=".".join([*dest, f"{{{{partition({PARTITION_SLOTS},1,2)}}}}"]))
 
     @property
     def fenced(self) -> bool:
@@ -160,22 +186,25 @@ STREAMS: Final[tuple[StreamDef, ...]] = (
     StreamDef("HP_REPORTS", (
         Channel("hp.report.{cluster}.{node}", "report", "collector", "Health report, periodic or out-of-band", WRITES_NODE),),
         max_age=DAY, max_msgs_per_subject=64, description="health reports from collectors",
-        readers=("health-ingest",)),
+        readers=("health-ingest",), slotted="hp.report.{cluster}.{node}"),
     StreamDef("HP_RESOURCES", (
         Channel("hp.resource.{cluster}.{node}", "resource", "collector", "Resource report: inventory and readiness", WRITES_NODE),),
         max_msgs_per_subject=1, description="latest resource report per node",
-        readers=("health-ingest", "scorer", "policy", "eviction", "substrate-bridge")),
+        readers=("health-ingest", "scorer", "policy", "eviction", "substrate-bridge"),
+        slotted="hp.resource.{cluster}.{node}"),
     StreamDef("HP_ASSESSMENTS", (
         Channel("hp.assess.{cluster}.{node}", "assess", "health-ingest",
                 "The node's complete active condition set after one report", ("health-ingest",)),
         _fence("assess"),),
-        max_msgs_per_subject=1, description="latest condition set per node", readers=("scorer",)),
+        max_msgs_per_subject=1, description="latest condition set per node", readers=("scorer",),
+        slotted="hp.assess.{cluster}.{node}"),
     StreamDef("HP_NODE_EVENTS", (
         Channel("hp.event.{cluster}.{node}.{type}", "event", "the service that owns the type",
                 "Node event, the durable record"),
         _fence("event"),),
         max_age=90 * DAY, description="append-only node events, 90 days",
-        readers=("health-ingest", "scorer", "policy", "eviction", "webhook-dispatcher", "substrate-bridge")),
+        readers=("health-ingest", "scorer", "policy", "eviction", "webhook-dispatcher", "substrate-bridge"),
+        slotted="hp.event.{cluster}.{node}.{type}"),
     StreamDef("HP_NODES", (
         Channel("hp.node.{cluster}.{node}", "node", "scorer", "Latest folded view of a node", ("scorer",)),
         _fence("node"),),
@@ -201,7 +230,7 @@ STREAMS: Final[tuple[StreamDef, ...]] = (
         Channel("hp.job.{cluster}.{job}", "job", "sim submit", "Work submitted to the reference scheduler", ("admin",)),
         _fence("alloc")),
         max_age=7 * DAY, description="submitted jobs and the allocation lifecycle from the scheduler",
-        readers=("scorer", "policy", "eviction", *SCHEDULERS, "sim")),
+        readers=("scorer", "policy", "eviction", *SCHEDULERS, "sim"), slotted="hp.alloc.{cluster}.{node}.{alloc}"),
     # Limits, not a work queue: eviction reads its own directives back after a restart (REL-1),
     # and a work queue would delete them once the scheduler acked them.
     StreamDef("HP_DIRECTIVES", (
@@ -230,7 +259,7 @@ STREAMS_BY_NAME: Final = {s.name: s for s in STREAMS}
 _FENCES: Final = {s.name: c.address for s in STREAMS for c in s.channels if c.address.startswith(FENCE_PREFIX)}
 
 
-def fence_subject(stream: str, service: str, partition: int = 0) -> str | None:
+def fence_subject(stream: str, service: str, partition: int | str = 0) -> str | None:
     """Where ``service``'s holder of ``partition`` marks itself in ``stream``; ``None`` for a
     stream no replicated service writes."""
     address = _FENCES.get(stream)
@@ -238,12 +267,53 @@ def fence_subject(stream: str, service: str, partition: int = 0) -> str | None:
         return None
     return address.replace("{service}", service).replace("{partition}", str(partition))
 
+
+def slots_of(partition: int, partitions: int) -> tuple[int, ...]:
+    """The slots partition ``partition`` of ``partitions`` owns: every P-th one, so that any
+    P <= PARTITION_SLOTS covers each slot exactly once."""
+    if not 0 < partitions <= PARTITION_SLOTS or not 0 <= partition < partitions:
+        raise ValueError(f"partition {partition} of {partitions}: P must be 1..{PARTITION_SLOTS}")
+    return tuple(range(partition, PARTITION_SLOTS, partitions))
+
+
+def _matches(pattern: list[str], tokens: list[str]) -> bool:
+    return len(pattern) == len(tokens) and all(a == b or "*" in (a, b) for a, b in zip(pattern, tokens, strict=True))
+
+
+def stored_filters(stream: str, filters: Iterable[str], slots: Iterable[int] | None = None) -> tuple[str, ...]:
+    """The consumer filters that select ``filters`` (written for the contract's subjects) in
+    ``stream`` as it stores them (HA-4): with ``slots``, only those slots' records; without,
+    every record whichever the install (with slots or without), so a reader never needs to
+    know. A filter a partition cannot split (not a node subject) is a ValueError."""
+    wanted = tuple(filters)
+    definition = STREAMS_BY_NAME.get(stream)
+    slotted = definition.slot_transform if definition is not None else None
+    if slotted is None:
+        return wanted
+    channel = slotted.src.split(".")
+    if slots is None:
+        out: list[str] = []
+        for subject in wanted:
+            out.append(subject)
+            if not subject.endswith(">") and _matches(channel, subject.split(".")):
+                out.append(f"{subject}.*")
+        return tuple(out)
+    per_node: list[str] = []
+    for subject in wanted or (slotted.src,):
+        tokens = subject.split(".")
+        if tokens[-1] == ">" and channel[: len(tokens) - 1] == tokens[:-1]:
+            tokens = channel  # hp.alloc.> -> hp.alloc.*.*.*
+        if not _matches(channel, tokens):
+            raise ValueError(f"{stream}: filter {subject} does not select node records, a partition cannot split it")
+        per_node.append(".".join(t if t != "*" or c == "*" else c for t, c in zip(tokens, channel, strict=True)))
+    return tuple(f"{subject}.{slot}" for subject in per_node for slot in slots)
+
 # Fields JetStream refuses to change on an existing stream.
 _IMMUTABLE: Final = ("retention", "storage")
 # Fields we own and converge on; everything else the server fills in is left alone.
 _COMPARED: Final = (
     "subjects", "retention", "storage", "max_age", "max_msgs_per_subject", "max_msgs", "max_bytes",
-    "num_replicas", "duplicate_window", "allow_direct", "discard", "allow_atomic",
+    "num_replicas", "duplicate_window", "allow_direct", "discard", "allow_atomic", "subject_transform",
 )
 
 
@@ -267,6 +337,8 @@ def _differences(existing: StreamConfig, wanted: StreamConfig) -> list[str]:
             have, want = round(float(have or 0), 3), round(float(want or 0), 3)
         if field == "allow_atomic":  # unset and false are the same to the server
             have, want = bool(have), bool(want)
+        if field == "subject_transform":
+            have, want = (have.src, have.dest) if have else None, (want.src, want.dest) if want else None
         if have != want:
             diffs.append(field)
     return diffs
@@ -286,13 +358,19 @@ async def ensure(
     nodes_bucket_max_bytes: int = NODES_BUCKET_DEFAULT_MAX_BYTES,
     *,
     servers: int = 1,
+    slotted: bool | None = None,
 ) -> EnsureResult:
     """Create or converge every stream and both buckets. Idempotent.
 
     ``replicas``: converge every stream and bucket to that many (JetStream moves R1 to R3 in
     place); ``None`` (a service starting) leaves existing ones as their operator made them
     and creates missing ones at :func:`replicas_for` the ``servers`` the client sees. More
-    replicas than the cluster has servers is refused with the stream named."""
+    replicas than the cluster has servers is refused with the stream named.
+
+    ``slotted``: the node records of the partitioned folds' streams carry their slot (HA-4,
+    chosen at install); ``None`` keeps what exists and creates missing streams without.
+    Changing it on a stream that holds records is refused: its records would sit under two
+    layouts, and a partition would miss the old ones."""
     await _jetstream_answers(js)
     created: list[str] = []
     updated: list[str] = []
@@ -301,13 +379,20 @@ async def ensure(
             info = await js.stream_info(definition.name)
         except NotFoundError:
             await _placed(definition.name, replicas or replicas_for(servers),
-                          js.add_stream(definition.config(replicas or replicas_for(servers))))
+                          js.add_stream(definition.config(replicas or replicas_for(servers), bool(slotted))))
             created.append(definition.name)
             continue
-        wanted = definition.config(replicas or info.config.num_replicas or 1)
+        has_slots = info.config.subject_transform is not None
+        wanted = definition.config(replicas or info.config.num_replicas or 1,
+                                   has_slots if slotted is None else slotted)
         diffs = _differences(info.config, wanted)
         if not diffs:
             continue
+        if "subject_transform" in diffs and info.state.messages and definition.slot_transform is not None:
+            raise StreamConflict(
+                f"stream {definition.name} holds {info.state.messages} records "
+                f"{'with' if has_slots else 'without'} partition slots; partitions are chosen at install "
+                f"(docs/operations.md, \"Partitions\"): start from empty streams to change it")
         blocked = [f for f in diffs if f in _IMMUTABLE]
         if blocked:
             detail = ", ".join(

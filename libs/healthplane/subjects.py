@@ -138,8 +138,23 @@ def sender(subject: str, tokens: int) -> str | None:
 CONFIG: Final = f"{PREFIX}.config"
 
 
-def snapshot(service: str, partition: int = 0) -> str:
-    return f"{PREFIX}.snapshot.{encode_token(service)}.{partition}"
+def partition_label(partition: int, partitions: int = 1) -> str:
+    """How a partition is named in subjects, consumers and producers: ``0`` for the one
+    partition of an unpartitioned service, ``2of4`` for partition 2 of 4 (HA-4), so that two
+    layouts of one service never share a snapshot, a fence or a producer id."""
+    return str(partition) if partitions == 1 else f"{partition}of{partitions}"
+
+
+def parse_partition_label(label: str) -> tuple[int, int] | None:
+    """``(partition, partitions)`` of a :func:`partition_label`; ``None`` for anything else."""
+    partition, sep, partitions = label.partition("of")
+    if not partition.isdigit() or (sep and not partitions.isdigit()):
+        return None
+    return int(partition), int(partitions) if sep else 1
+
+
+def snapshot(service: str, partition: int = 0, partitions: int = 1) -> str:
+    return f"{PREFIX}.snapshot.{encode_token(service)}.{partition_label(partition, partitions)}"
 
 
 def node_key(cluster: str, node_id: str) -> str:
@@ -168,7 +183,8 @@ def node_view_in_any_cluster(node_id: str) -> str:
 
 def node_events(cluster: str | None, node_id: str, event_type: str | None = None) -> str:
     """Every event of one node (the per-node filter the CLI replays), or those of one type;
-    ``cluster=None`` is any cluster (a decommissioned node has no view to name its cluster)."""
+    ``cluster=None`` is any cluster (a decommissioned node has no view to name its cluster).
+    Written for the contract's subject: ``streams.stored_filters`` adds the stored form."""
     where = encode_token(cluster) if cluster is not None else "*"
     kind = encode_token(event_type) if event_type else "*"
     return f"{PREFIX}.event.{where}.{encode_token(node_id)}.{kind}"
@@ -188,9 +204,24 @@ class NodeSubject:
 _NODE_KINDS = frozenset({"report", "resource", "assess", "event", "node", "cmd", "outcome", "alloc", "directive", "provision", "provider"})
 
 
-def parse(subject: str) -> NodeSubject:
-    """Parse any per-node subject back into kind, cluster, node id and the trailing token."""
+# The kinds whose stored subjects carry the node's partition slot last in a partitioned
+# install (streams.PARTITION_SLOTS), and their length without it.
+_SLOTTED_TOKENS = {"report": 4, "resource": 4, "assess": 4, "event": 5, "alloc": 5}
+
+
+def published(subject: str) -> str:
+    """The contract's subject of a stored record: without the partition slot a partitioned
+    install's stream appends (HA-4); any other subject as it is."""
     parts = subject.split(".")
+    if len(parts) > 2 and len(parts) == _SLOTTED_TOKENS.get(parts[1], -1) + 1 and parts[-1].isdigit():
+        return subject.rpartition(".")[0]
+    return subject
+
+
+def parse(subject: str) -> NodeSubject:
+    """Parse any per-node subject back into kind, cluster, node id and the trailing token;
+    a stored subject's partition slot (HA-4) is passed over."""
+    parts = published(subject).split(".")
     if len(parts) < 4 or parts[0] != PREFIX or parts[1] not in _NODE_KINDS:
         raise SubjectError(f"not a Healthplane node subject: {subject!r}")
     if len(parts) > (6 if parts[1] == "cmd" else 5):

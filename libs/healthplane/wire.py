@@ -593,6 +593,7 @@ class Snapshot(Record, frozen=True, kw_only=True):
 
     service: str
     partition: int
+    partitions: int = 1  # of how many (HA-4): another layout's snapshot is not this one's
     taken_at: datetime
     positions: dict[str, int]  # input stream -> last sequence folded into the state
     outputs: dict[str, int] = {}  # output stream -> its last sequence when this was taken

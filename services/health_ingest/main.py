@@ -21,4 +21,5 @@ def main(args: argparse.Namespace) -> int:
 
         return IngestCore(plugins=detectors.load_plugins(not_loaded))
 
-    return run_processor_service(args, SERVICE, core, IngestState, INPUTS, OUTPUTS, series=lambda _: failures)
+    return run_processor_service(args, SERVICE, core, IngestState, INPUTS, OUTPUTS, series=lambda _: failures,
+                                 partitionable=True)

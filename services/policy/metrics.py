@@ -16,12 +16,14 @@ from healthplane_policy.rules import PolicyState
 
 
 class BreakerSeries(Collector):
-    def __init__(self, state: Callable[[], PolicyState], now: Callable[[], datetime] = lambda: datetime.now(UTC)) -> None:
-        self._state = state
+    def __init__(self, states: Callable[[], list[PolicyState]],
+                 now: Callable[[], datetime] = lambda: datetime.now(UTC)) -> None:
+        self._states = states  # the lead's state; none on a standby (lifecycle.run_processor_service)
         self._now = now
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        state = self._state()
+        led = self._states()
+        state = led[0] if led else PolicyState()
         settings = state.config.breaker
         threshold = GaugeMetricFamily("healthplane_policy_breaker_threshold_nodes",
                                       "Effective circuit-breaker threshold in nodes; bound names what produced it",

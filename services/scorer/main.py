@@ -21,4 +21,4 @@ from healthplane_scorer.metrics import NodeSeries
 
 def main(args: argparse.Namespace) -> int:
     return run_processor_service(args, SERVICE, lambda _: ScorerCore(), ScorerState, INPUTS, OUTPUTS,
-                                 series=NodeSeries)
+                                 series=NodeSeries, partitionable=True)

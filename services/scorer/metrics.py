@@ -16,12 +16,14 @@ HEALTH_STATES = ("healthy", "degraded", "unknown")
 
 
 class NodeSeries(Collector):
-    def __init__(self, state: Callable[[], ScorerState]) -> None:
-        self._state = state  # a standby's is empty (lifecycle.run_processor_service)
+    def __init__(self, states: Callable[[], list[ScorerState]]) -> None:
+        # The states of the partitions this replica leads (one unpartitioned, none on a
+        # standby: lifecycle.run_processor_service); each node is in exactly one.
+        self._states = states
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
-        state = self._state()
-        nodes = list(state.nodes.values())  # one atomic copy: the event loop mutates the dict
+        # One atomic copy of each: the event loop mutates the dicts.
+        nodes = [(node, state.config.degraded_at_or_below) for state in self._states() for node in list(state.nodes.values())]
         score = GaugeMetricFamily("healthplane_node_reliability_score",
                                   "Reliability score 0-100; absent while the node is unscored",
                                   labels=["node_id", "cluster"])
@@ -32,7 +34,7 @@ class NodeSeries(Collector):
                                    labels=["node_id", "cluster", "state"])
         failures = CounterMetricFamily("healthplane_node_attributed_failures",
                                        "Job failures attributed to the node", labels=["node_id", "cluster"])
-        for node in nodes:
+        for node, degraded_at_or_below in nodes:
             labels = [node.node_id, node.cluster]
             if node.score is not None:
                 score.add_metric(labels, node.score)
@@ -40,7 +42,7 @@ class NodeSeries(Collector):
                 active: dict[str, int] = {c.type: wire.SEVERITY_LEVEL[c.severity] for c in node.conditions}
                 for condition_type in wire.CONDITION_TYPES:
                     condition.add_metric([*labels, condition_type], active.get(condition_type, 0))
-            current = node_health(node, state.config.degraded_at_or_below).lower()
+            current = node_health(node, degraded_at_or_below).lower()
             for state_name in HEALTH_STATES:
                 health.add_metric([*labels, state_name], 1 if state_name == current else 0)
             failures.add_metric(labels, node.tally.count)

@@ -192,8 +192,9 @@ def plan_reload(current: Mapping[str, Endpoint], wanted: Sequence[Endpoint]) -> 
 
 
 def event_type_of_subject(subject: str) -> str | None:
-    """The TYPE token of ``hp.event.{cluster}.{node}.{TYPE}``, or None if it is not one."""
-    prefix, _, token = subject.rpartition(".")
+    """The TYPE token of ``hp.event.{cluster}.{node}.{TYPE}`` (as stored: a partition slot
+    after it is passed over), or None if it is not one."""
+    prefix, _, token = subjects.published(subject).rpartition(".")
     if not prefix.startswith("hp.event.") or prefix.count(".") != 3:
         return None
     try:

@@ -8,16 +8,20 @@ import gc
 import os
 import time
 from collections.abc import Iterable
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig
 
+from healthplane import subjects, wire
 from healthplane.natsserver import NatsServer
 from healthplane.runtime.processor import Inbound, Processor, settle_heap
 from healthplane.runtime.publish import Outbound, Publisher
 from healthplane.runtime.pull import Delivery, PullLoop
+from healthplane_collector.agent import Collector, Settings
+from healthplane_collector.sim import SimNode
 from tests.bench import harness
 
 WINDOW = 4096
@@ -144,3 +148,20 @@ def record_service_loop(service: str, record: str, rate: float, raw: float, cpu:
     harness.record(f"{service}.server_cpu_per_{record}", cpu[1], "us", baseline=raw_cpu[1])
     harness.record(f"{service}.core_cpu_per_{record}", core_us, "us", baseline=raw_cpu[0])
     harness.record(f"{service}.ceiling_free_framework", ceiling_rate(raw, core_us), f"{record}s/s", baseline=raw)
+
+
+REPORTS_T0 = datetime(2026, 12, 1, 9, 0, tzinfo=UTC)
+
+
+async def fleet_reports(count: int, cluster: str = "bench") -> list[tuple[str, bytes]]:
+    """One valid collector report for each of ``count`` nodes (``cn-000000``…), each sent a
+    second after the one before: a fleet's worth of input for a fold."""
+    node = SimNode("template")
+    collector = Collector(Settings(node_id="template", cluster=cluster, interval_s=3600), node, node.kmsg)
+    collector.refresh_inventory()
+    template = await collector.collect("scheduled", REPORTS_T0)
+    fields = {f: getattr(template, f) for f in template.__struct_fields__}
+    return [(subjects.report(cluster, f"cn-{i:06d}"), wire.encode(wire.HealthReport(
+        **{**fields, "node_id": f"cn-{i:06d}", "hostname": f"cn-{i:06d}",
+           "sent_at": REPORTS_T0 + timedelta(seconds=i)})))
+        for i in range(count)]

@@ -7,37 +7,22 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Iterator
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 
-from healthplane import streams, subjects, wire
+from healthplane import streams
 from healthplane.natsserver import NatsCluster, NatsServer
 from healthplane.runtime.connect import connect
 from healthplane.runtime.processor import Processor
-from healthplane_collector.agent import Collector, Settings
-from healthplane_collector.sim import SimNode
 from healthplane_health_ingest.fold import INPUTS, OUTPUTS, IngestCore
 from healthplane_health_ingest.rules import IngestState
 from tests.bench import harness
-from tests.bench.bus import CpuMeter, processor_rate, publish_all
+from tests.bench.bus import CpuMeter, fleet_reports, processor_rate, publish_all
 
 # The bench measures the runtime's write path, not the permissions (tests/component covers those).
 pytestmark = pytest.mark.insecure
 NODES = 50_000
-T0 = datetime(2026, 12, 1, 9, 0, tzinfo=UTC)
-
-
-async def _reports() -> list[tuple[str, bytes]]:
-    node = SimNode("template")
-    collector = Collector(Settings(node_id="template", cluster="bench", interval_s=3600), node, node.kmsg)
-    collector.refresh_inventory()
-    template = await collector.collect("scheduled", T0)
-    fields = {f: getattr(template, f) for f in template.__struct_fields__}
-    return [(subjects.report("bench", f"cn-{i:06d}"), wire.encode(wire.HealthReport(
-        **{**fields, "node_id": f"cn-{i:06d}", "hostname": f"cn-{i:06d}", "sent_at": T0 + timedelta(seconds=i)})))
-        for i in range(NODES)]
 
 
 @pytest.fixture(params=["one server", "three servers"])
@@ -63,7 +48,7 @@ async def bus(servers: NatsServer | NatsCluster) -> AsyncIterator[tuple[object, 
 
 async def test_fence_cost_per_report(servers: NatsServer | NatsCluster, bus) -> None:  # type: ignore[no-untyped-def]
     nc, js = bus
-    await publish_all(nc, await _reports())
+    await publish_all(nc, await fleet_reports(NODES))
     where = "1" if isinstance(servers, NatsServer) else "3"
     meter_server = servers if isinstance(servers, NatsServer) else servers.servers[0]
     results: dict[str, tuple[float, float]] = {}

@@ -233,6 +233,11 @@ async def test_rel1_kill_9_in_the_middle_of_drain_all(nats_server: NatsServer, j
         try:
             out, _ = drain.communicate(timeout=90)
             assert out.strip() == f"Cordoned {len(nodes)} node(s)"
+
+            async def all_drained() -> bool:  # the CLI waits for the cordons; the drains follow
+                return len(await node_events(js, "NODE_DRAINED")) >= len(nodes)
+
+            await until(all_drained, timeout=60)
         finally:
             eviction.terminate()
             eviction.wait(timeout=10)

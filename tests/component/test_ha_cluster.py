@@ -9,38 +9,37 @@ from __future__ import annotations
 import asyncio
 import signal
 import subprocess
-import sys
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterator
-from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
-from itertools import pairwise
 from pathlib import Path
 
 import pytest
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 
-from healthplane import streams, subjects, wire
+from healthplane import streams, wire
 from healthplane.creds import Keystore
 from healthplane.natsserver import NatsCluster, NatsServer
 from healthplane.runtime.connect import connect
-from healthplane.runtime.processor import Inbound
-from healthplane.runtime.replay import read_all, replay
-from healthplane_collector.agent import Collector, Settings
-from healthplane_collector.sim import SimNode
-from healthplane_scorer.fold import ScorerCore, node_view
-from tests.support.secure import creds_for, env_for
+from healthplane.runtime.replay import read_all
+from tests.support.pipeline import (
+    Fleet,
+    assert_views_equal_a_replay,
+    caught_up,
+    clients,
+    service,
+    stop_all,
+    until,
+    viewed_all,
+)
 
 pytestmark = [pytest.mark.nats, pytest.mark.slow]
 # Measured, not yet fixed: docs/operations.md "Not yet here".
 KNOWN_GAP = ("known gap (issue 20, HA-2): when the killed member led the leases bucket, the holders' "
              "renewals time out past the fence and the takeover's consumer re-creation keeps timing "
              "out on the degraded cluster for 30-60 s; the pipeline then resumes late")
-CLUSTER = "lab"
 NODES = [f"n{i:02d}" for i in range(16)]
-T0 = datetime(2026, 12, 1, 9, 0, tzinfo=UTC)
 
 
 @pytest.fixture
@@ -84,110 +83,32 @@ async def test_ha1_one_server_refuses_r3_naming_the_stream(nats_server: NatsServ
         await streams.ensure(js, replicas=3)
 
 
-@dataclass
-class Fleet:
-    """Collectors of ``NODES`` publishing one report each per round, each retried with the same
-    Nats-Msg-Id until acknowledged, as the agent does."""
-
-    js: JetStreamContext
-    acked: dict[str, list[str]] = field(default_factory=dict)  # node -> msg ids acknowledged
-    ack_times: list[float] = field(default_factory=list)
-    stopping: asyncio.Event = field(default_factory=asyncio.Event)
-
-    async def run(self) -> None:
-        sims = {node: SimNode(node) for node in NODES}
-        collectors = {node: Collector(Settings(node_id=node, cluster=CLUSTER, interval_s=3600), sim, sim.kmsg)
-                      for node, sim in sims.items()}
-        for collector in collectors.values():
-            collector.refresh_inventory()
-        round_ = 0
-        while not self.stopping.is_set():
-            round_ += 1
-            for index, node in enumerate(NODES):
-                if round_ == 8 + index:  # a fault per node, spread over the run: events to count
-                    sims[node].inject("xid:48", 0, T0)
-                report = await collectors[node].collect("scheduled", T0 + timedelta(seconds=round_))
-                await self._publish(node, f"{node}:{round_}", wire.encode(report))
-            await asyncio.sleep(0.2)
-
-    async def _publish(self, node: str, msg_id: str, payload: bytes) -> None:
-        delay = 0.05
-        while True:
-            try:
-                await self.js.publish(subjects.report(CLUSTER, node), payload, timeout=2,
-                                      headers={"Nats-Msg-Id": msg_id})
-            except Exception:  # no responders, a timeout while the stream elects a leader
-                await asyncio.sleep(delay)
-                delay = min(1.0, delay * 2)
-                continue
-            self.acked.setdefault(node, []).append(msg_id)
-            self.ack_times.append(time.monotonic())
-            return
-
-    def longest_gap_after(self, moment: float) -> float:
-        times = [moment, *[t for t in self.ack_times if t >= moment]]
-        return max(b - a for a, b in pairwise(times))
-
-
-def _service(servers: NatsServer | NatsCluster, name: str, log: Path) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, "-m", "healthplane.cli", "service", name],
-                            env=env_for(servers, name, HEALTHPLANE_INSTANCE=log.stem),  # one per replica
-                            stdout=subprocess.DEVNULL, stderr=open(log, "ab"), stdin=subprocess.DEVNULL)
-
-
-async def _until(check, timeout: float, what: str) -> float:  # type: ignore[no-untyped-def]
-    started = time.monotonic()
-    while not await check():
-        if time.monotonic() - started > timeout:
-            raise AssertionError(f"not within {timeout:g} s: {what}")
-        await asyncio.sleep(0.1)
-    return time.monotonic() - started
-
-
 Lose = Callable[[NATS, JetStreamContext, dict[str, subprocess.Popen[bytes]], Fleet], Awaitable[float]]
 
 
 async def _under_load(servers: NatsServer | NatsCluster, tmp_path: Path, lose: Lose) -> float:
     """The fleet reporting through health-ingest and two scorers; ``lose`` takes something
     away mid-run and says how long the pipeline took to notice; then everything is counted."""
-    nc = await connect(servers.url, name="ha", give_up_after=10)
-    sim_nc = await connect(servers.url, name="ha-fleet", creds=creds_for(servers, "sim", CLUSTER), give_up_after=10)
+    nc, sim_nc = await clients(servers, "ha")
     js = nc.jetstream()
     await streams.ensure(js, servers=len(nc.servers))
-    processes = {label: _service(servers, name, tmp_path / f"{label}.log")
+    processes = {label: service(servers, name, tmp_path / f"{label}.log")
                  for label, name in (("health-ingest", "health-ingest"), ("scorer", "scorer"), ("scorer-2", "scorer"))}
-    fleet = Fleet(sim_nc.jetstream())
+    fleet = Fleet(sim_nc.jetstream(), NODES)
     publishing = asyncio.create_task(fleet.run())
     try:
-        async def viewed() -> bool:
-            return len(await read_all(nc, js, "HP_NODES", "hp.node.>", last_per_subject=True)) == len(NODES)
-
-        await _until(viewed, 60, "a view of every node")
+        await until(lambda: viewed_all(nc, js, fleet), 60, "a view of every node")
         figure = await lose(nc, js, processes, fleet)
         await asyncio.sleep(2)
         fleet.stopping.set()
         await publishing
         # Everything acknowledged is folded: each node's view is of its last acknowledged report.
-        last_round = {node: int(ids[-1].rpartition(":")[2]) for node, ids in fleet.acked.items()}
-
-        async def caught_up() -> bool:  # ingest folded every report, the scorer every assessment
-            assessed = [wire.decode(wire.Assessment, m.data)
-                        for m in await read_all(nc, js, "HP_ASSESSMENTS", "hp.assess.>", last_per_subject=True)]
-            views = {wire.decode(wire.NodeView, m.data).node_id: wire.decode(wire.NodeView, m.data)
-                     for m in await read_all(nc, js, "HP_NODES", "hp.node.>", last_per_subject=True)}
-            return len(assessed) == len(NODES) and all(
-                a.report_sent_at == T0 + timedelta(seconds=last_round[a.node_id])
-                and views[a.node_id].last_reported_at == a.last_report_at for a in assessed)
-
-        await _until(caught_up, 30, "every node assessed and viewed at its last acknowledged report")
+        await until(lambda: caught_up(nc, js, fleet), 30, "every node assessed and viewed at its last acknowledged report")
+        last_round = fleet.last_round()
     finally:
         fleet.stopping.set()
         await publishing
-        for process in processes.values():
-            if process.poll() is None:
-                process.terminate()
-        for process in processes.values():
-            process.wait(30)
+        stop_all(processes)
 
     # Nothing acknowledged lost, nothing stored twice.
     stored = Counter((m.headers or {}).get("Nats-Msg-Id") for m in
@@ -202,14 +123,7 @@ async def _under_load(servers: NatsServer | NatsCluster, tmp_path: Path, lose: L
     assert sorted(e.node_id for e in raised) == sorted(n for n in NODES if last_round[n] >= 8 + NODES.index(n))
 
     # The views equal a replay of the assessments (HA-3: state = replay).
-    core, state = ScorerCore(), ScorerCore().initial_state()
-    async for msg in replay(js, "HP_ASSESSMENTS", "hp.assess.>"):
-        state, _ = core.step(state, Inbound("HP_ASSESSMENTS", msg.metadata.sequence.stream, msg.subject, msg.data,
-                                            {}, T0, True))
-    latest = {v.node_id: v for v in (wire.decode(wire.NodeView, m.data) for m in
-                                     await read_all(nc, js, "HP_NODES", "hp.node.>", last_per_subject=True))}
-    for node in state.nodes.values():
-        assert latest[node.node_id] == node_view(state, node)
+    await assert_views_equal_a_replay(nc, js, fleet)
     await sim_nc.close()
     await nc.close()
     return figure
@@ -248,7 +162,7 @@ async def test_ha3_the_scorer_holder_killed_under_load_is_replaced_within_the_le
         async def taken_over() -> bool:
             return await _latest_revision(nc, js) > before
 
-        return await _until(taken_over, 30, "the standby scorer writing views")
+        return await until(taken_over, 30, "the standby scorer writing views")
 
     takeover_s = await _under_load(nats_server, tmp_path, lose_the_holder)
     print(f"HA-3: the standby scorer wrote {takeover_s:.2f} s after kill -9 of the holder")

@@ -9,6 +9,7 @@ exit code: 0 success, 1 refused or failed, 2 usage error, 3 retryable (SPEC.md).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 from typing import Final
@@ -23,6 +24,9 @@ from healthplane.cli.common import (
     one_of,
     output_flag,
 )
+from healthplane.streams import PARTITION_SLOTS
+
+PARTITIONS_ENV: Final = "HEALTHPLANE_PARTITIONS"
 
 
 # `up` and `config` run code that is slow to import (the stack, the config models): their
@@ -38,6 +42,9 @@ def _up_arguments(parser: argparse.ArgumentParser) -> None:
                              "client ports from --nats-port up")
     parser.add_argument("--replicas", type=int, default=1, metavar="N",
                         help="processes per service (2: a warm standby behind each service's lease, HA-3)")
+    parser.add_argument("--partitions", type=_partitions, default=1, metavar="P",
+                        help="health-ingest and the scorer split the nodes into P partitions, shared out among "
+                             "their replicas (HA-4); chosen at install: the streams get partition slots")
     parser.add_argument("--config", help="cluster config to apply (default: built-in defaults)")
     parser.add_argument("--data-dir", default=".healthplane", help="store and stack.json (default ./.healthplane)")
     parser.add_argument("--insecure", action="store_true",
@@ -60,10 +67,19 @@ def _run_up(args: argparse.Namespace) -> int:
     return up.run(args)
 
 
+def _partitions(text: str) -> int:
+    if not text.isdigit() or not 1 <= int(text) <= PARTITION_SLOTS:
+        raise argparse.ArgumentTypeError(f"{text!r}: a number of partitions from 1 to {PARTITION_SLOTS}")
+    return int(text)
+
+
 def _service_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("name", **one_of(registry.SERVICE_NAMES), metavar="NAME",
                         help=", ".join(registry.SERVICE_NAMES))
     parser.add_argument("--config", help="service config file")
+    parser.add_argument("--partitions", type=_partitions, default=os.environ.get(PARTITIONS_ENV, "1"),
+                        help=f"HA-4: run as P partitions of the node space (health-ingest, scorer; "
+                             f"${PARTITIONS_ENV}); every replica of the service takes the same P")
     parser.add_argument("--metrics-port", type=int, default=0, help="Prometheus port (0 = any free, logged)")
     connection_flags(parser)
 

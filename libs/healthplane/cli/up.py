@@ -123,7 +123,8 @@ def run(args: argparse.Namespace) -> int:
             nats = NatsServer(data_dir / "nats", port=args.nats_port, keystore=keystore, tls=server_tls).start()
             nats_url, replicas = nats.url, 1
         try:
-            asyncio.run(_prepare(nats_url, config, identities.admin if identities else None, replicas))
+            asyncio.run(_prepare(nats_url, config, identities.admin if identities else None, replicas,
+                                 slotted=True if args.partitions > 1 else None))
         except (ConnectionError, streams.StreamConflict, configstore.ConfigConflict) as exc:
             raise CannotStart(str(exc)) from exc
 
@@ -131,7 +132,8 @@ def run(args: argparse.Namespace) -> int:
         log_dir.mkdir(exist_ok=True)
         for replica in range(1, args.replicas + 1):  # HA-3: each replica stands by behind its lease
             for name in registry.control_plane(args.scheduler):
-                children.append(_start_service(name, nats_url, log_dir, identities, replica))
+                children.append(_start_service(name, nats_url, log_dir, identities, replica,
+                                               partitions=args.partitions if name in registry.PARTITIONED else 1))
         if not args.no_sim:
             fleet = ["sim", "run", "--nodes", str(args.nodes), "--provisioned", str(args.nodes // 2),
                      "--cluster", config.cluster]
@@ -208,11 +210,12 @@ def _identities(data_dir: Path, cluster: str) -> Identities:
     return Identities(keystore, admin, viewer, tokens["admin"], tokens["viewer"], by_child)
 
 
-async def _prepare(nats_url: str, config: ClusterConfig, admin: Path | None, replicas: int | None) -> None:
+async def _prepare(nats_url: str, config: ClusterConfig, admin: Path | None, replicas: int | None, *,
+                   slotted: bool | None = None) -> None:
     nc = await connect(nats_url, name="healthplane-up", creds=str(admin) if admin else None, give_up_after=10)
     try:
         js = nc.jetstream()
-        await streams.ensure(js, replicas, servers=len(nc.servers))
+        await streams.ensure(js, replicas, servers=len(nc.servers), slotted=slotted)
         await configstore.apply(js, config, actor="healthplane-up", on_skipped=lambda record: print(
             f"healthplane up: warning: {record.line()}", file=sys.stderr))
     finally:
@@ -282,8 +285,10 @@ def _pid(server: NatsServer) -> int | None:
     return server.process.pid if server.process else None
 
 
-def _start_service(name: str, nats_url: str, log_dir: Path, identities: Identities | None, replica: int = 1) -> Child:
-    return _start_child(name, ["service", name], nats_url, log_dir, identities, replica)
+def _start_service(name: str, nats_url: str, log_dir: Path, identities: Identities | None, replica: int = 1, *,
+                   partitions: int = 1) -> Child:
+    command = ["service", name, *(["--partitions", str(partitions)] if partitions > 1 else [])]
+    return _start_child(name, command, nats_url, log_dir, identities, replica)
 
 
 def _start_child(name: str, command: list[str], nats_url: str, log_dir: Path, identities: Identities | None,

@@ -58,7 +58,7 @@ class Marks:
     """One holder's marks on the streams it writes, and the headers that bind its records
     to them."""
 
-    def __init__(self, js: JetStreamContext, service: str, partition: int, holder: str,
+    def __init__(self, js: JetStreamContext, service: str, partition: int | str, holder: str,
                  stream_names: Iterable[str]) -> None:
         self._js, self._holder = js, holder
         self._subjects = {name: subject for name in dict.fromkeys(stream_names)

@@ -47,8 +47,12 @@ def instance_name() -> str:
 
 class Lease:
     def __init__(self, js: JetStreamContext, name: str, holder: str, *, ttl_s: float = TTL_S,
-                 on_change: Callable[[bool], None] | None = None, log: Any = None) -> None:
+                 on_change: Callable[[bool], None] | None = None, log: Any = None,
+                 wanted: Callable[[], bool] | None = None) -> None:
         self._js, self.name, self.holder = js, name, holder
+        # Whether to compete at all (a partition this replica owns, HA-4); one it holds is
+        # renewed until its holder releases it.
+        self._wanted = wanted
         self.ttl_s = ttl_s
         self._renew_every_s = ttl_s / 3
         # The fence closes this long before the key can expire: time for the renewal's own
@@ -127,7 +131,8 @@ class Lease:
 
     async def run(self, stopping: asyncio.Event) -> None:
         while not stopping.is_set():
-            await self.attempt()
+            if self._wanted is None or self._wanted() or self._revision is not None:
+                await self.attempt()
             # A holder renews at a third of the TTL; a standby, or a holder whose round the bus
             # did not answer, tries again soon: a lease that lapses is taken within RETRY_S.
             delay = self._renew_every_s if self.is_leader and not self.unanswered else RETRY_S

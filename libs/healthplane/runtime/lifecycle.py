@@ -15,8 +15,9 @@ its lease expires. A holder whose lease lapses, or whose write the server's fenc
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
@@ -27,7 +28,7 @@ from nats.js.errors import APIError, ServiceUnavailableError
 from prometheus_client import REGISTRY
 from prometheus_client.registry import Collector
 
-from healthplane import streams
+from healthplane import streams, subjects
 from healthplane.runtime import connect, logs, metrics
 from healthplane.runtime.lease import Lease, instance_name
 from healthplane.runtime.processor import Core, Input, LeaseLost, Processor
@@ -139,16 +140,22 @@ class Runner(Protocol):
 
 
 async def serve_replicated(ctx: ServiceContext, lease_name: str,
-                           lead: Callable[[Lease], Awaitable[Sequence[Runner]]]) -> None:
+                           lead: Callable[[Lease], Awaitable[Sequence[Runner]]], *,
+                           wanted: Callable[[], bool] | None = None,
+                           disowned: Callable[[], Coroutine[Any, Any, None]] | None = None) -> None:
     """Run what ``lead`` builds while this replica holds ``lease_name``; stand by otherwise.
     ``lead`` gets the lease to fence its writes with (``Processor(fence=lease.fence)``) and
-    returns its runners, already started; they are stopped when the lease is lost."""
+    returns its runners, already started; they are stopped when the lease is lost.
+
+    ``wanted`` (a partition's owner, HA-4): the lease is taken only while it says so; once it
+    stops saying so (``disowned`` returns) the runners are stopped first (their last snapshot goes out under the
+    lease) and then the lease is released, so the replica it now belongs to takes it at once."""
     leading, lost = asyncio.Event(), asyncio.Event()
 
     def on_change(leader: bool) -> None:
         (leading if leader else lost).set()
 
-    lease = Lease(ctx.js, lease_name, instance_name(), on_change=on_change, log=ctx.log)
+    lease = Lease(ctx.js, lease_name, instance_name(), on_change=on_change, log=ctx.log, wanted=wanted)
     holder = asyncio.create_task(lease.run(ctx.stopping))
     try:
         while not ctx.stopping.is_set():
@@ -159,13 +166,20 @@ async def serve_replicated(ctx: ServiceContext, lease_name: str,
             try:
                 runners = await lead(lease)
                 tasks = [asyncio.create_task(r.run()) for r in runners]
-                waiters = [asyncio.create_task(lost.wait()), asyncio.create_task(ctx.stopping.wait())]
+                waiters: list[asyncio.Task[Any]] = [asyncio.create_task(lost.wait()),
+                                                    asyncio.create_task(ctx.stopping.wait())]
+                if disowned is not None:
+                    waiters.append(asyncio.create_task(disowned()))
                 await asyncio.wait([*tasks, *waiters], return_when=asyncio.FIRST_COMPLETED)
                 for runner in runners:
                     runner.stop()
                 for waiter in waiters:
                     waiter.cancel()
-                for result in await asyncio.gather(*tasks, return_exceptions=True):
+                results = await asyncio.gather(*tasks, return_exceptions=True)
+                if wanted is not None and not wanted() and not ctx.stopping.is_set():
+                    ctx.log.info("partition handed over", lease=lease_name)
+                    await lease.release()
+                for result in results:
                     if isinstance(result, BaseException) and not isinstance(result, LeaseLost):
                         raise result
             except LeaseLost:
@@ -176,11 +190,106 @@ async def serve_replicated(ctx: ServiceContext, lease_name: str,
                 ctx.log.warning("taking over failed, trying again", lease=lease_name, error=str(exc) or type(exc).__name__)
                 await _first(lost, ctx.stopping, timeout_s=1.0)
                 continue
-            if not ctx.stopping.is_set():
+            if not ctx.stopping.is_set() and (wanted is None or wanted()):
                 ctx.log.warning("not leading: stopped writing, standing by", lease=lease_name)
                 await _first(lost, ctx.stopping, timeout_s=lease.ttl_s)  # the lapse, if it has not come
     finally:
-        await holder
+        if not ctx.stopping.is_set():  # leaving on an error: nothing else would stop the holder
+            holder.cancel()
+            await lease.release()
+        with contextlib.suppress(asyncio.CancelledError):
+            await holder
+
+
+MEMBERS_EVERY_S = 1.0
+
+
+class Members:
+    """The live replicas of a partitioned service (HA-4), and which partitions are whose.
+
+    Each replica puts a key in the leases bucket every ``MEMBERS_EVERY_S`` (``{service}.members.
+    {instance}``, its value the P it runs with); the bucket's TTL removes the key of one that
+    died. Partition ``k`` belongs to the ``k mod M``-th of the ``M`` live replicas in name order:
+    every replica computes the same answer from the same keys, a joining one takes its share
+    from the others and a dead one's share goes to the rest, each move through the partition's
+    own lease. A replica that sees another run with a different P owns nothing until it is
+    gone: two layouts at once would fold one node twice."""
+
+    def __init__(self, js: JetStreamContext, service: str, instance: str, partitions: int, log: Any) -> None:
+        self._js, self._service, self._partitions, self._log = js, service, partitions, log
+        self._prefix = f"{service}.members"
+        self._key = f"{self._prefix}.{subjects.encode_token(instance)}"
+        self._live: list[str] = []
+        self._layouts_agree = False
+        self._layouts: set[str] = set()  # the Ps the live replicas run with
+        self._changed = asyncio.Event()  # set (and replaced) whenever ownership may have moved
+
+    def owns(self, partition: int) -> bool:
+        if not self._layouts_agree or self._key not in self._live:
+            return False
+        return self._live[partition % len(self._live)] == self._key
+
+    async def disowned(self, partition: int) -> None:
+        while self.owns(partition):
+            await self._changed.wait()
+
+    async def round(self) -> None:
+        try:
+            kv = await self._js.key_value(streams.LEASES_BUCKET)
+            await kv.put(self._key, str(self._partitions).encode())
+            live, layouts = [], set()
+            # nats-py's keys(filters=) matches substrings of every key; a watch of the members'
+            # subject reads only theirs (and ends, with None, once it has the current ones).
+            watcher = await kv.watch(f"{self._prefix}.*", ignore_deletes=True)
+            try:
+                while (entry := await watcher.updates(timeout=MEMBERS_EVERY_S * 2)) is not None:  # type: ignore[no-untyped-call]
+                    live.append(entry.key)
+                    layouts.add((entry.value or b"").decode())
+            finally:
+                await watcher.stop()  # type: ignore[no-untyped-call]
+        except (nats_errors.Error, APIError) as exc:
+            # No answer: keep what we knew (a lease we hold stays fenced by its own TTL).
+            self._log.warning("partition members unknown this round", error=str(exc) or type(exc).__name__)
+            return
+        agree = layouts == {str(self._partitions)}
+        if not agree and layouts != self._layouts:
+            self._log.error("another layout of this service is running: owning no partition until it stops",
+                            partitions=self._partitions, running=sorted(layouts))
+        live.sort()
+        if live != self._live and live:
+            self._log.info("partition members", members=len(live),
+                           owned=[k for k in range(self._partitions) if live[k % len(live)] == self._key])
+        if (live, agree) != (self._live, self._layouts_agree):
+            self._changed.set()
+            self._changed = asyncio.Event()
+        self._live, self._layouts_agree, self._layouts = live, agree, layouts
+
+    async def run(self, stopping: asyncio.Event) -> None:
+        while not stopping.is_set():
+            await self.round()
+            await _first(stopping, stopping, timeout_s=MEMBERS_EVERY_S)
+        try:
+            kv = await self._js.key_value(streams.LEASES_BUCKET)
+            await kv.delete(self._key)  # the others take our share now, not at the TTL
+        except (nats_errors.Error, APIError):
+            pass
+
+
+async def serve_partitioned(ctx: ServiceContext, partitions: int,
+                            lead: Callable[[Lease, int], Awaitable[Sequence[Runner]]]) -> None:
+    """HA-4: run partition ``k`` of ``partitions`` (what ``lead(lease, k)`` builds) for each
+    ``k`` this replica owns among the live ones, each behind its own lease."""
+    members = Members(ctx.js, ctx.name, instance_name(), partitions, ctx.log)
+    await members.round()
+    tasks = [asyncio.create_task(members.run(ctx.stopping))]
+    for k in range(partitions):
+        async def lead_k(lease: Lease, k: int = k) -> Sequence[Runner]:
+            return await lead(lease, k)
+
+        tasks.append(asyncio.create_task(serve_replicated(
+            ctx, f"{ctx.name}.{subjects.partition_label(k, partitions)}", lead_k,
+            wanted=lambda k=k: members.owns(k), disowned=lambda k=k: members.disowned(k))))  # type: ignore[misc]
+    await asyncio.gather(*tasks)
 
 
 async def _first(event: asyncio.Event, stopping: asyncio.Event, timeout_s: float | None = None) -> bool:
@@ -194,26 +303,38 @@ async def _first(event: asyncio.Event, stopping: asyncio.Event, timeout_s: float
 
 def run_processor_service(args: Any, service: str, core: Callable[[ServiceContext], Core[S]], state_type: type[S],
                           inputs: Sequence[Input], outputs: Sequence[str], *,
-                          series: Callable[[Callable[[], S]], Collector] | None = None) -> int:
-    """``healthplane service NAME`` for a service that is one Processor: build it, register its
-    state-derived metrics (``series``), run it until a signal arrives."""
+                          series: Callable[[Callable[[], list[S]]], Collector] | None = None,
+                          partitionable: bool = False) -> int:
+    """``healthplane service NAME`` for a service that is one Processor (or, with
+    ``--partitions P``, one per partition it owns): build it, register its state-derived
+    metrics (``series``, over the states this replica leads), run it until a signal arrives."""
+    partitions = getattr(args, "partitions", 1) or 1
+    if partitions > 1 and not partitionable:
+        logs.configure(service).error(
+            "cannot start", reason=f"{service} decides over the whole fleet at once (guardrails, the breaker): "
+                                   f"it runs as one partition with standbys, not --partitions {partitions}")
+        return 1
 
     async def serve(ctx: ServiceContext) -> None:
-        active: list[tuple[Processor[S], Lease]] = []  # the Processor of this replica's last lead
+        active: dict[int, tuple[Processor[S], Lease]] = {}  # per partition, this replica's last lead
 
-        def led() -> S:  # a standby's metrics are empty, not the state it held last
-            return active[0][0].state if active and active[0][1].is_leader else state_type()
+        def led() -> list[S]:  # a standby's metrics are empty, not the state it held last
+            return [proc.state for proc, lease in list(active.values()) if lease.is_leader]
 
         if series is not None:
             REGISTRY.register(series(led))
 
-        async def lead(lease: Lease) -> list[Runner]:
+        async def lead(lease: Lease, partition: int = 0) -> list[Runner]:
             proc = Processor(nc=ctx.nc, js=ctx.js, service=service, core=core(ctx), state_type=state_type,
-                             inputs=inputs, outputs=outputs, batch=512, log=ctx.log, fence=lease.fence)
+                             inputs=inputs, outputs=outputs, batch=512, log=ctx.log, fence=lease.fence,
+                             partition=partition, partitions=partitions)
             await proc.start()
-            active[:] = [(proc, lease)]
+            active[partition] = (proc, lease)
             return [proc]
 
-        await serve_replicated(ctx, service, lead)
+        if partitions > 1:
+            await serve_partitioned(ctx, partitions, lead)
+        else:
+            await serve_replicated(ctx, service, lead)
 
     return run_service(service, serve, nats_url=args.nats_url, creds=args.creds, metrics_port=args.metrics_port)

@@ -272,6 +272,24 @@ def settle_heap() -> None:
         gc.set_threshold(GEN0_THRESHOLD, gen1, gen2)
 
 
+@dataclass(frozen=True, slots=True)
+class Handoff:
+    """Where the previous layout of a partitioned service stood (HA-4): ``positions`` per
+    partition of ``partitions``. An input it had folded has its outputs in the streams
+    already; which partition folded it follows from the slot its subject carries, and an
+    input every partition reads (the config) was folded by all of them."""
+
+    partitions: int
+    positions: dict[int, dict[str, int]]
+
+    def folded(self, stream: str, seq: int, subject: str) -> bool:
+        slot = subject.rpartition(".")[2]
+        definition = streams.STREAMS_BY_NAME.get(stream)
+        if self.partitions > 1 and slot.isdigit() and definition is not None and definition.slotted:
+            return seq <= self.positions.get(int(slot) % self.partitions, {}).get(stream, 0)
+        return seq <= min((p.get(stream, 0) for p in self.positions.values()), default=0)
+
+
 def _tick_headers(emit: Emit, producer: str) -> dict[str, str]:
     """A tick's record has no causation; its id is the one the core chose (if any)."""
     headers = {PRODUCER_HEADER: producer, **emit.headers}
@@ -292,6 +310,7 @@ class Processor(Generic[S]):
         inputs: Sequence[Input],
         outputs: Sequence[str],
         partition: int = 0,
+        partitions: int = 1,
         batch: int = 256,
         snapshot_every_inputs: int = 5000,
         snapshot_every_s: float = 10.0,
@@ -299,8 +318,13 @@ class Processor(Generic[S]):
         fence: Callable[[], int | None] | None = None,
     ) -> None:
         self._nc, self._js = nc, js
-        self.service, self.partition = service, partition
-        self.producer = f"{service}.{partition}"
+        self.service, self.partition, self.partitions = service, partition, partitions
+        self.label = subjects.partition_label(partition, partitions)
+        self.producer = f"{service}.{self.label}"
+        # HA-4: the node slots this partition folds; None is every node (one partition).
+        self.slots = streams.slots_of(partition, partitions) if partitions > 1 else None
+        # Where the layout before this one stood, when this one starts without a snapshot.
+        self._handoff: Handoff | None = None
         self._core = core
         self._inputs = tuple(inputs)
         self._outputs = tuple(outputs)
@@ -338,6 +362,8 @@ class Processor(Generic[S]):
     # ------------------------------------------------------------------ start
 
     async def start(self) -> None:
+        if self.slots is not None:
+            await self._check_slotted()
         if self._fence is not None:
             await self._claim_marks()
         await self._restore()
@@ -362,11 +388,23 @@ class Processor(Generic[S]):
             self._loops.append(loop)
         settle_heap()
 
+    async def _check_slotted(self) -> None:
+        """A partition of an install without slots would fold nothing, silently: refuse."""
+        for spec in self._inputs:
+            definition = streams.STREAMS_BY_NAME.get(spec.stream)
+            if definition is not None and definition.slotted is not None:
+                info = await self._js.stream_info(spec.stream)
+                if info.config.subject_transform is None:
+                    raise streams.StreamConflict(
+                        f"{self.service} cannot run as partition {self.partition} of {self.partitions}: stream "
+                        f"{spec.stream} has no partition slots (partitions are chosen at install: up --partitions, "
+                        f"docs/operations.md \"Partitions\")")
+
     async def _claim_marks(self) -> None:
         revision = self._fence() if self._fence is not None else None
         if revision is None:
             raise LeaseLost
-        marks = fencing.Marks(self._js, self.service, self.partition, lease.instance_name(),
+        marks = fencing.Marks(self._js, self.service, self.label, lease.instance_name(),
                               [*self._outputs, snapshots.STREAM])
         try:
             await marks.claim(revision)
@@ -487,7 +525,7 @@ class Processor(Generic[S]):
         self._write_allowed()  # the durable is shared by the replicas: only the holder may reset it
         await consumers.ensure(self._js, spec.stream, consumers.durable(
             self._consumer_name(spec), start_seq=self.positions.get(spec.stream, 0) + 1,
-            filter_subjects=spec.filter_subjects, ack_wait_s=60.0, max_ack_pending=self._batch * 8,
+            filter_subjects=streams.stored_filters(spec.stream, spec.filter_subjects, self.slots), ack_wait_s=60.0, max_ack_pending=self._batch * 8,
             inactive_threshold_s=3600.0), reset=True)
 
     # ------------------------------------------------------------------ snapshots
@@ -495,8 +533,14 @@ class Processor(Generic[S]):
     async def _restore(self) -> None:
         self._snapshot_outputs: dict[str, int] = {}
         self._slot: int | None = None
+        self._handoff = await self._previous_layout()
+        if self._handoff is not None:
+            if self._log is not None:
+                self._log.info("partitions changed: replaying where the last layout stood, without its outputs",
+                               partition=self.label, previous=self._handoff.partitions)
+            return
         try:
-            found = await snapshots.load(self._js, self.service, self.partition)
+            found = await snapshots.load(self._js, self.service, self.partition, self.partitions)
         except snapshots.SnapshotDamaged as exc:
             if self._log is not None:
                 self._log.warning("snapshot unusable, replaying from the start", reason=str(exc))
@@ -513,6 +557,26 @@ class Processor(Generic[S]):
             self._log.info("snapshot restored", positions=self.positions, taken_at=manifest.taken_at.isoformat(),
                            bytes=manifest.size)
 
+    async def _previous_layout(self) -> Handoff | None:
+        """The layout (another P) that ran this service last, when it is newer than this
+        partition's own snapshot: this partition then starts empty and replays, taking every
+        input the last layout had folded as already emitted (HA-4, changing P)."""
+        if self._fence is None and self.partitions == 1:
+            return None  # an unreplicated, unpartitioned processor (tests, tools): its own snapshot
+        by_layout: dict[int, list[wire.Snapshot]] = {}
+        for manifest in await snapshots.manifests(self._nc, self._js, self.service):
+            by_layout.setdefault(manifest.partitions, []).append(manifest)
+        mine = [m for m in by_layout.pop(self.partitions, []) if m.partition == self.partition]
+        newest_mine = max((m.taken_at for m in mine), default=None)
+        candidates = [(max(m.taken_at for m in found), p, found) for p, found in by_layout.items()
+                      if len({m.partition for m in found}) == p]  # complete layouts only
+        if not candidates:
+            return None
+        taken_at, partitions, found = max(candidates, key=lambda c: c[0])
+        if newest_mine is not None and newest_mine >= taken_at:
+            return None
+        return Handoff(partitions, {m.partition: dict(m.positions) for m in found})
+
     async def snapshot(self) -> None:
         async with self._lock:
             if self._superseded or (self._fence is not None and self._fence() is None):
@@ -524,7 +588,8 @@ class Processor(Generic[S]):
             bound = self._marks.headers(snapshots.STREAM) if self._marks is not None else None
             try:
                 manifest = await snapshots.save(
-                    self._js, service=self.service, partition=self.partition, taken_at=datetime.now(UTC),
+                    self._js, service=self.service, partition=self.partition, partitions=self.partitions,
+                    taken_at=datetime.now(UTC),
                     positions=dict(self.positions), outputs=outputs, state_json=msgspec.json.encode(self.state),
                     previous_slot=self._slot, lease_revisions=dict(self._lease_revisions), headers=bound)
             except APIError as exc:
@@ -591,6 +656,8 @@ class Processor(Generic[S]):
                     positions[stream] = seq
                     continue
                 wants_output = not already_emitted or (stream, seq) not in already_emitted
+                if self._handoff is not None and wants_output and self._handoff.folded(stream, seq, msg.subject):
+                    wants_output = False
                 inbound = Inbound(stream, seq, msg.subject, msg.data, msg.headers or {},  # positional: cheaper
                                   datetime.fromtimestamp(delivery.timestamp_ns / 1e9, UTC), caught_up, wants_output)
                 try:
@@ -607,7 +674,8 @@ class Processor(Generic[S]):
                     raise _Rebuild from exc
                 positions[stream] = seq
                 if not wants_output:
-                    already_emitted.passed(stream, seq)
+                    if already_emitted:
+                        already_emitted.passed(stream, seq)
                     metrics.DUPLICATES_SKIPPED.labels(self.service).inc()
                     continue
                 stored = already_emitted.stored_of(stream, seq) if already_emitted else None

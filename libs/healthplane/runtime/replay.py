@@ -17,6 +17,7 @@ from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, ConsumerInfo, DeliverPolicy
 from nats.js.errors import NotFoundError
 
+from healthplane import streams
 from healthplane.runtime import nats_internals
 from healthplane.runtime.pull import stream_seq_of
 
@@ -138,8 +139,9 @@ async def read_all(nc: NATS, js: JetStreamContext, stream: str, subject: str | l
 async def _reader(js: JetStreamContext, stream: str, subject: str | list[str], policy: DeliverPolicy, *,
                   opt_start: int | None = None, start_time: datetime | None = None,
                   headers_only: bool = False) -> ConsumerInfo | None:
-    """An ephemeral consumer without acks for one read; ``None`` when the stream is missing."""
-    subjects_ = [subject] if isinstance(subject, str) else list(subject)
+    """An ephemeral consumer without acks for one read; ``None`` when the stream is missing.
+    The filters are the contract's subjects, read whatever the install's partitions (HA-4)."""
+    subjects_ = list(streams.stored_filters(stream, [subject] if isinstance(subject, str) else subject))
     try:
         return await js.add_consumer(stream, ConsumerConfig(
             ack_policy=AckPolicy.NONE, deliver_policy=policy, opt_start_seq=opt_start, opt_start_time=start_time,
@@ -190,6 +192,7 @@ async def _delete_quietly(js: JetStreamContext, stream: str, consumer: str) -> N
 async def count_from(js: JetStreamContext, stream: str, subjects_: list[str], start_seq: int) -> int:
     """How many messages matching ``subjects_`` lie at or after ``start_seq`` (a consumer's
     pending count: no message is read)."""
+    subjects_ = list(streams.stored_filters(stream, subjects_))
     info = await js.add_consumer(stream, ConsumerConfig(
         ack_policy=AckPolicy.NONE, deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=max(1, start_seq),
         filter_subject=subjects_[0] if len(subjects_) == 1 else None,
