@@ -175,8 +175,10 @@ def _extra_publish(role: str) -> tuple[str, ...]:
         # actor-bound commands: those only as itself).
         replayable = tuple(c.subject for c in streams.CHANNELS
                            if "{actor}" not in c.address and c.record is not None)
-        # It may also repair the nodes bucket by hand (purge a stale node's key).
-        return (*common, "$JS.API.STREAM.CREATE.*", "$JS.API.STREAM.UPDATE.*", "hp.sim.>",
+        # It may also repair the nodes bucket by hand (purge a stale node's key), and move a
+        # stream's leadership off a member before its host goes down (HA-2).
+        return (*common, "$JS.API.STREAM.CREATE.*", "$JS.API.STREAM.UPDATE.*", "$JS.API.STREAM.LEADER.STEPDOWN.*",
+                "hp.sim.>",
                 f"$KV.{streams.NODES_BUCKET}.>", *replayable)
     return common
 

@@ -144,15 +144,19 @@ def test_replay_equals_live_state(nats_server: NatsServer, count: int, stops: li
     asyncio.run(scenario())
 
 
-async def _fold_then_crash(url: str, suffix: str, count: int, snapshot_every: int, pairs: bool = False) -> None:
-    """A life of the toy service that folds ``count`` inputs and then dies: its connection
-    cut, no snapshot at the end."""
+async def _fold_then_crash(url: str, suffix: str, count: int, snapshot_every: int, pairs: bool = False,
+                           written: int = 0) -> None:
+    """A life of the toy service that folds ``count`` inputs (and, with ``written``, has
+    stored that many outputs: a fold's position moves before its batch's write) and then
+    dies: its connection cut, no snapshot at the end."""
     life = await connect(url, name="life", give_up_after=5)
-    proc = toy.processor(life, life.jetstream(), suffix, snapshot_every=snapshot_every, batch=16, pairs=pairs)
+    js = life.jetstream()
+    proc = toy.processor(life, js, suffix, snapshot_every=snapshot_every, batch=16, pairs=pairs)
     await proc.start()
     task = asyncio.create_task(proc.run())
     async with asyncio.timeout(20):
-        while proc.positions.get(f"TOY_IN{suffix}", 0) < count:
+        while proc.positions.get(f"TOY_IN{suffix}", 0) < count or (
+                written and (await js.stream_info(f"TOY_OUT{suffix}")).state.messages < written):
             await asyncio.sleep(0.01)
     await life.close()
     await asyncio.gather(task, return_exceptions=True)
@@ -202,7 +206,8 @@ async def test_a_write_cut_short_by_a_crash_is_completed_on_restart(nats_server:
     await toy.ensure_toy_streams(js, suffix, duplicate_window=0.1)
     await _publish(js, inputs, suffix)
 
-    await _fold_then_crash(nats_server.url, suffix, len(inputs), snapshot_every=10**9, pairs=True)
+    await _fold_then_crash(nats_server.url, suffix, len(inputs), snapshot_every=10**9, pairs=True,
+                           written=2 * len(inputs))
     # The cut: the server kept the last input's output and not its echo.
     last = (await js.stream_info(f"TOY_OUT{suffix}")).state.last_seq
     assert last == 2 * len(inputs)

@@ -48,8 +48,14 @@ def instance_name() -> str:
 class Lease:
     def __init__(self, js: JetStreamContext, name: str, holder: str, *, ttl_s: float = TTL_S,
                  on_change: Callable[[bool], None] | None = None, log: Any = None,
-                 wanted: Callable[[], bool] | None = None) -> None:
+                 wanted: Callable[[], bool] | None = None, rides_out: bool = False) -> None:
         self._js, self.name, self.holder = js, name, holder
+        # A holder whose writes wait on its fence (a Processor's do) is told it lost the lease
+        # only when it has: a fence that closes while the bus elects a leader, and reopens
+        # with the next renewal, then costs a pause instead of a takeover from the snapshot
+        # (consumers re-created on a degraded cluster). Others are told at the closure.
+        self._rides_out = rides_out
+        self._announced = False
         # Whether to compete at all (a partition this replica owns, HA-4); one it holds is
         # renewed until its holder releases it.
         self._wanted = wanted
@@ -65,9 +71,10 @@ class Lease:
         self.is_leader = False
         self.unanswered = False  # the last round got no answer from the bus
 
-    def _set(self, leader: bool) -> None:
-        if leader != self.is_leader:
-            self.is_leader = leader
+    def _set(self, leader: bool, *, announce: bool = True) -> None:
+        self.is_leader = leader
+        if announce and leader != self._announced:
+            self._announced = leader
             if self._log is not None:
                 self._log.info("lease acquired" if leader else "lease lost", lease=self.name, holder=self.holder)
             if self._on_change is not None:
@@ -125,7 +132,7 @@ class Lease:
             # Not renewed in time: no more writes. The revision is kept for the next renewal's
             # compare-and-set, which succeeds only if nobody took the key meanwhile and it has
             # not expired, so a holder that rides out a bucket election leads again at once.
-            self._set(False)
+            self._set(False, announce=not self._rides_out)
             return None
         return self._revision
 

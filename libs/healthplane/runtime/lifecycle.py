@@ -142,10 +142,13 @@ class Runner(Protocol):
 async def serve_replicated(ctx: ServiceContext, lease_name: str,
                            lead: Callable[[Lease], Awaitable[Sequence[Runner]]], *,
                            wanted: Callable[[], bool] | None = None,
-                           disowned: Callable[[], Coroutine[Any, Any, None]] | None = None) -> None:
+                           disowned: Callable[[], Coroutine[Any, Any, None]] | None = None,
+                           rides_out: bool = False) -> None:
     """Run what ``lead`` builds while this replica holds ``lease_name``; stand by otherwise.
     ``lead`` gets the lease to fence its writes with (``Processor(fence=lease.fence)``) and
-    returns its runners, already started; they are stopped when the lease is lost.
+    returns its runners, already started; they are stopped when the lease is lost
+    (``rides_out``: runners that wait on the fence themselves are not stopped while it is only
+    closed, runtime.lease).
 
     ``wanted`` (a partition's owner, HA-4): the lease is taken only while it says so; once it
     stops saying so (``disowned`` returns) the runners are stopped first (their last snapshot goes out under the
@@ -155,7 +158,8 @@ async def serve_replicated(ctx: ServiceContext, lease_name: str,
     def on_change(leader: bool) -> None:
         (leading if leader else lost).set()
 
-    lease = Lease(ctx.js, lease_name, instance_name(), on_change=on_change, log=ctx.log, wanted=wanted)
+    lease = Lease(ctx.js, lease_name, instance_name(), on_change=on_change, log=ctx.log, wanted=wanted,
+                  rides_out=rides_out)
     holder = asyncio.create_task(lease.run(ctx.stopping))
     try:
         while not ctx.stopping.is_set():
@@ -204,6 +208,12 @@ async def serve_replicated(ctx: ServiceContext, lease_name: str,
 MEMBERS_EVERY_S = 1.0
 
 
+def owner(partition: int, live: Sequence[str]) -> str:
+    """Which of the ``live`` replicas (in name order) owns ``partition``: every replica that
+    sees the same members computes the same owner, and the shares differ by one at most."""
+    return live[partition % len(live)]
+
+
 class Members:
     """The live replicas of a partitioned service (HA-4), and which partitions are whose.
 
@@ -227,7 +237,7 @@ class Members:
     def owns(self, partition: int) -> bool:
         if not self._layouts_agree or self._key not in self._live:
             return False
-        return self._live[partition % len(self._live)] == self._key
+        return owner(partition, self._live) == self._key
 
     async def disowned(self, partition: int) -> None:
         while self.owns(partition):
@@ -258,7 +268,7 @@ class Members:
         live.sort()
         if live != self._live and live:
             self._log.info("partition members", members=len(live),
-                           owned=[k for k in range(self._partitions) if live[k % len(live)] == self._key])
+                           owned=[k for k in range(self._partitions) if owner(k, live) == self._key])
         if (live, agree) != (self._live, self._layouts_agree):
             self._changed.set()
             self._changed = asyncio.Event()
@@ -288,7 +298,8 @@ async def serve_partitioned(ctx: ServiceContext, partitions: int,
 
         tasks.append(asyncio.create_task(serve_replicated(
             ctx, f"{ctx.name}.{subjects.partition_label(k, partitions)}", lead_k,
-            wanted=lambda k=k: members.owns(k), disowned=lambda k=k: members.disowned(k))))  # type: ignore[misc]
+            wanted=lambda k=k: members.owns(k), disowned=lambda k=k: members.disowned(k),  # type: ignore[misc]
+            rides_out=True)))
     await asyncio.gather(*tasks)
 
 
@@ -335,6 +346,6 @@ def run_processor_service(args: Any, service: str, core: Callable[[ServiceContex
         if partitions > 1:
             await serve_partitioned(ctx, partitions, lead)
         else:
-            await serve_replicated(ctx, service, lead)
+            await serve_replicated(ctx, service, lead, rides_out=True)
 
     return run_service(service, serve, nats_url=args.nats_url, creds=args.creds, metrics_port=args.metrics_port)

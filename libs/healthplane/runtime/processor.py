@@ -71,6 +71,8 @@ class Reject(Exception):
 
 
 FENCE_MARKS = streams.FENCE_PREFIX + "."
+CLUSTER_ACK_TIMEOUT_S = 3.0  # an R3 stream elects a new leader in 4-9 s: a few tries meanwhile
+FENCE_POLL_S = 0.1  # how often a holder waiting on its closed fence looks again
 
 
 class LeaseLost(Exception):
@@ -372,6 +374,11 @@ class Processor(Generic[S]):
         self._output_subjects = [subject for info in infos for subject in info.config.subjects or []]
         # On a cluster a batch waits for another of its stream (Publisher.store_runs).
         self._replicated_outputs = any((info.config.num_replicas or 1) > 1 for info in infos)
+        if self._replicated_outputs:
+            # A write an R3 stream's leader took with it when its member died is never
+            # answered: retried sooner (by its ids, so never stored twice), the holder resumes
+            # with the new leader instead of at a single server's ack timeout.
+            self._publisher.ack_timeout_s = CLUSTER_ACK_TIMEOUT_S
         self._already_emitted = (await self._scan_emitted(self._snapshot_outputs)).behind(self.positions)
         self._start_seq = {spec.stream: (await self._js.stream_info(spec.stream)).state.last_seq
                            for spec in self._inputs if not spec.after_others}
@@ -726,6 +733,17 @@ class Processor(Generic[S]):
         self._lease_revisions[key] = int(revision)
         return False
 
+    async def _fence_reopened(self) -> None:
+        """While the fence is closed but the lease not lost (renewals unanswered while the bus
+        elects a leader), write nothing and wait: the next renewal reopens it, or the lease is
+        lost and this processor is stopped."""
+        if self._fence is None:
+            return
+        while self._fence() is None and not self._superseded:
+            if self._stopping.is_set():
+                raise LeaseLost
+            await asyncio.sleep(FENCE_POLL_S)
+
     def _write_allowed(self) -> str | None:
         """The lease revision to stamp on a write (``None`` when no lease fences this
         processor); raises :class:`LeaseLost` once the fence has closed."""
@@ -768,10 +786,14 @@ class Processor(Generic[S]):
         awaited together; on a transient failure retry the same records (same ids) until
         stored. An output refused for good sets aside the input that caused it (``inputs``)
         and rebuilds; a tick's is itself set aside and dropped."""
-        backoff = Backoff(0.2, 5.0)
+        # At most a second between tries: what fails here is mostly a stream electing its
+        # leader (HA-2), which answers again within seconds, and one batch a second is no storm.
+        backoff = Backoff(0.2, 1.0)
         while True:
             acks: list[Ack] = []
             records: list[Outbound] = []
+            if emits:
+                await self._fence_reopened()
             revision = self._write_allowed() if emits else None
             try:
                 if self._marks is not None and emits:

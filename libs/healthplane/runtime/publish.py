@@ -48,6 +48,7 @@ BATCH_SEQUENCE: Final = "Nats-Batch-Sequence"
 BATCH_COMMIT: Final = "Nats-Batch-Commit"
 MAX_ATOMIC: Final = 1000  # the server's largest batch by default
 ATOMIC_DUPLICATE: Final = 10201  # "atomic publish batch contains duplicate message id": stored before
+RECONNECT_CHECK_S: Final = 0.25  # how often a write waiting for its acks looks for a reconnect
 
 
 class PublishError(RuntimeError):
@@ -168,7 +169,7 @@ class Publisher:
 
     def __init__(self, nc: NATS, window: int = 2048, ack_timeout_s: float = 10.0) -> None:
         self._nc = nc
-        self._timeout = ack_timeout_s
+        self.ack_timeout_s = ack_timeout_s
         self._slots = asyncio.Semaphore(window)
         self._prefix = ""
         self._next_token = 0
@@ -301,17 +302,14 @@ class Publisher:
             position += len(records)
         batch = _Batch(len(slots), asyncio.get_running_loop().create_future())
         self._batches[batch_id] = batch
+        reconnects = self._nc.stats.get("reconnects", 0)
         try:
             if writes_frames(self._nc):
                 await self._write_framed(framed)
             else:
                 for subject, payload, headers, reply in framed:
                     await self._nc.publish(subject, payload, reply=reply, headers=dict(headers) if headers else None)
-            try:
-                async with asyncio.timeout(self._timeout):
-                    await batch.done
-            except TimeoutError:
-                pass  # the slots without an ack are reported as such below
+            await self._answered(batch.done, reconnects)  # the slots without an ack are reported below
         except PublishError as exc:
             exc.index = offset + (exc.index or 0)
             raise
@@ -323,7 +321,7 @@ class Publisher:
         for (start, count, atomic), outcome in zip(slots, batch.outcomes, strict=True):
             subject = framed[start][0]
             if outcome is None:
-                raise PublishError(f"{subject}: no ack within {self._timeout:g}s", index=offset + start)
+                raise PublishError(f"{subject}: no ack within {self.ack_timeout_s:g}s", index=offset + start)
             if isinstance(outcome, PublishError):
                 if atomic and outcome.err_code == ATOMIC_DUPLICATE:
                     acks += [Ack(outcome.stream, 0, True)] * count
@@ -336,6 +334,17 @@ class Publisher:
             else:
                 acks.append(outcome)
         return acks
+
+    async def _answered(self, done: asyncio.Future[None], reconnects: int) -> None:
+        """Until every ack of a write is in, the ack timeout, or a reconnect since the write:
+        a record written to a server that died with it (kill -9 of a cluster member) is never
+        answered, so the caller retries it at once, by its id, instead of at the timeout."""
+        deadline = asyncio.get_running_loop().time() + self.ack_timeout_s
+        while not done.done():
+            remaining = deadline - asyncio.get_running_loop().time()
+            if remaining <= 0 or self._nc.stats.get("reconnects", 0) != reconnects:
+                return
+            await asyncio.wait([done], timeout=min(remaining, RECONNECT_CHECK_S))
 
     async def _write_framed(self, framed: Sequence[tuple[str, bytes, Mapping[str, str] | None, str]]) -> None:
         """``HPUB``/``PUB`` frames, each with its reply ("" for none), handed to the connection as
@@ -373,6 +382,7 @@ class Publisher:
         self._next_batch += 1
         batch = _Batch(len(records), asyncio.get_running_loop().create_future())
         self._batches[batch_id] = batch
+        reconnects = self._nc.stats.get("reconnects", 0)
         try:
             reply_stem = f"{self._prefix}b{batch_id}_"
             if writes_frames(self._nc):
@@ -381,18 +391,14 @@ class Publisher:
                 for index, (subject, payload, headers) in enumerate(records):
                     await self._nc.publish(subject, payload, reply=f"{reply_stem}{index}",
                                            headers=dict(headers) if headers else None)
-            try:
-                async with asyncio.timeout(self._timeout):
-                    await batch.done
-            except TimeoutError:
-                pass  # the records without an ack are reported as such below
+            await self._answered(batch.done, reconnects)  # the records without an ack are reported below
         except PublishError:
             raise
         except Exception as exc:  # the connection refused the write (closed, draining)
             raise PublishError(f"{records[0][0]}: {exc or type(exc).__name__}") from exc
         finally:
             self._batches.pop(batch_id, None)
-        late = PublishError(f"no ack within {self._timeout:g}s")
+        late = PublishError(f"no ack within {self.ack_timeout_s:g}s")
         return [late if outcome is None else outcome for outcome in batch.outcomes]
 
     async def _write_frames(self, records: Sequence[Outbound], reply_stem: str) -> None:
@@ -419,11 +425,11 @@ class Publisher:
     async def wait(self, subject: str, future: asyncio.Future[Ack]) -> Ack:
         """The ack of one submitted record, or :class:`PublishError` (timeout included)."""
         try:
-            async with asyncio.timeout(self._timeout):
+            async with asyncio.timeout(self.ack_timeout_s):
                 return await asyncio.shield(future)
         except TimeoutError as exc:
             self._forget(future)
-            raise PublishError(f"no ack for {subject} within {self._timeout:g}s") from exc
+            raise PublishError(f"no ack for {subject} within {self.ack_timeout_s:g}s") from exc
 
     def _forget(self, future: asyncio.Future[Ack]) -> None:
         for token, pending in list(self._futures.items()):
@@ -441,13 +447,13 @@ class Publisher:
         if not batch:
             return []
         futures = [future for _, future in batch]
-        _, pending = await asyncio.wait(futures, timeout=self._timeout)  # one timer for the batch
+        _, pending = await asyncio.wait(futures, timeout=self.ack_timeout_s)  # one timer for the batch
         stored = []
         for subject, future in batch:
             if future in pending:
                 for late in pending:
                     self._forget(late)
-                raise PublishError(f"{subject}: no ack within {self._timeout:g}s")
+                raise PublishError(f"{subject}: no ack within {self.ack_timeout_s:g}s")
             exc = future.exception()
             if exc is not None:
                 for _, rest in batch:

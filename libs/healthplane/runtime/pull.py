@@ -27,6 +27,7 @@ import msgspec
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.errors import ConnectionClosedError
+from nats.js.errors import NotFoundError
 
 from healthplane.runtime import metrics
 from healthplane.runtime.backoff import Backoff
@@ -193,7 +194,7 @@ class PullLoop:
             if self._outstanding and silent_for > 3 * self._hb_s:
                 self._outstanding = 0
             if self._consumer_missing and self._nc.is_connected:
-                if self._recreate is None:
+                if self._recreate is None or await self._still_there():
                     self._consumer_missing = False
                 else:
                     try:
@@ -212,6 +213,22 @@ class PullLoop:
                     await self._top_up()
                 except Exception:  # not connected yet; next round
                     pass
+
+    async def _still_there(self) -> bool:
+        """Whether a consumer nobody answered for (503) exists after all: on a cluster its
+        raft group is electing a leader (a member lost), and the pull requests go out again
+        once one answers. Re-creating it then would reset it on a degraded cluster, which is
+        slow and fails while the meta layer is busy. Only a consumer the server says is gone
+        is re-created."""
+        try:
+            await self._nc.jetstream().consumer_info(self._stream, self._consumer)
+        except NotFoundError:
+            return False
+        except Exception:
+            # No answer yet (still electing, or the bus away): pull again; another 503 brings
+            # us back here at the next round.
+            return True
+        return True
 
     # ------------------------------------------------------------------ main loop
 
