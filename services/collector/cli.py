@@ -56,13 +56,22 @@ def add_sim_arguments(parser: argparse.ArgumentParser) -> None:
     run_parser.add_argument("--provisioned", type=int, default=0,
                             help="how many nodes (the last ones) the control plane provisioned (default 0)")
     run_parser.add_argument("--metrics-port", type=int, default=0)
+    load = actions.add_parser("load", help="a large simulated fleet at a set rate (pre-encoded reports; faults "
+                                           "injected as with run)")
+    load.add_argument("--nodes", type=int, default=10_000)
+    load.add_argument("--cluster", default="default")
+    load.add_argument("--interval", type=int, default=30, help="report interval in seconds")
+    load.add_argument("--gpus", type=int, default=8, help="GPUs per node")
+    load.add_argument("--in-flight", type=int, default=4096, help="reports at most unacknowledged (default 4096)")
+    load.add_argument("--prefix", default="load-", help="node ids are PREFIX000000… (default load-)")
+    load.add_argument("--metrics-port", type=int, default=0)
     inject = actions.add_parser("inject", help="inject a fault into a simulated node")
     inject.add_argument("node")
     inject.add_argument("--fault", required=True, help=", ".join(FAULTS))
     inject.add_argument("--gpu", type=int)
     inject.add_argument("--cluster", default="default")
     work = add_work_arguments(actions)
-    for sub in (run_parser, inject, *work):
+    for sub in (run_parser, load, inject, *work):
         connection_flags(sub)
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import random
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Final
@@ -244,6 +244,26 @@ def terminations_subject(cluster: str) -> str:
     return f"{PREFIX}.provision.{encode_token(cluster)}.*"
 
 
+async def serve_injections(nc: Any, cluster: str, inject: Callable[[InjectRequest], InjectReply], log: Any) -> None:
+    """Answer ``sim inject`` for ``cluster``: each request goes to ``inject``, its reply back."""
+
+    async def on_inject(msg: Any) -> None:
+        try:
+            request = msgspec.json.decode(msg.data, type=InjectRequest)
+        except msgspec.DecodeError as exc:
+            reply = InjectReply(ok=False, message=f"bad request: {exc}")
+        else:
+            reply = inject(request)
+            log.info("fault injected" if reply.ok else "fault refused", node_id=request.node_id,
+                     fault=request.fault, gpu=request.gpu, message=reply.message)
+        await msg.respond(msgspec.json.encode(reply))
+
+    await nc.subscribe(inject_subject(cluster), cb=on_inject)
+
+
+STOP_S = 1.0  # what a stopping fleet gets to finish the round in hand
+
+
 class Fleet:
     def __init__(self, count: int, cluster: str = "default", interval_s: int = 30, prefix: str = "sim-",
                  gpus: int = 8, provisioned: int = 0) -> None:
@@ -268,18 +288,7 @@ class Fleet:
 
         publisher = Publisher(nc, window=8192)
 
-        async def on_inject(msg: Any) -> None:
-            try:
-                request = msgspec.json.decode(msg.data, type=InjectRequest)
-            except msgspec.DecodeError as exc:
-                reply = InjectReply(ok=False, message=f"bad request: {exc}")
-            else:
-                reply = self.inject(request)
-                log.info("fault injected" if reply.ok else "fault refused", node_id=request.node_id,
-                         fault=request.fault, gpu=request.gpu, message=reply.message)
-            await msg.respond(msgspec.json.encode(reply))
-
-        await nc.subscribe(inject_subject(self.cluster), cb=on_inject)
+        await serve_injections(nc, self.cluster, self.inject, log)
 
         async def on_terminated(msg: Any) -> None:
             # The reference scheduler plays the provisioner (EVI-8): an accepted termination
@@ -332,6 +341,7 @@ def run_cli(args: Any) -> int:
     from healthplane.cli.common import EXIT_RETRY, CommandFailed, fail, nats_client
     from healthplane.runtime import logs, metrics
     from healthplane.runtime.connect import connect
+    from healthplane.runtime.lifecycle import let_go
 
     async def run_fleet() -> int:
         log = logs.configure("sim")
@@ -342,12 +352,25 @@ def run_cli(args: Any) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stopping.set)
         nc = await connect(args.nats_url, name="healthplane-sim", creds=args.creds, log=log)
-        fleet = Fleet(args.nodes, args.cluster, args.interval, gpus=args.gpus, provisioned=args.provisioned)
+        if args.sim_command == "load":
+            from healthplane_collector.loadgen import LoadFleet
+
+            fleet: Any = LoadFleet(args.nodes, args.cluster, args.interval, prefix=args.prefix, gpus=args.gpus,
+                                   in_flight=args.in_flight)
+        else:
+            fleet = Fleet(args.nodes, args.cluster, args.interval, gpus=args.gpus, provisioned=args.provisioned)
         log.info("simulated fleet running", nodes=args.nodes, cluster=args.cluster, interval_s=args.interval)
+        running = asyncio.create_task(fleet.run(nc, stopping, log))
         try:
-            await fleet.run(nc, stopping, log)
+            # A signal stops it within STOP_S whatever the bus does (a drain waits on a server
+            # that may be gone, and a fleet blocked on a full window would never look).
+            await asyncio.wait([running, asyncio.create_task(stopping.wait())], return_when=asyncio.FIRST_COMPLETED)
+            if not running.done():
+                await asyncio.wait([running], timeout=STOP_S)
+                running.cancel()
+            await asyncio.gather(running, return_exceptions=True)
         finally:
-            await nc.drain()
+            await let_go(nc)
         return 0
 
     async def inject() -> int:
@@ -369,4 +392,4 @@ def run_cli(args: Any) -> int:
         from healthplane_collector.sim_work import run_work
 
         return run_work(args)
-    return asyncio.run(run_fleet() if args.sim_command == "run" else inject())
+    return asyncio.run(run_fleet() if args.sim_command in ("run", "load") else inject())

@@ -13,6 +13,7 @@ from pathlib import Path
 import msgspec
 import pytest
 from nats.js import JetStreamContext
+from nats.js.errors import NotFoundError
 
 from healthplane import subjects, wire
 from healthplane.natsserver import NatsServer
@@ -59,8 +60,13 @@ async def test_fault_to_condition_events_and_assessment(nats_server: NatsServer,
         node.inject("xid:13", 2, NOW)
         await js.publish(subjects.report("lab", "gpu-7"), await report_of(node))
 
-        async def raised() -> bool:
-            return len([e for e in await events(js) if e.type == "CONDITION_RAISED"]) >= 2
+        async def raised() -> bool:  # the events and the assessment of the last report: two streams
+            try:
+                last = wire.decode(wire.Assessment, (await js.get_last_msg(
+                    "HP_ASSESSMENTS", subjects.assessment("lab", "gpu-7"))).data)
+            except NotFoundError:
+                return False
+            return len([e for e in await events(js) if e.type == "CONDITION_RAISED"]) >= 2 and len(last.conditions) == 2
 
         await until(raised)
         found = await events(js)

@@ -112,6 +112,14 @@ async def test_only_the_leader_exports_node_series_and_failover_moves_them(
         assert 'node_id="fresh-1"' not in "\n".join(
             line for line in text.splitlines() if line.startswith("healthplane_node_reliability_score"))
         assert "gpu-1" not in texts[1 - leader]  # the follower exports no node series
+        # Issue 25: the same port says whether each replica is alive and caught up.
+        import httpx
+
+        async with httpx.AsyncClient(timeout=5) as http:
+            for port, said in ((ports[leader], "scorer: caught up"), (ports[1 - leader], "scorer: standby")):
+                assert (await http.get(f"http://127.0.0.1:{port}/healthz")).text.strip() == "ok"
+                answer = await http.get(f"http://127.0.0.1:{port}/readyz")
+                assert (answer.status_code, answer.text.strip()) == (200, said)
 
         scorers[leader].send_signal(signal.SIGKILL)
         scorers[leader].wait()

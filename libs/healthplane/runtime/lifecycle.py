@@ -62,6 +62,7 @@ async def _run(name: str, main: ServiceMain, nats_url: str | None, creds: str | 
     nc = await connect.connect(nats_url, name=f"healthplane-{name}", creds=creds, log=log, closed=closed)
     js = nc.jetstream(publish_async_max_pending=8192)
     lost = asyncio.create_task(_closed_for_good(closed, stopping))
+    alive = asyncio.create_task(metrics.keep_alive())  # /healthz: the loop turns
     try:
         # Existing streams keep the replicas their operator chose; missing ones get R3 on a
         # cluster, R1 on one server (HA-1).
@@ -71,7 +72,8 @@ async def _run(name: str, main: ServiceMain, nats_url: str | None, creds: str | 
         await main(ctx)
     finally:
         lost.cancel()
-        await _let_go(nc)
+        alive.cancel()
+        await let_go(nc)
     if nc.is_closed and lost.done() and not lost.cancelled() and lost.result():
         # The server closed it and nats-py will not reconnect (a revoked identity): exit so
         # the supervisor says so, instead of running on with no bus.
@@ -84,7 +86,7 @@ async def _run(name: str, main: ServiceMain, nats_url: str | None, creds: str | 
 DRAIN_TIMEOUT_S = 2.0
 
 
-async def _let_go(nc: NATS) -> None:
+async def let_go(nc: NATS) -> None:
     """Drain the connection (what was published is flushed, subscriptions end cleanly) when
     there is a server to drain to; with none (it went away, we are reconnecting) close it:
     a stop must not wait for a bus that may never come back."""
@@ -160,7 +162,10 @@ async def serve_replicated(ctx: ServiceContext, lease_name: str,
 
     lease = Lease(ctx.js, lease_name, instance_name(), on_change=on_change, log=ctx.log, wanted=wanted,
                   rides_out=rides_out)
-    holder = asyncio.create_task(lease.run(ctx.stopping))
+    # The lease is renewed until the runners have stopped: their last snapshot goes out under
+    # it (a lease released at the signal, before the snapshot, would fence the snapshot off).
+    released = asyncio.Event()
+    holder = asyncio.create_task(lease.run(released))
     try:
         while not ctx.stopping.is_set():
             if not lease.is_leader and not await _first(leading, ctx.stopping):
@@ -201,6 +206,7 @@ async def serve_replicated(ctx: ServiceContext, lease_name: str,
         if not ctx.stopping.is_set():  # leaving on an error: nothing else would stop the holder
             holder.cancel()
             await lease.release()
+        released.set()
         with contextlib.suppress(asyncio.CancelledError):
             await holder
 
@@ -334,6 +340,17 @@ def run_processor_service(args: Any, service: str, core: Callable[[ServiceContex
 
         if series is not None:
             REGISTRY.register(series(led))
+
+        def caught_up() -> tuple[bool, str]:  # /readyz
+            leading = [(k, proc) for k, (proc, lease) in sorted(active.items()) if lease.is_leader]
+            if not leading:
+                return True, "standby"
+            behind = [subjects.partition_label(k, partitions) for k, proc in leading if not proc.caught_up]
+            if behind:
+                return False, f"replaying (partition {', '.join(behind)})" if partitions > 1 else "replaying"
+            return True, "caught up"
+
+        metrics.readiness(service, caught_up)
 
         async def lead(lease: Lease, partition: int = 0) -> list[Runner]:
             proc = Processor(nc=ctx.nc, js=ctx.js, service=service, core=core(ctx), state_type=state_type,

@@ -1,10 +1,24 @@
-"""The Prometheus endpoint of a service and the series every service shares."""
+"""The Prometheus endpoint of a service and the series every service shares.
+
+The same port answers ``/healthz`` (the process's event loop is turning: 200, else 503 with
+how long it has stalled) and ``/readyz`` (every readiness probe the service registered says
+so: 200 "caught up" or "standby", else 503 naming what it waits for), for a supervisor or a
+load balancer. They are served from their own threads, so a busy fold delays them by the
+interpreter's switch interval, not by its batch.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import threading
+import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from socketserver import ThreadingMixIn
+from typing import Any, Final
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, start_http_server
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, make_wsgi_app
 
 CONSUMER_LAG = Gauge(
     "healthplane_consumer_lag_messages",
@@ -64,7 +78,67 @@ class MetricsEndpoint:
         return f"http://{self.host}:{self.port}/metrics"
 
 
+STALLED_AFTER_S: Final = 10.0  # an event loop not turning for this long fails /healthz
+# name -> () -> (ready, what it is doing): registered by what the service runs (a Processor).
+_probes: dict[str, Callable[[], tuple[bool, str]]] = {}
+_loop_turned_at = [time.monotonic()]
+
+
+def readiness(name: str, probe: Callable[[], tuple[bool, str]] | None) -> None:
+    """Register (``None``: remove) one readiness probe of this process."""
+    if probe is None:
+        _probes.pop(name, None)
+    else:
+        _probes[name] = probe
+
+
+async def keep_alive() -> None:
+    """Stamp the event loop as turning, every second, for ``/healthz``."""
+    while True:
+        _loop_turned_at[0] = time.monotonic()
+        await asyncio.sleep(1.0)
+
+
+def health() -> tuple[bool, str]:
+    stalled_s = time.monotonic() - _loop_turned_at[0]
+    return (True, "ok") if stalled_s < STALLED_AFTER_S else (False, f"event loop stalled for {stalled_s:.0f} s")
+
+
+def ready() -> tuple[bool, str]:
+    answers = [(name, *probe()) for name, probe in sorted(list(_probes.items()))]
+    waiting = [f"{name}: {detail}" for name, ok, detail in answers if not ok]
+    if waiting:
+        return False, "; ".join(waiting)
+    return True, "; ".join(f"{name}: {detail}" for name, _, detail in answers) or "ok"
+
+
+class _Server(ThreadingMixIn, WSGIServer):
+    daemon_threads = True
+
+
+class _Quiet(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        pass  # scrapes are not log lines
+
+
+def _app(registry: CollectorRegistry) -> Callable[..., Iterable[bytes]]:
+    metrics_app = make_wsgi_app(registry)
+
+    def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        path = environ.get("PATH_INFO", "")
+        if path in ("/healthz", "/readyz"):
+            ok, detail = health() if path == "/healthz" else ready()
+            start_response("200 OK" if ok else "503 Service Unavailable",
+                           [("Content-Type", "text/plain; charset=utf-8")])
+            return [f"{detail}\n".encode()]
+        return metrics_app(environ, start_response)  # type: ignore[no-any-return]
+
+    return app
+
+
 def serve(port: int, host: str = "127.0.0.1", registry: CollectorRegistry = REGISTRY) -> MetricsEndpoint:
-    """Serve ``/metrics``; ``port=0`` picks a free port (the caller logs the URL)."""
-    server, _thread = start_http_server(port, addr=host, registry=registry)
+    """Serve ``/metrics``, ``/healthz`` and ``/readyz``; ``port=0`` picks a free port (the caller
+    logs the URL)."""
+    server = make_server(host, port, _app(registry), _Server, handler_class=_Quiet)
+    threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
     return MetricsEndpoint(host, server.server_port)

@@ -575,13 +575,18 @@ class Processor(Generic[S]):
             by_layout.setdefault(manifest.partitions, []).append(manifest)
         mine = [m for m in by_layout.pop(self.partitions, []) if m.partition == self.partition]
         newest_mine = max((m.taken_at for m in mine), default=None)
-        candidates = [(max(m.taken_at for m in found), p, found) for p, found in by_layout.items()
-                      if len({m.partition for m in found}) == p]  # complete layouts only
+        candidates = [(max(m.taken_at for m in found), p, found) for p, found in by_layout.items()]
         if not candidates:
             return None
         taken_at, partitions, found = max(candidates, key=lambda c: c[0])
         if newest_mine is not None and newest_mine >= taken_at:
             return None
+        missing = sorted(set(range(partitions)) - {m.partition for m in found})
+        if missing and self._log is not None:
+            # A partition of the last layout that never took a snapshot (it died first): its
+            # slots' inputs are folded again with their outputs, which may repeat some.
+            self._log.warning("the last layout left no snapshot of some partitions", previous=partitions,
+                              missing=missing)
         return Handoff(partitions, {m.partition: dict(m.positions) for m in found})
 
     async def snapshot(self) -> None:

@@ -431,6 +431,11 @@ class Publisher:
             self._forget(future)
             raise PublishError(f"no ack for {subject} within {self.ack_timeout_s:g}s") from exc
 
+    def abandon(self, future: asyncio.Future[Ack]) -> None:
+        """Stop waiting for a submitted record's ack (it came, or never will): its slot in the
+        window is free again."""
+        self._forget(future)
+
     def _forget(self, future: asyncio.Future[Ack]) -> None:
         for token, pending in list(self._futures.items()):
             if pending is future:
