@@ -13,9 +13,9 @@ stream and the field when an existing stream conflicts in a way JetStream cannot
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, TypeVar
 
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
@@ -30,6 +30,7 @@ from nats.js.api import (
 )
 from nats.js.errors import APIError, NotFoundError, ServiceUnavailableError
 
+T = TypeVar("T")
 HOUR: Final = 3600.0
 DAY: Final = 24 * HOUR
 
@@ -376,7 +377,7 @@ async def ensure(
     updated: list[str] = []
     for definition in streams:
         try:
-            info = await js.stream_info(definition.name)
+            info = await _retried(lambda name=definition.name: js.stream_info(name))  # type: ignore[misc]
         except NotFoundError:
             await _placed(definition.name, replicas or replicas_for(servers),
                           js.add_stream(definition.config(replicas or replicas_for(servers), bool(slotted))))
@@ -448,6 +449,19 @@ async def _jetstream_answers(js: JetStreamContext, timeout_s: float = JETSTREAM_
             if asyncio.get_running_loop().time() > deadline:
                 raise
             await asyncio.sleep(0.2)
+
+
+async def _retried(call: Callable[[], Awaitable[T]], timeout_s: float = JETSTREAM_WAIT_S) -> T:
+    """``call()``, asked again while JetStream does not answer (a cluster electing leaders
+    after a member's loss answers a read late, or not at all, for seconds) up to ``timeout_s``."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while True:
+        try:
+            return await call()
+        except (ServiceUnavailableError, NoRespondersError, NatsTimeoutError):
+            if asyncio.get_running_loop().time() > deadline:
+                raise
+            await asyncio.sleep(0.5)
 
 
 async def _placed(stream: str, replicas: int, request: Awaitable[object]) -> None:

@@ -99,7 +99,7 @@ async def test_exactly_once_after_kill_9_mid_batch(nats_server: NatsServer, tmp_
 
 
 @pytest.mark.timeout(300)
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     count=st.integers(min_value=1, max_value=400),
     stops=st.lists(st.tuples(st.integers(min_value=1, max_value=400), st.booleans()), max_size=3),

@@ -11,6 +11,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.errors import NotFoundError
 
 MAX_WAITING = 64  # pull requests the server holds for one consumer
+CREATE_TIMEOUT_S = 20.0
 
 
 def durable(name: str, *, start_seq: int | None = None, deliver: DeliverPolicy = DeliverPolicy.ALL,
@@ -41,4 +42,7 @@ async def ensure(js: JetStreamContext, stream: str, config: ConsumerConfig, *, r
             await js.delete_consumer(stream, config.durable_name or "")
         except NotFoundError:
             pass
-    await js.add_consumer(stream, config)
+    # On a cluster that just lost a member the server places a new consumer's raft group
+    # before it answers, which can take longer than nats-py's 5 s: a caller that gave up and
+    # tried again would delete the consumer it was still placing, again and again.
+    await js.add_consumer(stream, config, timeout=CREATE_TIMEOUT_S)

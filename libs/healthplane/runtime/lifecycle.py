@@ -189,13 +189,15 @@ async def serve_replicated(ctx: ServiceContext, lease_name: str,
                     ctx.log.info("partition handed over", lease=lease_name)
                     await lease.release()
                 for result in results:
+                    if isinstance(result, _BUS_BUSY):
+                        raise result  # handled below: lead again while the lease holds
                     if isinstance(result, BaseException) and not isinstance(result, LeaseLost):
                         raise result
             except LeaseLost:
                 pass
-            except (nats_errors.TimeoutError, nats_errors.NoRespondersError, ServiceUnavailableError) as exc:
-                # JetStream busy electing leaders after a server loss: the takeover is tried
-                # again while the lease holds, not given up with the process.
+            except _BUS_BUSY as exc:
+                # JetStream busy electing leaders after a server loss (a takeover, or a runner's
+                # snapshot): tried again while the lease holds, not given up with the process.
                 ctx.log.warning("taking over failed, trying again", lease=lease_name, error=str(exc) or type(exc).__name__)
                 await _first(lost, ctx.stopping, timeout_s=1.0)
                 continue
@@ -267,6 +269,10 @@ class Members:
             # No answer: keep what we knew (a lease we hold stays fenced by its own TTL).
             self._log.warning("partition members unknown this round", error=str(exc) or type(exc).__name__)
             return
+        if self._key not in live:
+            # A read that does not show our own key, just written, is not the membership (a
+            # degraded cluster answering from a lagging replica): keep what we knew.
+            return
         agree = layouts == {str(self._partitions)}
         if not agree and layouts != self._layouts:
             self._log.error("another layout of this service is running: owning no partition until it stops",
@@ -307,6 +313,9 @@ async def serve_partitioned(ctx: ServiceContext, partitions: int,
             wanted=lambda k=k: members.owns(k), disowned=lambda k=k: members.disowned(k),  # type: ignore[misc]
             rides_out=True)))
     await asyncio.gather(*tasks)
+
+
+_BUS_BUSY = (nats_errors.TimeoutError, nats_errors.NoRespondersError, ServiceUnavailableError)
 
 
 async def _first(event: asyncio.Event, stopping: asyncio.Event, timeout_s: float | None = None) -> bool:
