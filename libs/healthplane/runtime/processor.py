@@ -48,7 +48,7 @@ from nats.js import JetStreamContext
 from nats.js.api import StreamConfig
 from nats.js.errors import APIError
 
-from healthplane import streams, subjects, wire
+from healthplane import configstore, streams, subjects, wire
 from healthplane.config import ConfigError
 from healthplane.runtime import consumers, deadletters, fencing, lease, metrics, snapshots
 from healthplane.runtime.backoff import Backoff
@@ -460,9 +460,16 @@ class Processor(Generic[S]):
     async def _run_until_stopped_or_rebuilt(self) -> bool:
         """True when the loops stopped for a rebuild, False on :meth:`stop`."""
         later = [loop for loop, spec in zip(self._loops, self._inputs, strict=True) if spec.after_others]
-        # Each of these returns once its loops have drained after stop().
-        tasks: list[asyncio.Task[Any]] = [asyncio.create_task(loop.run()) for loop in self._loops
-                                          if loop not in later]
+        config = [loop for loop, spec in zip(self._loops, self._inputs, strict=True)
+                  if spec.stream == configstore.STREAM and not spec.after_others]
+        rest = [loop for loop in self._loops if loop not in later and loop not in config]
+        # Each of these returns once its loops have drained after stop(). The config is folded
+        # first: a restart's replay would otherwise decide on a node's input under the default
+        # config when that input's consumer delivers before the config's (seen: a cordon
+        # recommended instead of acted on).
+        tasks: list[asyncio.Task[Any]] = [asyncio.create_task(loop.run()) for loop in config]
+        if rest:
+            tasks.append(asyncio.create_task(self._start_after([configstore.STREAM] if config else [], rest)))
         if later:
             tasks.append(asyncio.create_task(self._start_after_others(later)))
         ticking = asyncio.create_task(self._tick_forever()) if hasattr(self._core, "tick") else None
@@ -491,10 +498,15 @@ class Processor(Generic[S]):
         self._stopping.set()
 
     async def _start_after_others(self, loops: list[PullLoop]) -> None:
+        await self._start_after(list(self._start_seq), loops)
+
+    async def _start_after(self, streams_first: list[str], loops: list[PullLoop]) -> None:
+        """Run ``loops`` once every stream of ``streams_first`` has been folded up to where it
+        stood at start."""
         def folded(stream: str) -> bool:
             return self._caught_up.get(stream, False) or self.positions.get(stream, 0) >= self._start_seq[stream]
 
-        while not all(folded(stream) for stream in self._start_seq):
+        while not all(folded(stream) for stream in streams_first):
             if self._stopping.is_set():
                 return
             await asyncio.sleep(0.02)
