@@ -145,14 +145,6 @@ def partition_label(partition: int, partitions: int = 1) -> str:
     return str(partition) if partitions == 1 else f"{partition}of{partitions}"
 
 
-def parse_partition_label(label: str) -> tuple[int, int] | None:
-    """``(partition, partitions)`` of a :func:`partition_label`; ``None`` for anything else."""
-    partition, sep, partitions = label.partition("of")
-    if not partition.isdigit() or (sep and not partitions.isdigit()):
-        return None
-    return int(partition), int(partitions) if sep else 1
-
-
 def snapshot(service: str, partition: int = 0, partitions: int = 1) -> str:
     return f"{PREFIX}.snapshot.{encode_token(service)}.{partition_label(partition, partitions)}"
 

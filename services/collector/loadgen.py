@@ -90,27 +90,28 @@ def _identity(node_id: str, gpus: int) -> list[bytes]:
     return [node_id.encode(), f"S6{node_id[-6:]}".encode(), boot.encode(), *(u.encode() for u in uuids)]
 
 
+@dataclass(frozen=True, slots=True)
 class Templates:
     """The four records a healthy node sends, cut at its identity and the clock."""
 
-    def __init__(self, cluster: str, interval_s: int, gpus: int, definition: str = "gpu-pool") -> None:
-        self.gpus = gpus
-        self._cluster, self._interval_s, self._definition = cluster, interval_s, definition
-        self.report_start: Cut | None = None
+    resource_initial: Cut
+    report_start: Cut
+    report_scheduled: Cut
+    resource_ready: Cut
 
-    async def build(self) -> Templates:
-        node = SimNode(TEMPLATE_ID, self.gpus)
-        collector = Collector(Settings(node_id=TEMPLATE_ID, cluster=self._cluster, interval_s=self._interval_s,
-                                       definition=self._definition), node, node.kmsg)
+    @classmethod
+    async def build(cls, cluster: str, interval_s: int, gpus: int, definition: str = "gpu-pool") -> Templates:
+        node = SimNode(TEMPLATE_ID, gpus)
+        collector = Collector(Settings(node_id=TEMPLATE_ID, cluster=cluster, interval_s=interval_s,
+                                       definition=definition), node, node.kmsg)
         collector.refresh_inventory()
         await collector.probe(("gpu",))
         clock = datetime(2000, 1, 1, tzinfo=UTC)
-        placeholders = [*_identity(TEMPLATE_ID, self.gpus), _timestamp(clock)]
-        self.resource_initial = Cut.of(wire.encode(collector.resource_report(False, clock)), placeholders)  # type: ignore[arg-type]
-        self.report_start = Cut.of(wire.encode(await collector.collect("start", clock)), placeholders)
-        self.report_scheduled = Cut.of(wire.encode(await collector.collect("scheduled", clock)), placeholders)
-        self.resource_ready = Cut.of(wire.encode(collector.resource_report(True, clock)), placeholders)  # type: ignore[arg-type]
-        return self
+        holes = [*_identity(TEMPLATE_ID, gpus), _timestamp(clock)]
+        return cls(resource_initial=Cut.of(wire.encode(collector.resource_report(False, clock)), holes),  # type: ignore[arg-type]
+                   report_start=Cut.of(wire.encode(await collector.collect("start", clock)), holes),
+                   report_scheduled=Cut.of(wire.encode(await collector.collect("scheduled", clock)), holes),
+                   resource_ready=Cut.of(wire.encode(collector.resource_report(True, clock)), holes))  # type: ignore[arg-type]
 
 
 def _timestamp(at: datetime) -> bytes:
@@ -124,10 +125,10 @@ class LoadFleet:
                  gpus: int = 8, in_flight: int = 4096) -> None:
         self.count, self.cluster, self.interval_s, self.prefix, self.gpus = count, cluster, interval_s, prefix, gpus
         self.in_flight = in_flight
-        self._identities: list[list[bytes] | None] = [None] * count  # made at a node's first report
+        # Made at a node's first report: a node with one has sent its first cycle.
+        self._identities: list[list[bytes] | None] = [None] * count
         self._full: dict[int, SimNode] = {}  # nodes a fault moved to a whole agent
         self._silent: set[int] = set()
-        self._started: set[int] = set()
         self.sent = self.failed = self.skipped = 0
 
     def node_id(self, index: int) -> str:
@@ -143,16 +144,13 @@ class LoadFleet:
         """What node ``index`` sends at ``now``: its first cycle (resource report, start report,
         ready resource report), or one scheduled report."""
         identity = self._identities[index]
-        if identity is None:
-            identity = self._identities[index] = _identity(self.node_id(index), self.gpus)
-        values = [*identity, _timestamp(now)]
         node_id = self.node_id(index)
         report = subjects.report(self.cluster, node_id)
-        if index in self._started:
-            return [(report, templates.report_scheduled.fill(values))]
-        self._started.add(index)
+        if identity is not None:
+            return [(report, templates.report_scheduled.fill([*identity, _timestamp(now)]))]
+        identity = self._identities[index] = _identity(node_id, self.gpus)
+        values = [*identity, _timestamp(now)]
         resource = subjects.resource(self.cluster, node_id)
-        assert templates.report_start is not None
         return [(resource, templates.resource_initial.fill(values)), (report, templates.report_start.fill(values)),
                 (resource, templates.resource_ready.fill(values))]
 
@@ -166,7 +164,7 @@ class LoadFleet:
     async def run(self, nc: Any, stopping: asyncio.Event, log: Any) -> None:
         from healthplane.runtime.publish import Publisher
 
-        templates = await Templates(self.cluster, self.interval_s, self.gpus).build()
+        templates = await Templates.build(self.cluster, self.interval_s, self.gpus)
         publisher = Publisher(nc, window=self.in_flight)
         agents: list[asyncio.Task[None]] = []
 

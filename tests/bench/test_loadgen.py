@@ -54,7 +54,7 @@ async def test_loadgen_ceiling_and_memory_per_node(tmp_path: Path) -> None:
         await streams.ensure(nc.jetstream())
         # Memory: every node's first cycle made (its identity kept), nothing sent.
         fleet = LoadFleet(NODES, "bench", interval_s=1)
-        templates = await Templates("bench", 1, 8).build()
+        templates = await Templates.build("bench", 1, 8)
         tracemalloc.start()
         before = tracemalloc.get_traced_memory()[0]
         now = datetime.now(UTC)

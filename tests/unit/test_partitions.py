@@ -78,9 +78,6 @@ def test_ha4_the_contract_subject_behind_a_stored_one(cluster: str, node_id: str
 def test_ha4_partition_labels_name_the_layout() -> None:
     assert subjects.partition_label(0) == "0"
     assert subjects.partition_label(2, 4) == "2of4"
-    assert subjects.parse_partition_label("2of4") == (2, 4)
-    assert subjects.parse_partition_label("0") == (0, 1)
-    assert subjects.parse_partition_label("x") is None
     assert subjects.snapshot("scorer", 2, 4) == "hp.snapshot.scorer.2of4"
 
 
