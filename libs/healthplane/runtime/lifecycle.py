@@ -25,7 +25,6 @@ from nats import errors as nats_errors
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 from nats.js.errors import APIError, ServiceUnavailableError
-from prometheus_client import REGISTRY
 from prometheus_client.registry import Collector
 
 from healthplane import streams, subjects
@@ -329,7 +328,7 @@ async def _first(event: asyncio.Event, stopping: asyncio.Event, timeout_s: float
 
 def run_processor_service(args: Any, service: str, core: Callable[[ServiceContext], Core[S]], state_type: type[S],
                           inputs: Sequence[Input], outputs: Sequence[str], *,
-                          series: Callable[[Callable[[], list[S]]], Collector] | None = None,
+                          series: Callable[[Callable[[], list[S]]], Collector | metrics.Rendered] | None = None,
                           partitionable: bool = False) -> int:
     """``healthplane service NAME`` for a service that is one Processor (or, with
     ``--partitions P``, one per partition it owns): build it, register its state-derived
@@ -348,7 +347,7 @@ def run_processor_service(args: Any, service: str, core: Callable[[ServiceContex
             return [proc.state for proc, lease in list(active.values()) if lease.is_leader]
 
         if series is not None:
-            REGISTRY.register(series(led))
+            metrics.register_series(series(led))
 
         def caught_up() -> tuple[bool, str]:  # /readyz
             leading = [(k, proc) for k, (proc, lease) in sorted(active.items()) if lease.is_leader]

@@ -373,7 +373,8 @@ class Processor(Generic[S]):
         infos = [await self._js.stream_info(stream) for stream in self._outputs]
         self._output_subjects = [subject for info in infos for subject in info.config.subjects or []]
         # On a cluster a batch waits for another of its stream (Publisher.store_runs).
-        self._replicated_outputs = frozenset(info.config.name for info in infos if (info.config.num_replicas or 1) > 1)
+        self._replicated_outputs = frozenset(stream for stream, info in zip(self._outputs, infos, strict=True)
+                                             if (info.config.num_replicas or 1) > 1)
         if self._replicated_outputs:
             # A write an R3 stream's leader took with it when its member died is never
             # answered: retried sooner (by its ids, so never stored twice), the holder resumes
