@@ -51,6 +51,7 @@ HEARTBEAT_MISSED: Final = "heartbeat_missed"
 # (due, node key, the report the node went silent after)
 Deadline = tuple[datetime, str, int]
 _DEADLINES: Final = "deadlines"
+_SCHEDULED: Final = "scheduled"
 
 
 class IngestCore:
@@ -112,6 +113,7 @@ class IngestCore:
                       for d in health_config.detectors))
             state.config_version = envelope.version
             state.__dict__.pop(_DEADLINES, None)  # the threshold moves every deadline: rebuilt
+            state.__dict__.pop(_SCHEDULED, None)
             return state, []
         raise Reject(f"unexpected input stream {inbound.stream}")
 
@@ -132,12 +134,27 @@ class IngestCore:
 
     def tick(self, state: IngestState, now: datetime) -> tuple[IngestState, Sequence[Emit]]:
         deadlines = _deadlines(state)
+        scheduled = _scheduled(state)
+        threshold = state.config.heartbeat_miss_threshold
         emits: list[Emit] = []
         while deadlines and deadlines[0][0] <= now:
-            _, key, report_seq = heapq.heappop(deadlines)
+            due, key, report_seq = heapq.heappop(deadlines)
+            if scheduled.get(key) != due:
+                continue  # an earlier entry replaced this one (the node's interval shrank)
             node = state.nodes.get(key)
-            if node is None or node.missed or node.last_report_seq != report_seq:
-                continue  # a later report moved the deadline: this entry is stale
+            if node is None or node.missed:
+                del scheduled[key]
+                continue
+            if node.last_report_seq != report_seq:
+                # It reported since: one entry per node, moved on to its deadline now.
+                deadline = miss_deadline(node, threshold)
+                if deadline is None:
+                    del scheduled[key]
+                else:
+                    heapq.heappush(deadlines, (deadline, key, node.last_report_seq))
+                    scheduled[key] = deadline
+                continue
+            del scheduled[key]
             changes = missed(node, now)  # the warning is noted when this record is folded back
             # One miss per silence: the id is the node and the report it went silent after.
             stem = f"{SERVICE}:missed:{node.cluster}:{node.node_id}:{report_seq}"
@@ -180,25 +197,46 @@ class IngestCore:
 def _deadlines(state: IngestState) -> list[Deadline]:
     """ING-4's deadlines in a heap, so that one sweep pops only what is due. Derived from the
     nodes and kept on the state object itself, not encoded: a state decoded from a snapshot
-    (or any new one) rebuilds it from its nodes on first use, so it can never index another."""
+    (or any new one) rebuilds it from its nodes on first use, so it can never index another.
+
+    One entry per node (``_scheduled``: node key -> the due time of its entry), not one per
+    report: a report moves the node's deadline later, and its entry, when due, finds the node
+    reported since and goes back in at the deadline it has now. Three of four entries a
+    report used to leave behind were stale, 0.6 KB per node at a 30 s interval."""
     deadlines: list[Deadline] | None = state.__dict__.get(_DEADLINES)
     if deadlines is None:
         threshold = state.config.heartbeat_miss_threshold
         deadlines = []
+        scheduled: dict[str, datetime] = {}
         for key, node in state.nodes.items():
             deadline = miss_deadline(node, threshold)
             if deadline is not None and not node.missed:
                 deadlines.append((deadline, key, node.last_report_seq))
+                scheduled[key] = deadline
         heapq.heapify(deadlines)
         state.__dict__[_DEADLINES] = deadlines
+        state.__dict__[_SCHEDULED] = scheduled
     return deadlines
 
 
+def _scheduled(state: IngestState) -> dict[str, datetime]:
+    _deadlines(state)
+    return state.__dict__[_SCHEDULED]  # type: ignore[no-any-return]
+
+
 def _schedule(state: IngestState, node: NodeState) -> None:
-    """A report moved the node's deadline: the old entry goes stale (skipped when due)."""
+    """A report moved the node's deadline: a node without an entry gets one, and one whose
+    entry is due later than its new deadline (its interval shrank) an earlier one."""
     deadlines: list[Deadline] | None = state.__dict__.get(_DEADLINES)
     if deadlines is None:
         return  # not built yet: built from the nodes, this one included, when first needed
     deadline = miss_deadline(node, state.config.heartbeat_miss_threshold)
-    if deadline is not None:
-        heapq.heappush(deadlines, (deadline, node_key(node.cluster, node.node_id), node.last_report_seq))
+    if deadline is None:
+        return
+    scheduled: dict[str, datetime] = state.__dict__[_SCHEDULED]
+    key = node_key(node.cluster, node.node_id)
+    due = scheduled.get(key)
+    if due is not None and due <= deadline:
+        return
+    heapq.heappush(deadlines, (deadline, key, node.last_report_seq))
+    scheduled[key] = deadline

@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta
 
 import msgspec
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from healthplane import wire
@@ -372,3 +372,42 @@ def test_snapshot_and_replay_equal_live_state(steps: list[str], cut: int) -> Non
         return msgspec.json.encode(state), emitted
 
     assert fold(min(cut, len(payloads))) == fold(None)
+
+
+@settings(max_examples=60, deadline=None)
+@example([("report", 0, 1, 60), ("tick", 0, 1, 10), ("report", 0, 5, 10), ("tick", 0, 40, 10)])  # the interval shrinks
+@example([("report", 0, 1, 10), ("report", 0, 20, 10), ("tick", 0, 20, 10), ("tick", 0, 20, 10)])
+@given(st.lists(st.tuples(st.sampled_from(["report", "tick"]), st.integers(0, 2), st.integers(1, 120),
+                          st.sampled_from([10, 30, 60])), max_size=40))
+def test_every_silence_is_missed_once_at_its_deadline(steps: list[tuple[str, int, int, int]]) -> None:
+    # ING-4 with one heap entry per node (fold._deadlines): whatever the order of reports,
+    # interval changes and sweeps, a sweep reports exactly the nodes whose deadline (last
+    # report + 3 x interval, floor 15 s) has passed since their last report, once per silence.
+    import asyncio
+
+    from healthplane.runtime.processor import Inbound
+
+    template = asyncio.run(sim_report(Scenario().node))
+    core = IngestCore()
+    state = core.initial_state()
+    now, seq = T0, 0
+    last: dict[str, tuple[datetime, int]] = {}
+    missed_already: set[str] = set()
+    for action, node, advance, interval in steps:
+        now += timedelta(seconds=advance)
+        node_id = f"n{node}"
+        if action == "report":
+            seq += 1
+            report = msgspec.structs.replace(template, node_id=node_id, hostname=node_id, sent_at=now,
+                                             interval_seconds=interval)
+            state, _ = core.step(state, Inbound("HP_REPORTS", seq, f"hp.report.c.{node_id}", wire.encode(report),
+                                                {}, now, True))
+            last[node_id] = (now, interval)
+            missed_already.discard(node_id)
+            continue
+        state, emits = core.tick(state, now)
+        reported = {msgspec.json.decode(e.payload)["nodeId"] for e in emits if b'"HEARTBEAT_MISSED"' in e.payload}
+        due = {n for n, (at, every) in last.items()
+               if n not in missed_already and at + timedelta(seconds=max(15, 3 * every)) <= now}
+        assert reported == due, (steps, now)
+        missed_already |= due
