@@ -73,6 +73,9 @@ class Reject(Exception):
 FENCE_MARKS = streams.FENCE_PREFIX + "."
 CLUSTER_ACK_TIMEOUT_S = 3.0  # an R3 stream elects a new leader in 4-9 s: a few tries meanwhile
 FENCE_POLL_S = 0.1  # how often a holder waiting on its closed fence looks again
+# A caught-up input waits this long to gather a batch: a fleet's reports arrive a few at a
+# time, and each batch costs a write, its acks and a settlement (docs/benchmarks.md, "Fleet").
+LINGER_S = 0.02
 
 
 class LeaseLost(Exception):
@@ -390,7 +393,7 @@ class Processor(Generic[S]):
             self._caught_up[spec.stream] = info.num_pending == 0
             loop = PullLoop(
                 self._nc, spec.stream, name, self._handle, service=self.service,
-                batch=self._batch, log=self._log,
+                batch=self._batch, log=self._log, linger_s=LINGER_S,
                 recreate=lambda spec=spec: self._create_consumer(spec),  # type: ignore[misc]
             )
             self._loops.append(loop)

@@ -103,12 +103,14 @@ class PullLoop:
         idle_heartbeat_s: float = 1.0,
         recreate: Callable[[], Awaitable[None]] | None = None,
         log: Any = None,
+        linger_s: float = 0.0,
     ) -> None:
         self._nc = nc
         self._stream = stream
         self._consumer = consumer
         self._handler = handler
         self._batch = batch
+        self._linger_s = linger_s
         self._expires_ns = int(expires_s * 1e9)
         self._hb_s = idle_heartbeat_s
         self._recreate = recreate
@@ -249,6 +251,12 @@ class PullLoop:
                     break
                 if self._nc.is_closed:
                     raise ConnectionClosedError
+                if self._linger_s and len(self._buffer) < self._batch:
+                    # A thin batch (the consumer is caught up): wait a moment for more, so what
+                    # a batch costs (a write, its acks, a settlement) is paid by more records.
+                    await asyncio.sleep(self._linger_s)
+                    if self._stopping:
+                        break
                 batch = [self._buffer.popleft() for _ in range(min(self._batch, len(self._buffer)))]
                 if not self._buffer:
                     self._ready.clear()

@@ -1,0 +1,267 @@
+"""HA-5 and issue 25, the fleet the whole pipeline sustains on this machine: `healthplane up
+--no-sim` (every service: health-ingest, the scorer, policy, eviction, the scheduler, webhooks
+and the bridge) with `healthplane sim load --nodes N --interval 30` for HOLD_S seconds, at
+each fleet size of HEALTHPLANE_BENCH_FLEETS (default "30000,50000"; 100000 is the goal).
+
+Every 30 s: each consumer's lag (pending + unacknowledged), report -> node view latency (a
+core subscription on ``hp.node.>`` reads every 10th view as the scorer writes it: now minus
+the report's ``sentAt``), CPU and RSS of each process, and each service's ``/metrics``
+response time. A size *holds* when, after the startup wave (every node's first cycle, spread
+over one interval, then WAVE_S to absorb it), the summed lag never exceeds one second of
+reports and the p99 latency stays under LATENCY_GOAL_S.
+
+Baseline in the same run: nats-server alone with the same generator and a consumer that only
+acks (the physical floor: what storing and delivering the flow costs the server here). RSS
+per node is the slope between the two smallest sizes, so the fixed part of a process is out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import nats
+import pytest
+from nats.js.api import AckPolicy, ConsumerConfig
+
+from healthplane import streams, wire
+from healthplane.natsserver import NatsServer
+from healthplane.runtime.pull import Delivery, PullLoop
+from tests.bench import harness
+
+pytestmark = pytest.mark.insecure
+FLEETS = [int(n) for n in os.environ.get("HEALTHPLANE_BENCH_FLEETS", "30000,50000").split(",")]
+INTERVAL_S = 30
+WINDOW_S = 30.0
+WAVE_S = 120.0  # the first cycles (3 records a node) and their backlog
+HOLD_S = float(os.environ.get("HEALTHPLANE_BENCH_HOLD_S", "300"))
+LATENCY_GOAL_S = 1.0
+TICK = os.sysconf("SC_CLK_TCK")
+STREAMS = ("HP_REPORTS", "HP_RESOURCES", "HP_ASSESSMENTS", "HP_NODE_EVENTS", "HP_ALLOCATIONS", "HP_NODES")
+
+
+def _processes() -> dict[str, tuple[int, int]]:
+    """name -> (CPU ticks, RSS bytes) of every healthplane service, nats-server and generator."""
+    found: dict[str, tuple[int, int]] = {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            argv = [a.decode() for a in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") if a]
+            stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            rss = int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        except OSError:
+            continue
+        line = " ".join(argv)
+        if "healthplane.cli service " in line:
+            name = argv[argv.index("service") + 1]
+        elif argv and argv[0].endswith("nats-server"):
+            name = "nats-server"
+        elif "healthplane.cli sim load" in line:
+            name = "sim load"
+        else:
+            continue
+        ticks, size = found.get(name, (0, 0))
+        found[name] = (ticks + int(stat[11]) + int(stat[12]), size + rss)
+    return found
+
+
+def _scrape_s(url: str) -> float | None:
+    started = time.monotonic()
+    try:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            while response.read(1 << 20):
+                pass
+    except OSError:
+        return None
+    return time.monotonic() - started
+
+
+@dataclass
+class Window:
+    at_s: float
+    lag: int
+    latencies: list[float]
+    cpu: dict[str, float]
+    rss: dict[str, int]
+    scrape_s: dict[str, float | None]
+
+    def p(self, q: float) -> float | None:
+        ordered = sorted(self.latencies)
+        return ordered[min(len(ordered) - 1, int(len(ordered) * q))] if ordered else None
+
+
+@dataclass
+class Sampler:
+    nc: Any
+    metrics_urls: dict[str, str] = field(default_factory=dict)
+    latencies: list[float] = field(default_factory=list)
+    seen: int = 0
+
+    async def start(self) -> None:
+        async def on_view(msg: Any) -> None:
+            self.seen += 1
+            if self.seen % 10:
+                return
+            try:
+                view = wire.decode(wire.NodeView, msg.data)
+            except wire.WireError:
+                return
+            if view.last_reported_at is not None:
+                self.latencies.append((datetime.now(UTC) - view.last_reported_at).total_seconds())
+
+        await self.nc.subscribe("hp.node.>", cb=on_view)
+
+    async def windows(self, seconds: float) -> list[Window]:
+        js = self.nc.jetstream()
+        started = time.monotonic()
+        before, then = _processes(), time.monotonic()
+        out: list[Window] = []
+        while time.monotonic() - started < seconds:
+            await asyncio.sleep(WINDOW_S)
+            lag = 0
+            for stream in STREAMS:
+                try:
+                    lag += sum(c.num_pending + c.num_ack_pending for c in await js.consumers_info(stream))
+                except Exception:  # a stream not there (the baseline has two)
+                    pass
+            now, at = _processes(), time.monotonic()
+            cpu = {name: 100 * (ticks - before.get(name, (ticks, 0))[0]) / TICK / (at - then)
+                   for name, (ticks, _) in now.items()}
+            latencies, self.latencies = self.latencies, []
+            out.append(Window(at - started, lag, latencies, cpu, {n: r for n, (_, r) in now.items()},
+                              {name: _scrape_s(url) for name, url in self.metrics_urls.items()}))
+            before, then = now, at
+        return out
+
+
+def _metrics_urls(data: Path) -> dict[str, str]:
+    urls: dict[str, str] = {}
+    for log in (data / "logs").glob("*.log"):
+        for line in log.read_text(errors="replace").splitlines():
+            if '"metrics endpoint"' in line and (found := re.search(r'"url": "([^"]+)"', line)):
+                urls[log.stem] = found.group(1)
+    return urls
+
+
+def _generator(url: str, nodes: int, log: Path) -> subprocess.Popen[bytes]:
+    return subprocess.Popen([sys.executable, "-m", "healthplane.cli", "sim", "load", "--nodes", str(nodes),
+                             "--interval", str(INTERVAL_S)], env={**os.environ, "HEALTHPLANE_NATS_URL": url},
+                            stdout=subprocess.DEVNULL, stderr=log.open("ab"))
+
+
+def _stop(process: subprocess.Popen[bytes], timeout: float) -> None:
+    process.send_signal(signal.SIGINT)
+    try:
+        process.wait(timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
+async def _pipeline(tmp: Path, nodes: int) -> list[Window]:
+    data = tmp / f"up-{nodes}"
+    config = tmp / "fleet.yaml"  # the bucket sized for the fleet (BRG-1: 64 MiB holds ~45,000 nodes)
+    config.write_text("cluster: default\nsubstrate:\n  nodesBucketMaxBytes: 1073741824\n")
+    up = subprocess.Popen([sys.executable, "-m", "healthplane.cli", "up", "--no-sim", "--insecure", "--nats-port", "0",
+                           "--data-dir", str(data), "--config", str(config)],
+                          stdout=subprocess.DEVNULL, stderr=(tmp / f"up-{nodes}.log").open("ab"))
+    try:
+        for _ in range(240):
+            if (data / "stack.json").exists() and len(_metrics_urls(data)) >= 7:
+                break
+            await asyncio.sleep(0.5)
+        url = json.loads((data / "stack.json").read_text())["natsUrl"]
+        nc = await nats.connect(url)
+        sampler = Sampler(nc, _metrics_urls(data))
+        await sampler.start()
+        generator = _generator(url, nodes, tmp / f"load-{nodes}.log")
+        try:
+            return await sampler.windows(WAVE_S + HOLD_S)
+        finally:
+            _stop(generator, 10)
+            await nc.close()
+    finally:
+        _stop(up, 60)
+
+
+async def _server_alone(tmp: Path, nodes: int) -> list[Window]:
+    """The same generator into the same streams, one consumer per stream that only acks."""
+    server = NatsServer(tmp / f"alone-{nodes}").start()
+    nc = await nats.connect(server.url)
+    js = nc.jetstream()
+    await streams.ensure(js)
+    loops = []
+    for stream in ("HP_REPORTS", "HP_RESOURCES"):
+        await js.add_consumer(stream, ConsumerConfig(durable_name=f"ack-{stream}", ack_policy=AckPolicy.EXPLICIT,
+                                                     max_ack_pending=20_000))
+
+        async def ack(deliveries: list[Delivery]) -> None:
+            pass  # the loop acks what the handler returns from
+
+        loops.append(PullLoop(nc, stream, f"ack-{stream}", ack, batch=512))
+    tasks = [asyncio.create_task(loop.run()) for loop in loops]
+    generator = _generator(server.url, nodes, tmp / f"alone-{nodes}.log")
+    try:
+        return await Sampler(nc).windows(WAVE_S + 60.0)
+    finally:
+        _stop(generator, 10)
+        for loop in loops:
+            loop.stop()
+        await asyncio.gather(*tasks)
+        await nc.close()
+        server.stop()
+
+
+def _held(windows: list[Window], nodes: int) -> bool:
+    steady = [w for w in windows if w.at_s > WAVE_S]
+    per_second = nodes / INTERVAL_S
+    return bool(steady) and all(w.lag <= per_second and (w.p(0.99) or 0) < LATENCY_GOAL_S for w in steady)
+
+
+async def test_the_fleet_the_pipeline_sustains(tmp_path: Path) -> None:
+    rss: dict[int, dict[str, int]] = {}
+    held = 0
+    for nodes in FLEETS:
+        windows = await _pipeline(tmp_path, nodes)
+        steady = [w for w in windows if w.at_s > WAVE_S] or windows[-1:]
+        for w in windows:
+            print(f"{nodes} t={w.at_s:.0f}s lag={w.lag} p50={w.p(0.5)} p99={w.p(0.99)} "
+                  f"cpu={ {k: round(v) for k, v in w.cpu.items()} } scrape={w.scrape_s}", flush=True)
+        latencies = [latency for w in steady for latency in w.latencies]
+        summary = Window(0, max(w.lag for w in steady), latencies, {}, {}, {})
+        holds = _held(windows, nodes)
+        held = max(held, nodes if holds else 0)
+        harness.record(f"fleet.{nodes}.held", 1.0 if holds else 0.0, "bool")
+        harness.record(f"fleet.{nodes}.max_lag_steady", summary.lag, "records", target=f"value <= {nodes // INTERVAL_S}")
+        harness.record(f"fleet.{nodes}.view_latency_p50", summary.p(0.5) or -1, "s")
+        harness.record(f"fleet.{nodes}.view_latency_p99", summary.p(0.99) or -1, "s", target=f"value <= {LATENCY_GOAL_S}")
+        cpu = {name: sum(w.cpu.get(name, 0) for w in steady) / len(steady) for name in steady[-1].cpu}
+        alone = await _server_alone(tmp_path, nodes)
+        alone_steady = [w for w in alone if w.at_s > WAVE_S] or alone[-1:]
+        server_alone = sum(w.cpu.get("nats-server", 0) for w in alone_steady) / len(alone_steady)
+        harness.record(f"fleet.{nodes}.cpu_percent_all", sum(cpu.values()), "% of one core",
+                       baseline=server_alone + sum(w.cpu.get("sim load", 0) for w in alone_steady) / len(alone_steady))
+        for name, percent in sorted(cpu.items()):
+            harness.record(f"fleet.{nodes}.cpu_percent.{name}", percent, "% of one core")
+        scrapes = sorted(s for w in steady for name, s in w.scrape_s.items() if s is not None)
+        failed = sum(s is None for w in steady for s in w.scrape_s.values())
+        harness.record(f"fleet.{nodes}.metrics_scrape_p99", scrapes[int(len(scrapes) * 0.99)] if scrapes else -1, "s",
+                       target="value <= 1")
+        harness.record(f"fleet.{nodes}.metrics_scrapes_failed", failed, "scrapes", target="value <= 0")
+        rss[nodes] = steady[-1].rss
+    harness.record("fleet.largest_held", held, "nodes", baseline=1100, target="value >= 100000")
+    if len(FLEETS) >= 2:
+        small, large = FLEETS[0], FLEETS[1]
+        for name in sorted(rss[large]):
+            harness.record(f"fleet.rss_bytes_per_node.{name}",
+                           (rss[large][name] - rss[small].get(name, 0)) / (large - small), "B", target="value <= 2048")
