@@ -21,7 +21,6 @@ import asyncio
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -36,7 +35,7 @@ import pytest
 from nats.js.api import AckPolicy, ConsumerConfig
 
 from healthplane import streams, wire
-from healthplane.natsserver import NatsServer
+from healthplane.natsserver import NatsServer, terminate
 from healthplane.runtime.pull import Delivery, PullLoop
 from tests.bench import harness
 
@@ -159,15 +158,6 @@ def _generator(url: str, nodes: int, log: Path) -> subprocess.Popen[bytes]:
                             stdout=subprocess.DEVNULL, stderr=log.open("ab"))
 
 
-def _stop(process: subprocess.Popen[bytes], timeout: float) -> None:
-    process.send_signal(signal.SIGINT)
-    try:
-        process.wait(timeout)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
-
-
 async def _pipeline(tmp: Path, nodes: int) -> list[Window]:
     data = tmp / f"up-{nodes}"
     config = tmp / "fleet.yaml"  # the bucket sized for the fleet (BRG-1: 64 MiB holds ~45,000 nodes)
@@ -188,10 +178,10 @@ async def _pipeline(tmp: Path, nodes: int) -> list[Window]:
         try:
             return await sampler.windows(WAVE_S + HOLD_S)
         finally:
-            _stop(generator, 10)
+            terminate(generator, 10)
             await nc.close()
     finally:
-        _stop(up, 60)
+        terminate(up, 60)
 
 
 async def _server_alone(tmp: Path, nodes: int) -> list[Window]:
@@ -214,7 +204,7 @@ async def _server_alone(tmp: Path, nodes: int) -> list[Window]:
     try:
         return await Sampler(nc).windows(WAVE_S + 60.0)
     finally:
-        _stop(generator, 10)
+        terminate(generator, 10)
         for loop in loops:
             loop.stop()
         await asyncio.gather(*tasks)
