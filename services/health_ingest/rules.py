@@ -24,6 +24,7 @@ its message names every finding behind that reason. Three kinds of finding:
 from __future__ import annotations
 
 import fnmatch
+import sys
 from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime, timedelta
 from typing import Final
@@ -398,7 +399,7 @@ def assess(state: IngestState, report: wire.HealthReport, now: datetime, seq: in
     key = node_key(report.cluster, report.node_id)
     node = state.nodes.get(key)
     if node is None:
-        node = state.nodes[key] = NodeState(cluster=report.cluster, node_id=report.node_id)
+        node = state.nodes[key] = NodeState(cluster=sys.intern(report.cluster), node_id=report.node_id)
     changes: list[Change] = []
     before = dict(node.conditions)
     if node.missed:

@@ -16,6 +16,7 @@ decisions taken where the references are silent.
 from __future__ import annotations
 
 import re
+import sys
 from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
 from typing import Literal
@@ -303,7 +304,7 @@ def _node(state: PolicyState, cluster: str, node_id: str, *, create: bool) -> No
     found = state.nodes.get(key)
     if found is None and create:
         state.gone.discard(key)
-        found = state.nodes[key] = Node(cluster=cluster, node_id=node_id)
+        found = state.nodes[key] = Node(cluster=sys.intern(cluster), node_id=node_id)  # one copy for the fleet
         state.fleet[cluster] = state.fleet.get(cluster, 0) + 1
         _index(state, found)
     return found

@@ -3,6 +3,7 @@ out only when the score moves, SCO-5)."""
 
 from __future__ import annotations
 
+import sys
 import zlib
 from collections.abc import Sequence
 from datetime import datetime
@@ -166,7 +167,7 @@ class ScorerCore:
         key = subjects.node_key(cluster, node_id)
         node = state.nodes.get(key)
         if node is None:
-            node = state.nodes[key] = NodeScore(cluster=cluster, node_id=node_id)
+            node = state.nodes[key] = NodeScore(cluster=sys.intern(cluster), node_id=node_id)  # one copy for the fleet
         return node
 
     def _rescore(self, state: ScorerState, node: NodeScore, inbound: Inbound) -> list[Emit]:
