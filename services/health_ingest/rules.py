@@ -57,7 +57,7 @@ class Finding(msgspec.Struct, frozen=True):
     detail: str
 
 
-class Climb(msgspec.Struct):
+class Climb(msgspec.Struct, gc=False):  # ints only: never in a cycle, no GC header (10 a node)
     last: int
     active: bool = False
     quiet: int = 0
@@ -109,7 +109,8 @@ def _climb(node: NodeState, key: str, value: int, quiet_to_clear: int, *, baseli
     if climb is None:
         # kmsg counts start at zero when the agent starts; sysfs counters count since boot
         # or driver load, so their first reading is only a baseline.
-        node.climbs[key] = climb = Climb(last=0 if baseline_zero else value)
+        # Interned: the same counters (a memory controller, a disk, a GPU) on every node.
+        node.climbs[sys.intern(key)] = climb = Climb(last=0 if baseline_zero else value)
     if value > climb.last:
         climb.active, climb.quiet = True, 0
     elif climb.active:
@@ -124,7 +125,7 @@ def _rose(node: NodeState, key: str, value: int, *, baseline_zero: bool) -> bool
     """True when ``value`` is above the last reading (a sticky trigger); keeps the baseline."""
     previous = node.climbs.get(key)
     if previous is None:
-        node.climbs[key] = Climb(last=value)
+        node.climbs[sys.intern(key)] = Climb(last=value)
         return baseline_zero and value > 0
     rose = value > previous.last
     previous.last = value

@@ -1,7 +1,7 @@
 """HA-5 and issue 25, the fleet the whole pipeline sustains on this machine: `healthplane up
 --no-sim` (every service: health-ingest, the scorer, policy, eviction, the scheduler, webhooks
 and the bridge) with `healthplane sim load --nodes N --interval 30` for HOLD_S seconds, at
-each fleet size of HEALTHPLANE_BENCH_FLEETS (default "30000,50000"; 100000 is the goal).
+each fleet size of HEALTHPLANE_BENCH_FLEETS (default "60000,80000"; 100000 is the goal).
 
 Every 30 s: each consumer's lag (pending + unacknowledged), report -> node view latency (a
 core subscription on ``hp.node.>`` reads every 10th view as the scorer writes it: now minus
@@ -40,7 +40,7 @@ from healthplane.runtime.pull import Delivery, PullLoop
 from tests.bench import harness
 
 pytestmark = pytest.mark.insecure
-FLEETS = [int(n) for n in os.environ.get("HEALTHPLANE_BENCH_FLEETS", "30000,50000").split(",")]
+FLEETS = [int(n) for n in os.environ.get("HEALTHPLANE_BENCH_FLEETS", "60000,80000").split(",")]
 INTERVAL_S = 30
 WINDOW_S = 30.0
 WAVE_S = 120.0  # the first cycles (3 records a node) and their backlog
