@@ -372,7 +372,7 @@ async def ensure(
     chosen at install); ``None`` keeps what exists and creates missing streams without.
     Changing it on a stream that holds records is refused: its records would sit under two
     layouts, and a partition would miss the old ones."""
-    await _jetstream_answers(js)
+    await _retried(js.account_info)  # JetStream answers for this account
     created: list[str] = []
     updated: list[str] = []
     for definition in streams:
@@ -436,24 +436,11 @@ async def ensure(
 JETSTREAM_WAIT_S: Final = 30.0
 
 
-async def _jetstream_answers(js: JetStreamContext, timeout_s: float = JETSTREAM_WAIT_S) -> None:
-    """Until JetStream answers for this account: a cluster just started (or electing its meta
-    leader after a loss) says "JetStream not enabled for account" or nothing for a few seconds.
-    Past ``timeout_s`` the last error is raised."""
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while True:
-        try:
-            await js.account_info()
-            return
-        except (ServiceUnavailableError, NoRespondersError, NatsTimeoutError):
-            if asyncio.get_running_loop().time() > deadline:
-                raise
-            await asyncio.sleep(0.2)
-
-
 async def _retried(call: Callable[[], Awaitable[T]], timeout_s: float = JETSTREAM_WAIT_S) -> T:
-    """``call()``, asked again while JetStream does not answer (a cluster electing leaders
-    after a member's loss answers a read late, or not at all, for seconds) up to ``timeout_s``."""
+    """``call()``, asked again while JetStream does not answer, up to ``timeout_s``, then the
+    last error: a cluster just started (or electing its meta leader after a loss) says
+    "JetStream not enabled for account" or nothing for a few seconds, and one electing a
+    stream's leader answers its reads late."""
     deadline = asyncio.get_running_loop().time() + timeout_s
     while True:
         try:
@@ -461,7 +448,7 @@ async def _retried(call: Callable[[], Awaitable[T]], timeout_s: float = JETSTREA
         except (ServiceUnavailableError, NoRespondersError, NatsTimeoutError):
             if asyncio.get_running_loop().time() > deadline:
                 raise
-            await asyncio.sleep(0.5)
+            await asyncio.sleep(0.2)
 
 
 async def _placed(stream: str, replicas: int, request: Awaitable[object]) -> None:

@@ -133,8 +133,7 @@ class IngestCore:
     # ------------------------------------------------------------------ time
 
     def tick(self, state: IngestState, now: datetime) -> tuple[IngestState, Sequence[Emit]]:
-        deadlines = _deadlines(state)
-        scheduled = _scheduled(state)
+        deadlines, scheduled = _deadlines(state)
         threshold = state.config.heartbeat_miss_threshold
         emits: list[Emit] = []
         while deadlines and deadlines[0][0] <= now:
@@ -194,7 +193,7 @@ class IngestCore:
 # ---------------------------------------------------------------------------- heartbeat deadlines
 
 
-def _deadlines(state: IngestState) -> list[Deadline]:
+def _deadlines(state: IngestState) -> tuple[list[Deadline], dict[str, datetime]]:
     """ING-4's deadlines in a heap, so that one sweep pops only what is due. Derived from the
     nodes and kept on the state object itself, not encoded: a state decoded from a snapshot
     (or any new one) rebuilds it from its nodes on first use, so it can never index another.
@@ -216,12 +215,7 @@ def _deadlines(state: IngestState) -> list[Deadline]:
         heapq.heapify(deadlines)
         state.__dict__[_DEADLINES] = deadlines
         state.__dict__[_SCHEDULED] = scheduled
-    return deadlines
-
-
-def _scheduled(state: IngestState) -> dict[str, datetime]:
-    _deadlines(state)
-    return state.__dict__[_SCHEDULED]  # type: ignore[no-any-return]
+    return deadlines, state.__dict__[_SCHEDULED]
 
 
 def _schedule(state: IngestState, node: NodeState) -> None:
