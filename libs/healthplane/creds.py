@@ -43,6 +43,7 @@ ACCOUNT: Final = "HP"
 SYSTEM_ACCOUNT: Final = "SYS"
 NODE_LIFETIME_S: Final = 365 * 24 * 3600  # a node JWT expires; revocations of expired ones are dropped
 TOKEN_LIFETIME_S: Final = 90 * 24 * 3600
+SESSION_LIFETIME_S: Final = 3600
 _HEADER: Final = {"typ": "JWT", "alg": "ed25519-nkey"}
 _NAME_RE: Final = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _NO_LIMIT: Final = -1
@@ -369,7 +370,8 @@ class Keystore:
     # -- identities
 
     def _issue(self, role: str, name: str, tag_values: dict[str, str], lifetime_s: int | None,
-               out: Path | None, cluster: str | None = None, now: float | None = None) -> tuple[str, bytes]:
+               out: Path | None, cluster: str | None = None, now: float | None = None,
+               record: bool = True) -> tuple[str, bytes]:
         moment = int(time.time() if now is None else now)
         user = new_pair(nkeys.PREFIX_BYTE_USER)
         claims: dict[str, Any] = {"sub": public(user), "name": f"{cluster}/{name}" if cluster else name, "nats": {
@@ -382,7 +384,9 @@ class Keystore:
         seed = bytes(user.seed)
         if out is not None:
             write_secret(out, creds_text(jwt, seed))
-        self._record(Issued(name, role, public(user), moment, claims.get("exp"), str(out) if out else None, cluster))
+        if record:
+            self._record(Issued(name, role, public(user), moment, claims.get("exp"), str(out) if out else None,
+                                cluster))
         return jwt, seed
 
     def _record(self, issued: Issued) -> None:
@@ -425,6 +429,16 @@ class Keystore:
             raise CredsError(f"role {role!r}: one of {', '.join(permissions.USER_ROLES)}")
         jwt, _seed = self._issue(role, _check_name("user name", name), {"user": name}, lifetime_s, None)
         return jwt
+
+    def session(self, name: str, role: str, out: Path, lifetime_s: int = SESSION_LIFETIME_S) -> Path:
+        """Short-lived credentials of a token's holder, for the HTTP API to act on the bus as
+        them (the server then binds their commands' actor to ``name``, SEC-1). Not listed in
+        ``issued.jsonl``: they expire within the hour, and the API checks the token itself,
+        revocations included, on every request before it uses them."""
+        if role not in permissions.USER_ROLES:
+            raise CredsError(f"role {role!r}: one of {', '.join(permissions.USER_ROLES)}")
+        self._issue(role, _check_name("user name", name), {"user": name}, lifetime_s, out, record=False)
+        return out
 
     def verify_token(self, token: str, now: float | None = None) -> dict[str, Any]:
         claims = verify_jwt(token, {k: v for k, v in self.signer_roles().items() if v in permissions.USER_ROLES},

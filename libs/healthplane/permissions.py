@@ -35,6 +35,7 @@ SIM: Final = "sim"
 VIEWER: Final = "viewer"
 ADMIN: Final = "admin"
 USER_ROLES: Final = (VIEWER, ADMIN)
+API: Final = "api"  # the HTTP API's own identity reads only; it commands as each caller
 SERVICE_ROLES: Final = streams.SERVICES
 ROLES: Final = (NODE, SIM, VIEWER, ADMIN, *SERVICE_ROLES)
 
@@ -123,7 +124,7 @@ def publishes(role: str) -> tuple[str, ...]:
 
 def reads(role: str) -> tuple[str, ...]:
     """The streams ``role`` may read (KV buckets are streams too)."""
-    if role in USER_ROLES:
+    if role in USER_ROLES or role == API:  # the API reads what it shows people, as they could
         return tuple(s.name for s in streams.STREAMS) + KV_STREAMS
     if role in (NODE,):
         return ()

@@ -27,6 +27,7 @@ SERVICES: Final[dict[str, str | None]] = {
     "substrate-bridge": "healthplane_substrate_bridge.main:main",
     "scheduler": "healthplane_scheduler.main:main",
     "slurm-adapter": "healthplane_slurm_adapter.main:main",
+    "api": "healthplane_api.main:main",
 }
 SERVICE_NAMES: Final = tuple(SERVICES)
 

@@ -138,7 +138,7 @@ class StreamDef:
 WRITES_NODE: Final = ("collector", "sim")
 # The control plane's services (registry.CONTROL_PLANE; the library does not import it).
 SERVICES: Final = ("health-ingest", "scorer", "policy", "eviction", "webhook-dispatcher", "substrate-bridge",
-                   "scheduler", "slurm-adapter")
+                   "scheduler", "slurm-adapter", "api")
 # The scheduler integrations (EVI-8, registry.SCHEDULERS): one runs in a stack, each writing
 # the same channels.
 SCHEDULERS: Final = ("scheduler", "slurm-adapter")

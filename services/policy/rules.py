@@ -23,20 +23,19 @@ from typing import Literal
 
 import msgspec
 
-from healthplane import wire
+from healthplane import automation, wire
 from healthplane.config import ClusterConfig, NodeHealth
 from healthplane.subjects import node_key
 from healthplane_policy import breaker, rulesets
 from healthplane_policy.breaker import BreakerSettings, BreakerState
 from healthplane_policy.rulesets import Applied, RuleExpressionSpec, RuleSetSpec
 
-ACTOR = "policy"
-# Automation's own holds: the policy's, and fault eviction's cordon (EVI-5). A node either
-# took out of service is one "automation itself took out of service" (POL-4): in replace mode
-# a fault-evicted provisioned instance is replaced, as reference 000 describes.
-AUTOMATION = frozenset({ACTOR, "eviction"})
-# A node the control plane cannot fully see is never acted on, and gets no policy event (POL-3).
-BLIND = frozenset({"heartbeat_missed", "telemetry_stale", "collector_failed"})
+ACTOR = automation.POLICY
+# Automation's own holds (healthplane.automation, which `node show` explains from): a node
+# either took out of service is one "automation itself took out of service" (POL-4): in
+# replace mode a fault-evicted provisioned instance is replaced, as reference 000 describes.
+AUTOMATION = automation.AUTOMATION
+BLIND = automation.BLIND  # never acted on, and no policy event (POL-3)
 REPLACEMENT_WINDOW = timedelta(hours=1)
 RETRY_REPLACE_AFTER = timedelta(minutes=1)  # doubled per rejection, capped below
 RETRY_REPLACE_CAP = timedelta(minutes=30)

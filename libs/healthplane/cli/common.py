@@ -46,6 +46,10 @@ class CommandFailed(Exception):
         self.code = code
 
 
+class PermissionDenied(CommandFailed):
+    """The server refused what this identity tried (SEC-1): the API's 403."""
+
+
 class Choices(TypedDict):
     type: Callable[[str], str]
     choices: list[str]
@@ -111,7 +115,7 @@ async def acked_or_refused(nc: NATS, args: argparse.Namespace, what: str, pendin
         while not task.done():
             error = nc.last_error
             if error is not None and error is not before and "permissions violation" in str(error).lower():
-                raise CommandFailed(f"permission denied: {_identity(args)} may not {what} "
+                raise PermissionDenied(f"permission denied: {_identity(args)} may not {what} "
                                     f"({str(error).removeprefix('nats: ')})")
             await asyncio.wait({task}, timeout=0.02)
         return task.result()

@@ -70,6 +70,17 @@ def masked(config: dict[str, Any]) -> dict[str, Any]:
     return {**config, "nodeEventWebhooks": hooks}
 
 
+def in_force(applied: configstore.InForce) -> dict[str, Any]:
+    """``config show -o json`` = ``GET /api/v1/config``: the version, who applied it, the config masked."""
+    envelope = applied.envelope
+    return {
+        "version": envelope.version,
+        "appliedAt": envelope.applied_at.isoformat().replace("+00:00", "Z"),
+        "actor": envelope.actor,
+        "config": masked(envelope.config),
+    }
+
+
 async def _show(args: argparse.Namespace) -> int:
     try:
         async with nats_client(args) as nc:
@@ -80,13 +91,7 @@ async def _show(args: argparse.Namespace) -> int:
         warn(record.line())
     if found.in_force is None:
         return fail(CommandFailed("no valid config applied yet; services use the built-in defaults"))
-    envelope = found.in_force.envelope
-    shown = {
-        "version": envelope.version,
-        "appliedAt": envelope.applied_at.isoformat().replace("+00:00", "Z"),
-        "actor": envelope.actor,
-        "config": masked(envelope.config),
-    }
+    shown = in_force(found.in_force)
     if args.output == "json":
         print(json.dumps(shown, indent=2))
     else:

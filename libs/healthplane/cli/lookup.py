@@ -12,6 +12,10 @@ from healthplane.cli.common import EXIT_USAGE, CommandFailed, decoded, decoded_o
 from healthplane.runtime.replay import read_all
 
 
+class NodeNotFound(CommandFailed):
+    """No view of that node (the API's 404)."""
+
+
 async def find_node(nc: NATS, js: JetStreamContext, node_id: str, cluster: str | None) -> wire.NodeView:
     """The node's view: in ``cluster``, or in whichever cluster holds it (a node id in several
     is a usage error naming them)."""
@@ -20,7 +24,7 @@ async def find_node(nc: NATS, js: JetStreamContext, node_id: str, cluster: str |
                                                                        last_per_subject=True))]
     if not found:
         where = f" in cluster {cluster}" if cluster else ""
-        raise CommandFailed(f"node {node_id} not found{where}")
+        raise NodeNotFound(f"node {node_id} not found{where}")
     if len(found) > 1:
         clusters = ", ".join(sorted(view.cluster for view in found))
         raise CommandFailed(f"node {node_id} exists in several clusters ({clusters}); name one with --cluster",

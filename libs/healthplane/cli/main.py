@@ -45,6 +45,8 @@ def _up_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--partitions", type=_partitions, default=1, metavar="P",
                         help="health-ingest and the scorer split the nodes into P partitions, shared out among "
                              "their replicas (HA-4); chosen at install: the streams get partition slots")
+    parser.add_argument("--api-port", type=int, default=0,
+                        help="port of the HTTP API and web UI (default 0: any free one, printed)")
     parser.add_argument("--config", help="cluster config to apply (default: built-in defaults)")
     parser.add_argument("--data-dir", default=".healthplane", help="store and stack.json (default ./.healthplane)")
     parser.add_argument("--insecure", action="store_true",

@@ -61,6 +61,12 @@ class Child:
     failures_at: list[float] = field(default_factory=list)
     restart_at: float | None = None
     replica: int = 1  # --replicas: the second scorer is replica 2
+    env: dict[str, str] = field(default_factory=dict)  # the child's own settings (the api's port, keys)
+    http_port: int | None = None  # the api's pages and API (its metrics stay on ``port``)
+
+    @property
+    def url(self) -> str | None:
+        return f"http://127.0.0.1:{self.http_port}/" if self.http_port else None
 
     @property
     def label(self) -> str:
@@ -133,7 +139,8 @@ def run(args: argparse.Namespace) -> int:
         for replica in range(1, args.replicas + 1):  # HA-3: each replica stands by behind its lease
             for name in registry.control_plane(args.scheduler):
                 children.append(_start_service(name, nats_url, log_dir, identities, replica,
-                                               partitions=args.partitions if name in registry.PARTITIONED else 1))
+                                               partitions=args.partitions if name in registry.PARTITIONED else 1,
+                                               api_port=args.api_port if replica == 1 else 0))
         if not args.no_sim:
             fleet = ["sim", "run", "--nodes", str(args.nodes), "--provisioned", str(args.nodes // 2),
                      "--cluster", config.cluster]
@@ -145,7 +152,7 @@ def run(args: argparse.Namespace) -> int:
 
         write_stack()
         _print_table(nats_url, _members(nats), children, data_dir, simulated=0 if args.no_sim else args.nodes)
-        _print_access(nats_url, identities, server_tls, args)
+        _print_access(nats_url, identities, server_tls, args, children)
 
         while not stop_requested:
             time.sleep(0.2)
@@ -230,7 +237,7 @@ def _supervise(child: Child, nats_url: str, log_dir: Path, now: float) -> bool:
     what ``stack.json`` says of it changed."""
     log = log_dir / f"{child.label}.log"
     if child.state == "restarting" and child.restart_at is not None and now >= child.restart_at:
-        child.process = _spawn(child.label, child.command, child.port, nats_url, log_dir, child.creds)
+        child.process = _spawn(child.label, child.command, child.port, nats_url, log_dir, child.creds, child.env)
         child.restarts += 1
         child.state, child.restart_at = "running", None
         print(f"healthplane up: {child.label} restarted (pid {child.process.pid}, restart {child.restarts})",
@@ -273,7 +280,7 @@ def _write_stack(data_dir: Path, nats_url: str, servers: list[NatsServer], child
         stack["tlsCa"] = str(server_tls.ca)
     stack["services"] = [
         {"name": c.name, "replica": c.replica, "pid": c.process.pid, "metricsUrl": c.metrics_url, "state": c.state,
-         "restarts": c.restarts} for c in children
+         "restarts": c.restarts, **({"url": c.url} if c.url else {})} for c in children
     ]
     # Replaced whole, never half-written: a reader polling it sees the old or the new one.
     staged = data_dir / "stack.json.new"
@@ -286,24 +293,31 @@ def _pid(server: NatsServer) -> int | None:
 
 
 def _start_service(name: str, nats_url: str, log_dir: Path, identities: Identities | None, replica: int = 1, *,
-                   partitions: int = 1) -> Child:
+                   partitions: int = 1, api_port: int = 0) -> Child:
     command = ["service", name, *(["--partitions", str(partitions)] if partitions > 1 else [])]
-    return _start_child(name, command, nats_url, log_dir, identities, replica)
+    env: dict[str, str] = {}
+    http_port = None
+    if name == "api":  # its port is kept across restarts: an open page reconnects by itself
+        http_port = api_port or free_port()
+        env["HEALTHPLANE_API_PORT"] = str(http_port)
+        if identities is not None:  # verifies tokens and mints each caller's session credentials
+            env["HEALTHPLANE_API_KEYS"] = str(identities.keystore.directory)
+    return _start_child(name, command, nats_url, log_dir, identities, replica, env=env, http_port=http_port)
 
 
 def _start_child(name: str, command: list[str], nats_url: str, log_dir: Path, identities: Identities | None,
-                 replica: int = 1) -> Child:
+                 replica: int = 1, *, env: dict[str, str] | None = None, http_port: int | None = None) -> Child:
     port = free_port()
     creds = identities.by_child[name] if identities else None  # replicas share their service's identity
-    process = _spawn(_label(name, replica), command, port, nats_url, log_dir, creds)
-    return Child(name, command, port, process, creds, replica=replica)
+    process = _spawn(_label(name, replica), command, port, nats_url, log_dir, creds, env or {})
+    return Child(name, command, port, process, creds, replica=replica, env=env or {}, http_port=http_port)
 
 
 def _spawn(name: str, command: list[str], port: int, nats_url: str, log_dir: Path,
-           creds: Path | None) -> subprocess.Popen[bytes]:
+           creds: Path | None, own_env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
     # A replica restarted after a crash takes its own lease back at once (runtime.lease).
     env = {**os.environ, "HEALTHPLANE_NATS_URL": nats_url, "HEALTHPLANE_LOG_FORMAT": "json",
-           INSTANCE_ENV: f"{socket.gethostname()}/{name}"}
+           INSTANCE_ENV: f"{socket.gethostname()}/{name}", **(own_env or {})}
     env.pop("HEALTHPLANE_NATS_CREDS", None)  # each child its own identity, never the caller's
     if creds is not None:
         env["HEALTHPLANE_NATS_CREDS"] = str(creds)
@@ -353,7 +367,7 @@ def _stop_all(children: list[Child]) -> None:
 
 
 def _print_access(nats_url: str, identities: Identities | None, server_tls: tls.ServerTls | None,
-                  args: argparse.Namespace) -> None:
+                  args: argparse.Namespace, children: list[Child]) -> None:
     """The lines an operator pastes to point the CLI at this stack (SEC-3)."""
     exports = []
     if args.nats_url or args.nats_port != 4222 or args.servers > 1:
@@ -369,6 +383,11 @@ def _print_access(nats_url: str, identities: Identities | None, server_tls: tls.
               f"{args.data_dir} user NAME --role admin|viewer`)")
     else:
         print("no authentication (--insecure): the CLI needs no credentials")
+    for url in (c.url for c in children if c.url):
+        # The token's path, not the token: nothing up prints is a secret (SEC-6).
+        login = (f"; log in with the admin token: cat {identities.admin_token}" if identities is not None
+                 else " (read-only: --insecure)")
+        print(f"web UI and API: {url}{login}")
     sys.stdout.flush()
 
 

@@ -1,0 +1,1 @@
+"""api: the HTTP API and the web UI over the streams (API-1..5)."""

@@ -1,0 +1,405 @@
+"""The api service's routes (API-1..3): the HTTP API under ``/api/v1``, the UI's pages, the
+live feed. Reads go through ``healthplane.reads`` and commands through the CLI's own
+``node_actions``, so the answers, the outcomes and the messages are the CLI's.
+
+Node ids (``10.0.0.42/9100``) travel percent-encoded as one path segment; the routes take
+the raw path and decode each segment themselves, because the server's decoded path has
+already turned ``%2F`` into a separator.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Final
+from urllib.parse import parse_qs, quote, unquote, urlencode
+
+from nats.aio.client import Client as NATS
+from nats.js import JetStreamContext
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import (
+    HTMLResponse,
+    JSONResponse,
+    RedirectResponse,
+    Response,
+    StreamingResponse,
+)
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from healthplane import configstore, reads, wire
+from healthplane.cli import config_cmd
+from healthplane.cli.common import EXIT_RETRY, EXIT_USAGE, CommandFailed, PermissionDenied
+from healthplane.cli.lookup import NodeNotFound, find_node
+from healthplane.cli.node_actions import command_for, send, usage_error
+from healthplane_api import auth, fold, live, openapi, pages
+from healthplane_api.metrics import COMMANDS, REQUESTS
+
+VERBS: Final = openapi.VERBS
+MAX_BODY: Final = 16 * 1024
+COMMAND_TIMEOUT_S: Final = 10.0
+LIVE_MIN_INTERVAL_S: Final = 1.0  # a page re-reads at most once a second, however busy the fleet
+LIVE_TICK_S: Final = 15.0  # and at least this often: a view turns stale without being written
+TREND_EVENTS: Final = 500
+
+
+class BadRequest(Exception):
+    """400: ``str()`` names the parameter and what was wrong."""
+
+
+@dataclass
+class Backend:
+    """What the routes work with: the service's own connection (reads), the live index,
+    who may do what, and the callers' own connections (commands)."""
+
+    nc: NATS
+    js: JetStreamContext
+    feed: live.Feed
+    verifier: auth.Verifier
+    sessions: auth.Sessions | None
+    log: Any
+
+
+def _segments(request: Request) -> list[str]:
+    raw = request.scope.get("raw_path") or request.url.path.encode()
+    return [unquote(part) for part in raw.split(b"?", 1)[0].decode("ascii", "replace").split("/")[1:]]
+
+
+def _error(status: int, message: str) -> JSONResponse:
+    return JSONResponse({"error": message}, status)
+
+
+def _bool(value: str | None) -> bool:
+    return (value or "").lower() in ("1", "true", "yes", "on")
+
+
+def _int(request: Request, name: str, default: int) -> int:
+    text = request.query_params.get(name)
+    if text is None or text == "":
+        return default
+    if not text.lstrip("-").isdigit():
+        raise BadRequest(f"{name} {text!r} is not a number")
+    return int(text)
+
+
+# ---------------------------------------------------------------------------- the app
+
+
+def build(backend: Backend) -> Starlette:
+    env = pages.environment()
+
+    def caller_of(request: Request) -> auth.Caller | None:
+        token = auth.bearer(request.headers.get("authorization")) or request.cookies.get(auth.COOKIE)
+        return backend.verifier.caller(token)
+
+    def api(handler: Callable[[Request, auth.Caller | None], Awaitable[Response]]) -> Callable[[Request], Any]:
+        async def endpoint(request: Request) -> Response:
+            started = time.perf_counter()
+            try:
+                response = await handler(request, caller_of(request))
+            except auth.Unauthorized as exc:
+                response = _error(401, str(exc))
+            except BadRequest as exc:
+                response = _error(400, str(exc))
+            except NodeNotFound as exc:
+                response = _error(404, str(exc))
+            except PermissionDenied as exc:
+                response = _error(403, str(exc))
+            except CommandFailed as exc:
+                status = {EXIT_USAGE: 400, EXIT_RETRY: 503}.get(exc.code, 409)
+                response = _error(status, str(exc))
+            except (fold.PageError, wire.WireError) as exc:
+                response = _error(400, str(exc))
+            except (ConnectionError, TimeoutError, OSError) as exc:
+                response = _error(503, f"cannot read the control plane's data now: {exc or type(exc).__name__}; retry")
+            REQUESTS.labels(route=handler.__name__, code=str(response.status_code)).observe(
+                time.perf_counter() - started)
+            return response
+        return endpoint
+
+    # -- reads
+
+    async def nodes(request: Request, caller: auth.Caller | None) -> Response:
+        query = request.query_params
+        listing = await reads.read_listing(backend.nc, backend.js, query.get("cluster"))
+        index = fold.ViewIndex({f"{r.cluster}\0{r.node_id}": r for r in listing.rows})
+        position = {f"{r.cluster}\0{r.node_id}": i for i, r in enumerate(listing.rows)}
+        size = query.get("pageSize")
+        page = index.page(status=query.getlist("status"), health=query.getlist("health"),
+                          sort=query.get("sort", "node"), page_size=_int(request, "pageSize", 0) if size else None,
+                          token=query.get("pageToken"))
+        order = [position[f"{r.cluster}\0{r.node_id}"] for r in page.rows]
+        body = (b'{"nodes":' + listing.json(order) + b',"total":' + str(page.total).encode()
+                + b',"nextPageToken":' + json.dumps(page.next_page_token).encode() + b"}")
+        return Response(body, media_type="application/json")
+
+    async def node(request: Request, caller: auth.Caller | None) -> Response:
+        node_id = _segments(request)[3]
+        view = await find_node(backend.nc, backend.js, node_id, request.query_params.get("cluster"))
+        why = await reads.automation_status(backend.js, view, datetime.now(UTC))
+        return JSONResponse(reads.shown(view, why))
+
+    async def events(request: Request, caller: auth.Caller | None) -> Response:
+        node_id, query = _segments(request)[3], request.query_params
+        page = await reads.event_page(backend.nc, backend.js, node_id, query.get("cluster"),
+                                      types=[t.upper() for t in query.getlist("type")], since=query.get("since"),
+                                      latest=_bool(query.get("latest")),
+                                      page_size=_int(request, "pageSize", reads.DEFAULT_PAGE_SIZE),
+                                      token=query.get("pageToken"))
+        return JSONResponse(page.to_builtins())
+
+    async def summary(request: Request, caller: auth.Caller | None) -> Response:
+        return JSONResponse(current_summary())
+
+    async def config(request: Request, caller: auth.Caller | None) -> Response:
+        found = await configstore.read(backend.js)
+        if found.in_force is None:
+            return _error(404, "no valid config applied yet; services use the built-in defaults")
+        return JSONResponse(config_cmd.in_force(found.in_force))
+
+    def current_summary() -> dict[str, Any]:
+        feed = backend.feed
+        if not feed.readable and feed.unreadable_since is not None:
+            return reads.unreadable(feed.index.clusters() or ["default"], feed.unreadable_reason,
+                                    feed.unreadable_since)
+        return reads.summarize(feed.index.rows.values(), datetime.now(UTC))
+
+    # -- commands
+
+    async def command(request: Request, caller: auth.Caller | None) -> Response:
+        parts = _segments(request)
+        node_id, verb = parts[3], parts[4]
+        if verb not in VERBS:
+            return _error(404, f"no command {verb!r}: one of {', '.join(VERBS)}")
+        body = await request.body()
+        if len(body) > MAX_BODY:
+            raise BadRequest(f"body over {MAX_BODY} bytes")
+        try:
+            fields = json.loads(body) if body.strip() else {}
+        except ValueError as exc:
+            raise BadRequest(f"body is not JSON: {exc}") from None
+        if not isinstance(fields, dict):
+            raise BadRequest("body must be a JSON object (reason, active, evict, force)")
+        outcome, status = await run_command(caller, node_id, verb, fields)
+        return JSONResponse(outcome, status)
+
+    async def run_command(caller: auth.Caller | None, node_id: str, verb: str,
+                          fields: dict[str, Any]) -> tuple[dict[str, Any], int]:
+        """The CLI's command for one node, sent as the caller; (JSON, HTTP status)."""
+        if caller is None or backend.sessions is None:
+            raise PermissionDenied("permission denied: this API runs on an open bus (up --insecure) and takes no "
+                                   "commands: nobody could say who sent them; use the CLI")
+        unknown = set(fields) - {"reason", "active", "evict", "force", "cluster", "timeout"}
+        if unknown:
+            raise BadRequest(f"unknown field {sorted(unknown)[0]!r}: reason, active, evict, force, cluster, timeout")
+        reason = fields.get("reason")
+        if reason is not None and not isinstance(reason, str):
+            raise BadRequest("reason must be a string")
+        timeout = fields.get("timeout", COMMAND_TIMEOUT_S)
+        if not isinstance(timeout, int | float) or not 0 < timeout <= 60:
+            raise BadRequest("timeout must be a number of seconds from 0 to 60")
+        client, creds_path = await backend.sessions.connection(caller)
+        args = argparse.Namespace(node_command=verb, node=node_id, all=False, reason=reason or None,
+                                  active=bool(fields.get("active")), evict=bool(fields.get("evict")),
+                                  force=bool(fields.get("force")), hold_ids=[], effect=None,
+                                  cluster=fields.get("cluster"), creds=str(creds_path), output="json")
+        usage_error(args)
+        view = await find_node(backend.nc, backend.js, node_id, args.cluster)
+        sent = command_for(args, view.node_id, view.cluster, None)
+        outcomes = await send(client, args, [sent], float(timeout))
+        outcome = outcomes.get(sent.id)
+        backend.log.info("command", actor=caller.name, verb=verb, node=view.node_id, cluster=view.cluster,
+                         command_id=sent.id, result=outcome.result if outcome else "pending")
+        COMMANDS.labels(verb=verb, result=outcome.result if outcome else "pending").inc()
+        if outcome is None:
+            return {"commandId": sent.id, "nodeId": sent.node_id, "result": "pending"}, 202
+        answer = wire.to_builtins(outcome)
+        if outcome.result == "refused":
+            return {"error": outcome.message, **answer}, 409
+        if outcome.result == "retry":
+            return {"error": outcome.message, **answer}, 503
+        return answer, 200
+
+    async def openapi_document(request: Request) -> Response:
+        return JSONResponse(openapi.document())
+
+    # -- pages
+
+    def render(name: str, request: Request, caller: auth.Caller | None, **values: Any) -> HTMLResponse:
+        feed = backend.feed
+        values |= {"caller": caller, "open_bus": backend.verifier.open, "csrf": backend.verifier.csrf(caller),
+                   "readable": feed.readable, "unreadable_since": feed.unreadable_since,
+                   "unreadable_reason": feed.unreadable_reason, "now": datetime.now(UTC),
+                   "fragment": request.query_params.get("fragment") == "1", "quote": _quote_id,
+                   "notice": request.query_params.get("notice"), "failed": request.query_params.get("failed")}
+        return HTMLResponse(env.get_template(name).render(**values),
+                            headers={"Cache-Control": "no-store", "X-Frame-Options": "DENY",
+                                     "Content-Security-Policy": "default-src 'self'; frame-ancestors 'none'"})
+
+    def page(handler: Callable[[Request, auth.Caller | None], Awaitable[Response]]) -> Callable[[Request], Any]:
+        async def endpoint(request: Request) -> Response:
+            try:
+                return await handler(request, caller_of(request))
+            except auth.Unauthorized:
+                return RedirectResponse(f"/login?next={quote(request.url.path)}", 303)
+            except NodeNotFound as exc:
+                return render("missing.html", request, None, message=str(exc))
+        return endpoint
+
+    async def dashboard(request: Request, caller: auth.Caller | None) -> Response:
+        return render("dashboard.html", request, caller, summary=current_summary())
+
+    async def nodes_page(request: Request, caller: auth.Caller | None) -> Response:
+        query = request.query_params
+        try:
+            found = backend.feed.index.page(
+                cluster=query.get("cluster") or None, status=[s for s in query.getlist("status") if s],
+                health=[h for h in query.getlist("health") if h], text=query.get("q", ""),
+                sort=query.get("sort", "score"), page_size=_int(request, "pageSize", 100),
+                token=query.get("pageToken"))
+        except (fold.PageError, BadRequest) as exc:
+            return render("nodes.html", request, caller, page=None, problem=str(exc), query=query,
+                          clusters=backend.feed.index.clusters(), next_query=None)
+        next_query = (urlencode([(k, v) for k, v in query.multi_items() if k not in ("pageToken", "fragment")]
+                                + [("pageToken", found.next_page_token)]) if found.next_page_token else None)
+        return render("nodes.html", request, caller, page=found, problem=None, query=query,
+                      clusters=backend.feed.index.clusters(), next_query=next_query)
+
+    async def node_page(request: Request, caller: auth.Caller | None) -> Response:
+        node_id = _segments(request)[1]
+        cluster = request.query_params.get("cluster")
+        if not backend.feed.readable:
+            return render("node.html", request, caller, view=None, node_id=node_id, history=[], trend=None,
+                          automation=None, stale=None, verbs=VERBS)
+        view = await find_node(backend.nc, backend.js, node_id, cluster)
+        history = await _history(backend.nc, backend.js, view)
+        scores = await reads.event_page(backend.nc, backend.js, view.node_id, view.cluster, types=["SCORE_CHANGED"],
+                                        latest=True, page_size=TREND_EVENTS)
+        now = datetime.now(UTC)
+        return render("node.html", request, caller, view=view, node_id=view.node_id, history=history,
+                      trend=pages.trend(scores.events, now), automation=await reads.automation_status(backend.js, view, now),
+                      stale=reads.staleness(view, datetime.now(UTC)), verbs=VERBS)
+
+    async def node_form(request: Request) -> Response:
+        """A command from the node page: a form with the page's CSRF value, from this origin."""
+        node_id, verb = _segments(request)[1], _segments(request)[2]
+        back = f"/nodes/{_quote_id(node_id)}"
+        try:
+            caller = caller_of(request)
+        except auth.Unauthorized:
+            return RedirectResponse(f"/login?next={quote(back)}", 303)
+        body = await request.body()
+        form = {k: v[-1] for k, v in parse_qs(body[:MAX_BODY].decode("utf-8", "replace")).items()}
+        if not _same_origin(request) or not backend.verifier.csrf_ok(caller, form.get("csrf")):
+            return _error(403, "this form did not come from this page (CSRF check failed); reload the page")
+        fields = {"reason": form.get("reason") or None, "active": _bool(form.get("active")),
+                  "evict": _bool(form.get("evict")), "force": _bool(form.get("force"))}
+        try:
+            answer, status = await run_command(caller, node_id, verb, fields)
+        except CommandFailed as exc:
+            return RedirectResponse(f"{back}?{urlencode({'failed': str(exc)})}", 303)
+        message = answer.get("error") or answer.get("message") or f"{verb} {node_id}: pending"
+        key = "notice" if status < 300 else "failed"
+        return RedirectResponse(f"{back}?{urlencode({key: message})}", 303)
+
+    async def login(request: Request) -> Response:
+        if request.method == "GET":
+            return render("login.html", request, None, next=request.query_params.get("next", "/"), problem=None)
+        form = {k: v[-1] for k, v in parse_qs((await request.body())[:MAX_BODY].decode("utf-8", "replace")).items()}
+        target = form.get("next", "/")
+        if not target.startswith("/") or target.startswith("//"):
+            target = "/"
+        token = (form.get("token") or "").strip()
+        try:
+            caller = backend.verifier.caller(token)
+        except auth.Unauthorized as exc:
+            return render("login.html", request, None, next=target, problem=str(exc))
+        response = RedirectResponse(target, 303)
+        if caller is not None:
+            response.set_cookie(auth.COOKIE, token, httponly=True, samesite="strict", path="/",
+                                secure=request.url.scheme == "https")
+        return response
+
+    async def logout(request: Request) -> Response:
+        response = RedirectResponse("/login", 303)
+        response.delete_cookie(auth.COOKIE, path="/")
+        return response
+
+    async def live_feed(request: Request) -> Response:
+        """Server-sent events: "changed" when what this page shows may have changed."""
+        try:
+            caller_of(request)
+        except auth.Unauthorized as exc:
+            return _error(401, str(exc))
+        wanted = request.query_params.get("node")
+        wanted_key = f"{request.query_params.get('cluster', '')}\0{wanted}" if wanted else None
+        return StreamingResponse(_changes(backend.feed, wanted_key, request), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
+
+    routes = [
+        Route("/api/openapi.json", openapi_document),
+        Route("/api/v1/nodes", api(nodes)),
+        Route("/api/v1/summary", api(summary)),
+        Route("/api/v1/config", api(config)),
+        Route("/api/v1/nodes/{node_id}/events", api(events)),
+        Route("/api/v1/nodes/{node_id}/{verb}", api(command), methods=["POST"]),
+        Route("/api/v1/nodes/{node_id}", api(node)),
+        Route("/", page(dashboard)),
+        Route("/nodes", page(nodes_page)),
+        Route("/nodes/{node_id}/{verb}", node_form, methods=["POST"]),
+        Route("/nodes/{node_id}", page(node_page)),
+        Route("/login", login, methods=["GET", "POST"]),
+        Route("/logout", logout, methods=["POST"]),
+        Route("/live", live_feed),
+        Mount("/static", StaticFiles(directory=pages.STATIC), name="static"),
+    ]
+    return Starlette(routes=routes)
+
+
+def _quote_id(node_id: str) -> str:
+    return quote(node_id, safe="")
+
+
+def _same_origin(request: Request) -> bool:
+    origin = request.headers.get("origin")
+    return origin is None or origin == f"{request.url.scheme}://{request.url.netloc}"
+
+
+async def _history(nc: NATS, js: JetStreamContext, view: wire.NodeView) -> list[wire.NodeEvent]:
+    """The node page's history: the newest page of events, newest first."""
+    found = await reads.event_page(nc, js, view.node_id, view.cluster, latest=True, page_size=reads.DEFAULT_PAGE_SIZE)
+    return list(reversed(found.events))
+
+
+async def _changes(feed: live.Feed, wanted: str | None, request: Request) -> AsyncIterator[bytes]:
+    """Notices for one page, at most one a second: a node page hears of its own node, the
+    dashboard and the table of any node; every page of readability and of time passing."""
+    loop = asyncio.get_running_loop()
+    last_tick = loop.time()
+    yield b"retry: 2000\n\n"
+    async with feed.watch() as queue:
+        while True:
+            with contextlib.suppress(TimeoutError):
+                key = await asyncio.wait_for(queue.get(), LIVE_TICK_S)
+                relevant = wanted is None or key in (wanted, live.ALL)
+                while not queue.empty():  # everything that piled up is one re-read
+                    other = queue.get_nowait()
+                    relevant = relevant or other in (wanted, live.ALL)
+                if relevant:
+                    yield b"event: changed\ndata: {}\n\n"
+                    await asyncio.sleep(LIVE_MIN_INTERVAL_S)
+                    continue
+            if await request.is_disconnected():
+                return
+            if loop.time() - last_tick >= LIVE_TICK_S:
+                last_tick = loop.time()
+                yield b": tick\n\n"
+                yield b"event: changed\ndata: {}\n\n"
+

@@ -1,0 +1,110 @@
+"""The api service's fold: every node's latest listing row, kept live from ``HP_NODES``.
+
+The web UI's nodes table and dashboard are served from here, so that a page of 100,000
+nodes costs a sort of rows in memory, not a read of every view (``GET /api/v1/nodes`` reads
+the stream exactly as ``node list`` does). Pure: ``apply`` takes a stored view and says
+whether anything a page shows has changed; ``page`` filters, sorts and pages.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import msgspec
+
+from healthplane import reads
+
+SORTS: Final = ("node", "cluster", "status", "health", "score", "jobs")
+_HEALTH_ORDER: Final = {"DEGRADED": 0, "UNKNOWN": 1, "HEALTHY": 2}
+
+
+class PageError(ValueError):
+    """A query the table cannot answer: one line naming the parameter."""
+
+
+def _visible(row: reads.ListRow) -> tuple[Any, ...]:
+    """What a page shows of a row: a view that only moved ``lastReportedAt`` changes nothing."""
+    return (row.hostname, row.status, row.health, row.score, row.jobs,
+            tuple((c.type, c.severity) for c in row.conditions), tuple((h.effect, h.actor) for h in row.holds))
+
+
+@dataclass
+class ViewIndex:
+    rows: dict[str, reads.ListRow] = field(default_factory=dict)
+    skipped: int = 0  # records that were not views (REL-3): counted, never fatal
+
+    def apply(self, payload: bytes) -> reads.ListRow | None:
+        """Fold one stored view; the row when what a page shows of it changed, else ``None``."""
+        try:
+            row = reads.decode_row(payload)
+        except msgspec.DecodeError:
+            self.skipped += 1
+            return None
+        key = f"{row.cluster}\0{row.node_id}"
+        before = self.rows.get(key)
+        self.rows[key] = row
+        return row if before is None or _visible(before) != _visible(row) else None
+
+    def clusters(self) -> list[str]:
+        return sorted({row.cluster for row in self.rows.values()})
+
+    def page(self, *, cluster: str | None = None, status: Iterable[str] = (), health: Iterable[str] = (),
+             text: str = "", sort: str = "node", page_size: int | None = 100, token: str | None = None) -> Page:
+        """The rows that match, sorted, from the token's offset; ``page_size=None``: all of them."""
+        descending = sort.startswith("-")
+        key_name = sort.removeprefix("-")
+        if key_name not in SORTS:
+            raise PageError(f"sort {sort!r}: one of {', '.join(SORTS)} (a leading '-' for descending)")
+        if page_size is not None and page_size < 1:
+            raise PageError(f"pageSize {page_size}: at least 1")
+        offset = _offset(token) if token else 0
+        statuses, healths = set(status), set(health)
+        needle = text.casefold()
+        chosen = [r for r in self.rows.values()
+                  if (cluster is None or r.cluster == cluster) and (not statuses or r.status in statuses)
+                  and (not healths or r.health in healths)
+                  and (not needle or needle in r.node_id.casefold() or needle in (r.hostname or "").casefold()
+                       or any(needle in c.type for c in r.conditions))]
+        chosen.sort(key=_SORT_KEYS[key_name], reverse=descending)
+        following = len(chosen) if page_size is None else offset + page_size
+        rows = chosen[offset:following]
+        return Page(rows, len(chosen), _token(following) if following < len(chosen) else None)
+
+
+@dataclass(frozen=True, slots=True)
+class Page:
+    rows: list[reads.ListRow]
+    total: int
+    next_page_token: str | None
+
+
+def _by_node(row: reads.ListRow) -> tuple[str, str]:
+    return row.cluster, row.node_id
+
+
+_SORT_KEYS: Final[dict[str, Callable[[reads.ListRow], Any]]] = {
+    "node": _by_node,
+    "cluster": _by_node,
+    "status": lambda r: (r.status, r.cluster, r.node_id),
+    "health": lambda r: (_HEALTH_ORDER.get(r.health, 3), r.cluster, r.node_id),
+    # Unscored nodes last, the lowest score first: the node to look at is at the top.
+    "score": lambda r: (r.score is None, r.score or 0, r.cluster, r.node_id),
+    "jobs": lambda r: (r.jobs, r.cluster, r.node_id),
+}
+
+
+def _token(offset: int) -> str:
+    return base64.urlsafe_b64encode(f"off:{offset}".encode()).decode().rstrip("=")
+
+
+def _offset(token: str) -> int:
+    try:
+        kind, _, value = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)).decode().partition(":")
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise PageError(f"pageToken {token!r} is not a token this API gave") from exc
+    if kind != "off" or not value.isdigit():
+        raise PageError(f"pageToken {token!r} is not a token this API gave")
+    return int(value)

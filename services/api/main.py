@@ -1,0 +1,96 @@
+"""``healthplane service api``: the HTTP API and the web UI (API-1..5), wiring only.
+
+The routes are ``app``, the live index ``live``/``fold``, who may do what ``auth``. The
+process reads with its own identity (the ``api`` service: read-only, every stream) and
+commands only as the caller. uvicorn serves the app on this service's event loop; the
+signals stay ``runtime.lifecycle``'s, so a stop is the same as every service's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import socket
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pydantic
+import uvicorn
+
+from healthplane.creds import CredsError
+from healthplane.runtime.lifecycle import ServiceContext, run_service
+from healthplane.settings import EnvSettings, SettingsError
+from healthplane_api import auth, live
+from healthplane_api.app import Backend, build
+
+SERVICE = "api"
+
+
+class Settings(EnvSettings):
+    host: str = pydantic.Field("127.0.0.1", alias="API_HOST")
+    port: int = pydantic.Field(8780, ge=0, le=65535, alias="API_PORT")
+    # The control plane's keys (DATA_DIR/creds): verify tokens, mint callers' session
+    # credentials. Unset: an open (--insecure) stack, read-only through the API.
+    keys: Path | None = pydantic.Field(None, alias="API_KEYS")
+
+
+class _Embedded(uvicorn.Server):
+    """uvicorn on a loop it does not own: the process's signals are lifecycle's."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+def main(args: argparse.Namespace) -> int:
+    try:
+        settings = Settings.from_env(os.environ)
+        verifier = auth.Verifier(settings.keys)
+    except (SettingsError, CredsError) as exc:
+        print(f"healthplane service api: {exc}", file=sys.stderr)
+        return 2
+
+    async def serve(ctx: ServiceContext) -> None:
+        feed = live.Feed(ctx.log)
+        sessions = auth.Sessions(verifier.keystore, args.nats_url) if verifier.keystore is not None else None
+        backend = Backend(ctx.nc, ctx.js, feed, verifier, sessions, ctx.log)
+        server = _Embedded(uvicorn.Config(build(backend), host=settings.host, port=settings.port, http="h11",
+                                          ws="none", lifespan="off", log_config=None, access_log=False,
+                                          timeout_keep_alive=5, timeout_graceful_shutdown=1,
+                                          limit_concurrency=1000, server_header=False))
+        try:  # bound here, not by uvicorn: a port in use is one line and exit 1, and the URL is known
+            listening = _listen(settings.host, settings.port)
+        except OSError as exc:
+            ctx.log.error("api cannot listen", host=settings.host, port=settings.port, error=str(exc))
+            raise SystemExit(1) from None
+        folding = asyncio.create_task(feed.run(ctx.nc, ctx.js, ctx.stopping))
+        serving = asyncio.create_task(server.serve(sockets=[listening]))
+        sweeping = asyncio.create_task(_sweep(sessions, ctx.stopping))
+        port = listening.getsockname()[1]
+        ctx.log.info("api listening", url=f"http://{settings.host}:{port}/", insecure=verifier.open)
+        await ctx.stopping.wait()
+        server.should_exit = True
+        await asyncio.gather(serving, folding, sweeping, return_exceptions=True)
+        if sessions is not None:
+            await sessions.close()
+
+    return run_service(SERVICE, serve, nats_url=args.nats_url, creds=args.creds, metrics_port=args.metrics_port)
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    listening = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    listening.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a restart takes its port back at once
+    listening.bind((host, port))
+    listening.listen(1024)
+    listening.setblocking(False)
+    return listening
+
+
+async def _sweep(sessions: auth.Sessions | None, stopping: asyncio.Event) -> None:
+    while sessions is not None and not stopping.is_set():
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stopping.wait(), 30.0)
+        await sessions.sweep()
