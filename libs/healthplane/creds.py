@@ -43,7 +43,6 @@ ACCOUNT: Final = "HP"
 SYSTEM_ACCOUNT: Final = "SYS"
 NODE_LIFETIME_S: Final = 365 * 24 * 3600  # a node JWT expires; revocations of expired ones are dropped
 TOKEN_LIFETIME_S: Final = 90 * 24 * 3600
-SESSION_LIFETIME_S: Final = 3600
 _HEADER: Final = {"typ": "JWT", "alg": "ed25519-nkey"}
 _NAME_RE: Final = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _NO_LIMIT: Final = -1
@@ -184,7 +183,12 @@ def node_of(path: str | Path) -> tuple[str, str] | None:
 def inbox_prefix(path: str | Path) -> str | None:
     """The inbox this identity may receive on (``permissions.inbox`` with its tags filled
     in); ``None`` for credentials we did not issue (the server's default then applies)."""
-    found = tags(decode_jwt(read_creds_jwt(path)))
+    return inbox_of(decode_jwt(read_creds_jwt(path)))
+
+
+def inbox_of(claims: dict[str, Any]) -> str | None:
+    """:func:`inbox_prefix` of a user JWT's claims (a bearer token's)."""
+    found = tags(claims)
     role = found.get("role")
     if role not in permissions.ROLES:
         return None
@@ -193,6 +197,10 @@ def inbox_prefix(path: str | Path) -> str | None:
 
 
 # ---------------------------------------------------------------------------- the keystore
+
+
+def _token_signer(role: str) -> str:
+    return f"signers/{role}-token.nk"
 
 
 def _check_name(kind: str, value: str) -> str:
@@ -289,6 +297,8 @@ class Keystore:
             store._ensure_seed("hp.nk", nkeys.PREFIX_BYTE_ACCOUNT)
             for role in permissions.ROLES:
                 store._ensure_seed(f"signers/{role}.nk", nkeys.PREFIX_BYTE_ACCOUNT)
+            for role in permissions.USER_ROLES:
+                store._ensure_seed(_token_signer(role), nkeys.PREFIX_BYTE_ACCOUNT)
             if not store._path("operator.jwt").exists():  # signed once: a reload refuses a new one
                 write_secret(store._path("operator.jwt"), encode_jwt({"sub": public(operator), "name": "healthplane",
                               "nats": {"system_account": public(system), "type": "operator", "version": 2}},
@@ -323,8 +333,12 @@ class Keystore:
         return {str(k): int(v) for k, v in loaded.items()}
 
     def signer_roles(self) -> dict[str, str]:
-        """Public key of each role's signing key → role (what verifies an API token)."""
+        """Public key of each role's signing key → role."""
         return {public(self._seed(f"signers/{role}.nk")): role for role in permissions.ROLES}
+
+    def token_signer_roles(self) -> dict[str, str]:
+        """Public key of each bearer-token signing key → the people's role it grants."""
+        return {public(self._seed(_token_signer(role))): role for role in permissions.USER_ROLES}
 
     def _sign_account(self, revocations: dict[str, int] | None = None) -> str:
         """(Re-)sign ``hp.jwt`` with today's templates and the revocation list."""
@@ -333,6 +347,10 @@ class Keystore:
         for role in permissions.ROLES:
             keys.append({"kind": "user_scope", "key": public(self._seed(f"signers/{role}.nk")), "role": role,
                          "template": permissions.of(role).template(), "description": f"role {role}"})
+        for role in permissions.USER_ROLES:  # the same permissions, for a JWT that is its own proof
+            keys.append({"kind": "user_scope", "key": public(self._seed(_token_signer(role))), "role": f"{role}-token",
+                         "template": {**permissions.of(role).template(), "bearer_token": True},
+                         "description": f"bearer tokens of role {role}"})
         nats: dict[str, Any] = {"limits": {**_ACCOUNT_LIMITS, **_JETSTREAM_LIMITS}, "signing_keys": keys,
                                 "type": "account", "version": 2}
         revoked = self.revocations() if revocations is None else revocations
@@ -370,8 +388,7 @@ class Keystore:
     # -- identities
 
     def _issue(self, role: str, name: str, tag_values: dict[str, str], lifetime_s: int | None,
-               out: Path | None, cluster: str | None = None, now: float | None = None,
-               record: bool = True) -> tuple[str, bytes]:
+               out: Path | None, cluster: str | None = None, now: float | None = None) -> tuple[str, bytes]:
         moment = int(time.time() if now is None else now)
         user = new_pair(nkeys.PREFIX_BYTE_USER)
         claims: dict[str, Any] = {"sub": public(user), "name": f"{cluster}/{name}" if cluster else name, "nats": {
@@ -384,9 +401,7 @@ class Keystore:
         seed = bytes(user.seed)
         if out is not None:
             write_secret(out, creds_text(jwt, seed))
-        if record:
-            self._record(Issued(name, role, public(user), moment, claims.get("exp"), str(out) if out else None,
-                                cluster))
+        self._record(Issued(name, role, public(user), moment, claims.get("exp"), str(out) if out else None, cluster))
         return jwt, seed
 
     def _record(self, issued: Issued) -> None:
@@ -423,26 +438,26 @@ class Keystore:
         return out
 
     def token(self, name: str, role: str, lifetime_s: int = TOKEN_LIFETIME_S) -> str:
-        """A bearer token for the HTTP API: a user JWT (no seed) signed by the role's key;
-        the API verifies it with :meth:`verify_token`."""
+        """A bearer token for the HTTP API: a NATS user JWT marked ``bearer_token`` by the scope
+        of its signing key, so the JWT alone connects as ``name`` with ``role``'s permissions
+        (no seed, no nonce to sign). The API connects with it and nats-server checks it:
+        signature, expiry and revocation, like every identity's."""
         if role not in permissions.USER_ROLES:
             raise CredsError(f"role {role!r}: one of {', '.join(permissions.USER_ROLES)}")
-        jwt, _seed = self._issue(role, _check_name("user name", name), {"user": name}, lifetime_s, None)
+        _check_name("user name", name)
+        if name in permissions.SERVICE_ROLES:
+            raise CredsError(f"user name {name!r} is a service's; choose another")
+        moment = int(time.time())
+        user = new_pair(nkeys.PREFIX_BYTE_USER)
+        claims: dict[str, Any] = {"sub": public(user), "name": name, "exp": moment + lifetime_s, "nats": {
+            "issuer_account": public(self._seed("hp.nk")), "tags": [f"role:{role}", f"user:{name}"],
+            "type": "user", "version": 2}}
+        jwt = encode_jwt(claims, self._seed(_token_signer(role)), now=moment)
+        self._record(Issued(name, role, public(user), moment, claims["exp"], None, None))
         return jwt
 
-    def session(self, name: str, role: str, out: Path, lifetime_s: int = SESSION_LIFETIME_S) -> Path:
-        """Short-lived credentials of a token's holder, for the HTTP API to act on the bus as
-        them (the server then binds their commands' actor to ``name``, SEC-1). Not listed in
-        ``issued.jsonl``: they expire within the hour, and the API checks the token itself,
-        revocations included, on every request before it uses them."""
-        if role not in permissions.USER_ROLES:
-            raise CredsError(f"role {role!r}: one of {', '.join(permissions.USER_ROLES)}")
-        self._issue(role, _check_name("user name", name), {"user": name}, lifetime_s, out, record=False)
-        return out
-
     def verify_token(self, token: str, now: float | None = None) -> dict[str, Any]:
-        claims = verify_jwt(token, {k: v for k, v in self.signer_roles().items() if v in permissions.USER_ROLES},
-                            now)
+        claims = verify_jwt(token, self.token_signer_roles(), now)
         revoked_at = self.revocations().get(str(claims.get("sub")))
         if revoked_at is not None and int(claims.get("iat", 0)) <= revoked_at:
             raise CredsError("token revoked")

@@ -62,8 +62,7 @@ class Backend:
     nc: NATS
     js: JetStreamContext
     feed: live.Feed
-    verifier: auth.Verifier
-    sessions: auth.Sessions | None
+    callers: auth.Callers
     log: Any
 
 
@@ -95,15 +94,15 @@ def _int(request: Request, name: str, default: int) -> int:
 def build(backend: Backend) -> Starlette:
     env = pages.environment()
 
-    def caller_of(request: Request) -> auth.Caller | None:
+    async def caller_of(request: Request) -> auth.Caller | None:
         token = auth.bearer(request.headers.get("authorization")) or request.cookies.get(auth.COOKIE)
-        return backend.verifier.caller(token)
+        return await backend.callers.caller(token)
 
     def api(handler: Callable[[Request, auth.Caller | None], Awaitable[Response]]) -> Callable[[Request], Any]:
         async def endpoint(request: Request) -> Response:
             started = time.perf_counter()
             try:
-                response = await handler(request, caller_of(request))
+                response = await handler(request, await caller_of(request))
             except auth.Unauthorized as exc:
                 response = _error(401, str(exc))
             except BadRequest as exc:
@@ -193,7 +192,7 @@ def build(backend: Backend) -> Starlette:
     async def run_command(caller: auth.Caller | None, node_id: str, verb: str,
                           fields: dict[str, Any]) -> tuple[dict[str, Any], int]:
         """The CLI's command for one node, sent as the caller; (JSON, HTTP status)."""
-        if caller is None or backend.sessions is None:
+        if caller is None or caller.client is None:
             raise PermissionDenied("permission denied: this API runs on an open bus (up --insecure) and takes no "
                                    "commands: nobody could say who sent them; use the CLI")
         unknown = set(fields) - {"reason", "active", "evict", "force", "cluster", "timeout"}
@@ -205,15 +204,15 @@ def build(backend: Backend) -> Starlette:
         timeout = fields.get("timeout", COMMAND_TIMEOUT_S)
         if not isinstance(timeout, int | float) or not 0 < timeout <= 60:
             raise BadRequest("timeout must be a number of seconds from 0 to 60")
-        client, creds_path = await backend.sessions.connection(caller)
+        # The CLI's own arguments for the CLI's own checks, command and wait; acting as the caller.
         args = argparse.Namespace(node_command=verb, node=node_id, all=False, reason=reason or None,
                                   active=bool(fields.get("active")), evict=bool(fields.get("evict")),
                                   force=bool(fields.get("force")), hold_ids=[], effect=None,
-                                  cluster=fields.get("cluster"), creds=str(creds_path), output="json")
+                                  cluster=fields.get("cluster"), identity=(caller.role, caller.name), output="json")
         usage_error(args)
         view = await find_node(backend.nc, backend.js, node_id, args.cluster)
         sent = command_for(args, view.node_id, view.cluster, None)
-        outcomes = await send(client, args, [sent], float(timeout))
+        outcomes = await send(caller.client, args, [sent], float(timeout))
         outcome = outcomes.get(sent.id)
         backend.log.info("command", actor=caller.name, verb=verb, node=view.node_id, cluster=view.cluster,
                          command_id=sent.id, result=outcome.result if outcome else "pending")
@@ -234,7 +233,7 @@ def build(backend: Backend) -> Starlette:
 
     def render(name: str, request: Request, caller: auth.Caller | None, **values: Any) -> HTMLResponse:
         feed = backend.feed
-        values |= {"caller": caller, "open_bus": backend.verifier.open, "csrf": backend.verifier.csrf(caller),
+        values |= {"caller": caller, "open_bus": backend.callers.open, "csrf": backend.callers.csrf(caller),
                    "readable": feed.readable, "unreadable_since": feed.unreadable_since,
                    "unreadable_reason": feed.unreadable_reason, "now": datetime.now(UTC),
                    "fragment": request.query_params.get("fragment") == "1", "quote": _quote_id,
@@ -246,7 +245,7 @@ def build(backend: Backend) -> Starlette:
     def page(handler: Callable[[Request, auth.Caller | None], Awaitable[Response]]) -> Callable[[Request], Any]:
         async def endpoint(request: Request) -> Response:
             try:
-                return await handler(request, caller_of(request))
+                return await handler(request, await caller_of(request))
             except auth.Unauthorized:
                 return RedirectResponse(f"/login?next={quote(request.url.path)}", 303)
             except NodeNotFound as exc:
@@ -292,12 +291,12 @@ def build(backend: Backend) -> Starlette:
         node_id, verb = _segments(request)[1], _segments(request)[2]
         back = f"/nodes/{_quote_id(node_id)}"
         try:
-            caller = caller_of(request)
+            caller = await caller_of(request)
         except auth.Unauthorized:
             return RedirectResponse(f"/login?next={quote(back)}", 303)
         body = await request.body()
         form = {k: v[-1] for k, v in parse_qs(body[:MAX_BODY].decode("utf-8", "replace")).items()}
-        if not _same_origin(request) or not backend.verifier.csrf_ok(caller, form.get("csrf")):
+        if not _same_origin(request) or not backend.callers.csrf_ok(caller, form.get("csrf")):
             return _error(403, "this form did not come from this page (CSRF check failed); reload the page")
         fields = {"reason": form.get("reason") or None, "active": _bool(form.get("active")),
                   "evict": _bool(form.get("evict")), "force": _bool(form.get("force"))}
@@ -318,7 +317,7 @@ def build(backend: Backend) -> Starlette:
             target = "/"
         token = (form.get("token") or "").strip()
         try:
-            caller = backend.verifier.caller(token)
+            caller = await backend.callers.caller(token)
         except auth.Unauthorized as exc:
             return render("login.html", request, None, next=target, problem=str(exc))
         response = RedirectResponse(target, 303)
@@ -335,7 +334,7 @@ def build(backend: Backend) -> Starlette:
     async def live_feed(request: Request) -> Response:
         """Server-sent events: "changed" when what this page shows may have changed."""
         try:
-            caller_of(request)
+            await caller_of(request)
         except auth.Unauthorized as exc:
             return _error(401, str(exc))
         wanted = request.query_params.get("node")

@@ -1,14 +1,16 @@
 """Who is asking (API-2): bearer tokens of ``healthplane creds token``, the UI's session
 cookie, CSRF, and a connection on the bus as the caller.
 
-A token is a user JWT signed by the viewer's or the admin's key (``Keystore.verify_token``:
-that signer, not expired, not revoked), checked on every request. The UI keeps it in an
-``HttpOnly; SameSite=Strict`` cookie; a form a cookie authenticates must also carry the
-page's CSRF value (an HMAC of the token under this process's secret) and come from this
-origin. The API never commands with an identity of its own: it mints the caller short-lived
-credentials (``Keystore.session``) and publishes as them, so nats-server binds the command's
-actor to the caller and refuses a viewer's command, exactly as it does the CLI's (SEC-1).
-Tokens never reach a log: errors name the reason only.
+A token is a NATS user JWT that is its own proof (``bearer_token``, from the scope of the
+viewer's or the admin's token signing key), so the API holds no keys at all: it connects to
+nats-server *with the caller's token*, the server checks it (signature, expiry, revocation)
+as it checks every identity, and every command the API sends for the caller goes out on that
+connection, the server binding its actor to the caller and refusing a viewer's (SEC-1).
+A token the server refused is remembered for ``REFUSED_FOR_S`` so that garbage cannot make
+the API hammer the server. The UI keeps the token in an ``HttpOnly; SameSite=Strict``
+cookie; a form a cookie authenticates must also carry the page's CSRF value (an HMAC of the
+token under this process's secret) and come from this origin. Tokens never reach a log:
+errors name the reason only.
 """
 
 from __future__ import annotations
@@ -16,23 +18,22 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import hmac
-import os
 import secrets
-import shutil
-import tempfile
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Final
 
 from nats.aio.client import Client as NATS
 
 from healthplane import creds as credentials
+from healthplane import permissions
 from healthplane.runtime.connect import connect
 
 COOKIE: Final = "hp_session"
 SESSION_IDLE_S: Final = 600.0
-SESSION_RENEW_BEFORE_S: Final = 300.0  # credentials are replaced this long before they expire
+REFUSED_FOR_S: Final = 30.0
+CONNECT_WITHIN_S: Final = 3.0
+MAX_SESSIONS: Final = 10_000
 
 
 class Unauthorized(Exception):
@@ -43,37 +44,83 @@ class Unauthorized(Exception):
 class Caller:
     name: str
     role: str
-    token: str  # kept only to derive the CSRF value; never logged or rendered
+    token: str  # kept for the CSRF value and the connection; never logged or rendered
+    client: NATS | None  # the bus as this caller; None on an open bus
 
     @property
     def is_admin(self) -> bool:
-        return self.role == "admin"
+        return self.role == permissions.ADMIN
 
 
-class Verifier:
-    """Checks tokens against the control plane's keys; ``None`` keys: an ``--insecure`` stack,
-    where anyone may read and nobody may command through the API (no anonymous writes)."""
+@dataclass
+class _Session:
+    caller: Caller
+    used_at: float
 
-    def __init__(self, keys: Path | None) -> None:
-        self.keystore = credentials.Keystore.open(keys) if keys is not None else None
+
+class Callers:
+    """Tokens to callers, each with its own connection, made on first use and closed after
+    ``SESSION_IDLE_S`` unused. ``open``: the stack runs without identities (``--insecure``);
+    anyone may read, and nobody may command through the API (no anonymous writes)."""
+
+    def __init__(self, nats_url: str | None, *, open_bus: bool) -> None:
+        self.open = open_bus
+        self._url = nats_url
         self._secret = secrets.token_bytes(32)
+        self._sessions: dict[str, _Session] = {}
+        self._refused: dict[str, tuple[float, str]] = {}
+        self._lock = asyncio.Lock()
 
-    @property
-    def open(self) -> bool:
-        return self.keystore is None
-
-    def caller(self, token: str | None) -> Caller | None:
-        """The caller a token names; ``None`` on an open stack without one."""
-        if self.keystore is None:
+    async def caller(self, token: str | None) -> Caller | None:
+        """The caller a token names, connected as them; ``None`` on an open bus."""
+        if self.open:
             return None
         if not token:
             raise Unauthorized("no token: send Authorization: Bearer TOKEN (healthplane creds token NAME --role ROLE)")
+        key = hashlib.sha256(token.encode()).hexdigest()
+        now = time.monotonic()
+        refused = self._refused.get(key)
+        if refused is not None and now - refused[0] < REFUSED_FOR_S:
+            raise Unauthorized(refused[1])
+        found = self._sessions.get(key)
+        if found is not None and found.caller.client is not None and not found.caller.client.is_closed:
+            found.used_at = now
+            return found.caller
+        async with self._lock:  # one connection per token, however many requests arrive at once
+            found = self._sessions.get(key)
+            if found is not None and found.caller.client is not None and not found.caller.client.is_closed:
+                return found.caller
+            try:
+                caller = await self._connect(token)
+            except Unauthorized as exc:
+                if len(self._refused) >= MAX_SESSIONS:
+                    self._refused.clear()
+                self._refused[key] = (now, str(exc))
+                raise
+            if len(self._sessions) >= MAX_SESSIONS:
+                await self._close_idle(0.0)
+            self._sessions[key] = _Session(caller, now)
+            return caller
+
+    async def _connect(self, token: str) -> Caller:
         try:
-            claims = self.keystore.verify_token(token)
+            claims = credentials.decode_jwt(token)
         except credentials.CredsError as exc:
-            raise Unauthorized(str(exc)) from None
-        tags = dict(tag.split(":", 1) for tag in claims.get("nats", {}).get("tags", []) if ":" in tag)
-        return Caller(tags.get("user", str(claims.get("name", "?"))), tags.get("role", "viewer"), token)
+            raise Unauthorized(f"not a token: {exc}") from None
+        found = credentials.tags(claims)
+        role, name = found.get("role", ""), found.get("user", "")
+        if role not in permissions.USER_ROLES or not name:
+            raise Unauthorized("not a person's token (healthplane creds token NAME --role viewer|admin)")
+        expires = claims.get("exp")
+        if isinstance(expires, int) and expires < time.time():
+            raise Unauthorized("token expired")
+        try:
+            client = await connect(self._url, name=f"healthplane-api-{name}", bearer=token,
+                                   give_up_after=CONNECT_WITHIN_S)
+        except ConnectionError as exc:
+            reason = str(exc).rsplit(": ", 1)[-1].strip("'")
+            raise Unauthorized(f"the control plane refused this token ({reason})") from None
+        return Caller(name, role, token, client)
 
     def csrf(self, caller: Caller | None) -> str:
         subject = caller.token if caller else "anonymous"
@@ -82,71 +129,34 @@ class Verifier:
     def csrf_ok(self, caller: Caller | None, given: str | None) -> bool:
         return bool(given) and hmac.compare_digest(self.csrf(caller), given or "")
 
-
-@dataclass
-class _Session:
-    client: NATS
-    creds: Path
-    expires_at: float
-    used_at: float
-
-
-class Sessions:
-    """One connection per caller, made on first use with freshly minted credentials, closed
-    after ``SESSION_IDLE_S`` unused or before its credentials expire."""
-
-    def __init__(self, keystore: credentials.Keystore, nats_url: str | None) -> None:
-        self._keystore = keystore
-        self._url = nats_url
-        self._dir = Path(tempfile.mkdtemp(prefix="healthplane-api-"))  # 0700: mkdtemp's mode
-        self._sessions: dict[tuple[str, str], _Session] = {}
-        self._lock = asyncio.Lock()
-
-    async def connection(self, caller: Caller) -> tuple[NATS, Path]:
-        """The caller's connection and the credentials file it uses (what names them in errors)."""
-        async with self._lock:
-            now = time.time()
-            key = (caller.role, caller.name)
-            found = self._sessions.get(key)
-            if found is not None and found.expires_at - now > SESSION_RENEW_BEFORE_S and not found.client.is_closed:
-                found.used_at = now
-                return found.client, found.creds
-            if found is not None:
-                await self._close(key)
-            path = self._dir / f"{caller.role}-{caller.name}-{secrets.token_hex(4)}.creds"
-            self._keystore.session(caller.name, caller.role, path)
-            client = await connect(self._url, name=f"healthplane-api-{caller.name}", creds=str(path),
-                                   give_up_after=5.0)
-            self._sessions[key] = _Session(client, path, now + credentials.SESSION_LIFETIME_S, now)
-            return client, path
-
     async def sweep(self) -> None:
         async with self._lock:
-            now = time.time()
-            for key, session in list(self._sessions.items()):
-                if now - session.used_at > SESSION_IDLE_S or session.expires_at - now < SESSION_RENEW_BEFORE_S:
-                    await self._close(key)
+            await self._close_idle(SESSION_IDLE_S)
+            now = time.monotonic()
+            self._refused = {k: v for k, v in self._refused.items() if now - v[0] < REFUSED_FOR_S}
 
-    async def _close(self, key: tuple[str, str]) -> None:
-        session = self._sessions.pop(key)
-        try:
-            await asyncio.wait_for(session.client.close(), 2.0)
-        except Exception:  # closing a connection the server dropped: nothing left to do
-            pass
-        session.creds.unlink(missing_ok=True)
+    async def _close_idle(self, idle_s: float) -> None:
+        now = time.monotonic()
+        for key, session in list(self._sessions.items()):
+            if now - session.used_at >= idle_s:
+                del self._sessions[key]
+                await _close(session.caller.client)
 
     async def close(self) -> None:
         async with self._lock:
-            for key in list(self._sessions):
-                await self._close(key)
-        shutil.rmtree(self._dir, ignore_errors=True)
+            await self._close_idle(0.0)
+
+
+async def _close(client: NATS | None) -> None:
+    if client is None:
+        return
+    try:
+        await asyncio.wait_for(client.close(), 2.0)
+    except Exception:  # closing a connection the server dropped: nothing left to do
+        pass
 
 
 def bearer(header: str | None) -> str | None:
     if header and header[:7].lower() == "bearer ":
         return header[7:].strip() or None
     return None
-
-
-def token_file_hint(path: str | os.PathLike[str] | None) -> str:
-    return f" (e.g. the one in {path})" if path else ""

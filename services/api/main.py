@@ -15,12 +15,11 @@ import os
 import socket
 import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 import pydantic
 import uvicorn
 
-from healthplane.creds import CredsError
+from healthplane.runtime.connect import default_creds
 from healthplane.runtime.lifecycle import ServiceContext, run_service
 from healthplane.settings import EnvSettings, SettingsError
 from healthplane_api import auth, live
@@ -32,9 +31,6 @@ SERVICE = "api"
 class Settings(EnvSettings):
     host: str = pydantic.Field("127.0.0.1", alias="API_HOST")
     port: int = pydantic.Field(8780, ge=0, le=65535, alias="API_PORT")
-    # The control plane's keys (DATA_DIR/creds): verify tokens, mint callers' session
-    # credentials. Unset: an open (--insecure) stack, read-only through the API.
-    keys: Path | None = pydantic.Field(None, alias="API_KEYS")
 
 
 class _Embedded(uvicorn.Server):
@@ -48,15 +44,16 @@ class _Embedded(uvicorn.Server):
 def main(args: argparse.Namespace) -> int:
     try:
         settings = Settings.from_env(os.environ)
-        verifier = auth.Verifier(settings.keys)
-    except (SettingsError, CredsError) as exc:
+    except SettingsError as exc:
         print(f"healthplane service api: {exc}", file=sys.stderr)
         return 2
+    # Without credentials of its own the API is on an open bus (up --insecure): nothing can
+    # say who a caller is, so it serves reads to anyone and takes no commands.
+    callers = auth.Callers(args.nats_url, open_bus=not (args.creds or default_creds()))
 
     async def serve(ctx: ServiceContext) -> None:
         feed = live.Feed(ctx.log)
-        sessions = auth.Sessions(verifier.keystore, args.nats_url) if verifier.keystore is not None else None
-        backend = Backend(ctx.nc, ctx.js, feed, verifier, sessions, ctx.log)
+        backend = Backend(ctx.nc, ctx.js, feed, callers, ctx.log)
         server = _Embedded(uvicorn.Config(build(backend), host=settings.host, port=settings.port, http="h11",
                                           ws="none", lifespan="off", log_config=None, access_log=False,
                                           timeout_keep_alive=5, timeout_graceful_shutdown=1,
@@ -68,14 +65,13 @@ def main(args: argparse.Namespace) -> int:
             raise SystemExit(1) from None
         folding = asyncio.create_task(feed.run(ctx.nc, ctx.js, ctx.stopping))
         serving = asyncio.create_task(server.serve(sockets=[listening]))
-        sweeping = asyncio.create_task(_sweep(sessions, ctx.stopping))
+        sweeping = asyncio.create_task(_sweep(callers, ctx.stopping))
         port = listening.getsockname()[1]
-        ctx.log.info("api listening", url=f"http://{settings.host}:{port}/", insecure=verifier.open)
+        ctx.log.info("api listening", url=f"http://{settings.host}:{port}/", insecure=callers.open)
         await ctx.stopping.wait()
         server.should_exit = True
         await asyncio.gather(serving, folding, sweeping, return_exceptions=True)
-        if sessions is not None:
-            await sessions.close()
+        await callers.close()
 
     return run_service(SERVICE, serve, nats_url=args.nats_url, creds=args.creds, metrics_port=args.metrics_port)
 
@@ -89,8 +85,8 @@ def _listen(host: str, port: int) -> socket.socket:
     return listening
 
 
-async def _sweep(sessions: auth.Sessions | None, stopping: asyncio.Event) -> None:
-    while sessions is not None and not stopping.is_set():
+async def _sweep(callers: auth.Callers, stopping: asyncio.Event) -> None:
+    while not stopping.is_set():
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stopping.wait(), 30.0)
-        await sessions.sweep()
+        await callers.sweep()

@@ -85,18 +85,28 @@ def export_tls_flags(args: argparse.Namespace) -> None:
             os.environ[variable] = os.path.abspath(value)
 
 
+def identity(args: argparse.Namespace) -> tuple[str, str] | None:
+    """``(role, name)`` this command acts as: the HTTP API's caller (``args.identity``), or
+    the credentials' (``--creds``, ``HEALTHPLANE_NATS_CREDS``); ``None`` without any."""
+    given: tuple[str, str] | None = getattr(args, "identity", None)
+    if given is not None:
+        return given
+    path = getattr(args, "creds", None) or default_creds()
+    if not path:
+        return None
+    try:
+        return creds.identity_of(path)
+    except creds.CredsError as exc:
+        raise CommandFailed(str(exc)) from exc
+
+
 def actor(args: argparse.Namespace) -> str:
     """Who a command is from. With credentials, their identity: nats-server lets it publish
     only commands that carry that name (SEC-1). Without (``--insecure``), the login name or
     ``HEALTHPLANE_ACTOR``, unverified."""
-    path = getattr(args, "creds", None) or default_creds()
-    if path:
-        try:
-            role, name = creds.identity_of(path)
-        except creds.CredsError as exc:
-            raise CommandFailed(str(exc)) from exc
-        if role in permissions.ROLES and name:
-            return name
+    found = identity(args)
+    if found is not None and found[0] in permissions.ROLES and found[1]:
+        return found[1]
     if os.environ.get("HEALTHPLANE_ACTOR"):
         return os.environ["HEALTHPLANE_ACTOR"]
     try:
@@ -124,14 +134,11 @@ async def acked_or_refused(nc: NATS, args: argparse.Namespace, what: str, pendin
 
 
 def _identity(args: argparse.Namespace) -> str:
-    path = getattr(args, "creds", None) or default_creds()
-    if path:
-        try:
-            role, name = creds.identity_of(path)
-            return f"{name} (role {role})"
-        except creds.CredsError:
-            pass
-    return "this identity"
+    try:
+        found = identity(args)
+    except CommandFailed:
+        found = None
+    return f"{found[1]} (role {found[0]})" if found is not None else "this identity"
 
 
 async def publish_checked(nc: NATS, args: argparse.Namespace, what: str, subject: str, payload: bytes,

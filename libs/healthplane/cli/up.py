@@ -213,7 +213,15 @@ def _identities(data_dir: Path, cluster: str) -> Identities:
     def token_file(role: str, path: Path) -> None:
         write_secret(path, keystore.token(role, role) + "\n")
 
-    tokens = {role: kept(directory / f"{role}.token", partial(token_file, role)) for role in ("admin", "viewer")}
+    tokens = {}
+    for role in ("admin", "viewer"):
+        path = directory / f"{role}.token"
+        if path.exists():
+            try:
+                keystore.verify_token(path.read_text(encoding="utf-8").strip())
+            except CredsError:  # expired, revoked or of an older format: a new one
+                path.unlink()
+        tokens[role] = kept(path, partial(token_file, role))
     return Identities(keystore, admin, viewer, tokens["admin"], tokens["viewer"], by_child)
 
 
@@ -300,8 +308,6 @@ def _start_service(name: str, nats_url: str, log_dir: Path, identities: Identiti
     if name == "api":  # its port is kept across restarts: an open page reconnects by itself
         http_port = api_port or free_port()
         env["HEALTHPLANE_API_PORT"] = str(http_port)
-        if identities is not None:  # verifies tokens and mints each caller's session credentials
-            env["HEALTHPLANE_API_KEYS"] = str(identities.keystore.directory)
     return _start_child(name, command, nats_url, log_dir, identities, replica, env=env, http_port=http_port)
 
 

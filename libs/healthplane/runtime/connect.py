@@ -56,17 +56,21 @@ async def connect(
     tls: ClientTls | None = None,
     closed: asyncio.Event | None = None,
     ping_interval_s: int = PING_INTERVAL_S,
+    bearer: str | None = None,
 ) -> NATS:
     """Connect, retrying the first connection with growing backoff (capped at 5 s).
 
     ``give_up_after`` bounds the first connection (the CLI's case); services leave it
-    ``None`` and wait for the server. After that the client reconnects forever (REL-2),
+    ``None`` and wait for the server. ``bearer``: a bearer-token user JWT (``creds token``),
+    which connects by itself, instead of credentials (the HTTP API acting as its caller). After that the client reconnects forever (REL-2),
     unless the server closes it for good (a revoked identity): then ``closed`` is set.
     """
     url = url or default_url()
-    creds = creds or default_creds()
+    creds = None if bearer else creds or default_creds()
     try:
         inbox = credentials.inbox_prefix(creds) if creds else None
+        if bearer:
+            inbox = credentials.inbox_of(credentials.decode_jwt(bearer))
         tls = tls or ClientTls.from_env()
         ssl_context = tls.context() if tls else None
     except (credentials.CredsError, TlsError) as exc:
@@ -111,6 +115,9 @@ async def connect(
                 servers=server_urls(url),
                 name=name,
                 user_credentials=creds,
+                # A bearer JWT needs no signature: the server ignores what this one sends.
+                user_jwt_cb=(lambda: bearer.encode()) if bearer else None,
+                signature_cb=(lambda _nonce: b"") if bearer else None,
                 inbox_prefix=inbox or "_INBOX",
                 tls=ssl_context,
                 tls_hostname=_host_of(url) if ssl_context else None,
