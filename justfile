@@ -14,6 +14,7 @@ up *ARGS:
 test *ARGS: lint
     sh tools/ensure-prometheus
     sh tools/ensure-slurm
+    sh tools/ensure-chromium
     python -m pytest -q {{ARGS}}
 
 # Lint and type-check

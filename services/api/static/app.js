@@ -30,7 +30,9 @@
     };
     const events = new EventSource(live.dataset.live);
     events.addEventListener("changed", refresh);
-    events.addEventListener("open", function () { document.body.dataset.live = "open"; });
+    // Whatever changed between the page's render and the stream's (re)connection was told
+    // to no one: read once on every open.
+    events.addEventListener("open", function () { document.body.dataset.live = "open"; refresh(); });
   }
   document.querySelectorAll("form[data-confirm]").forEach(function (form) {
     form.addEventListener("submit", function (event) {

@@ -1,0 +1,145 @@
+"""The HTTP API against a real ``healthplane up`` (API-1, API-2, API-4): the CLI's JSON, the
+CLI's outcomes and messages, the identities of SEC; tokens checked by nats-server itself."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import msgspec
+import pytest
+
+from healthplane import wire
+from tests.support.stack import Stack, running
+
+pytestmark = [pytest.mark.slow, pytest.mark.nats]
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    with running(tmp_path_factory.mktemp("api")) as found:
+        yield found
+
+
+def _without_report_time(view: dict[str, Any]) -> dict[str, Any]:
+    """A view is rewritten at every report: two reads a moment apart differ in that alone."""
+    return {k: v for k, v in view.items() if k != "lastReportedAt"}
+
+
+def test_api1_list_show_events_and_summary_are_the_clis_json(stack: Stack) -> None:
+    listed = stack.get("/api/v1/nodes")
+    assert listed.status_code == 200
+    body = listed.json()
+    assert body["total"] == 8 and body["nextPageToken"] is None
+    cli = stack.cli_json("node", "list")
+    assert [_without_report_time(v) for v in body["nodes"]] == [_without_report_time(v) for v in cli]
+
+    shown = stack.get("/api/v1/nodes/sim-001").json()
+    assert _without_report_time(shown) == _without_report_time(stack.cli_json("node", "show", "sim-001"))
+    assert shown["automation"].startswith("nothing to do: score 100")  # API-4
+
+    events = stack.get("/api/v1/nodes/sim-001/events", type="SCORE_CHANGED").json()
+    assert events == stack.cli_json("node", "events", "sim-001", "--type", "SCORE_CHANGED")
+    assert [e["type"] for e in events["events"]] == ["SCORE_CHANGED"]
+    first = stack.get("/api/v1/nodes/sim-001/events", pageSize=1).json()
+    assert first == stack.cli_json("node", "events", "sim-001", "--page-size", "1")
+    following = stack.get("/api/v1/nodes/sim-001/events", pageSize=1, pageToken=first["nextPageToken"]).json()
+    assert following == stack.cli_json("node", "events", "sim-001", "--page-size", "1", "--page-token",
+                                       first["nextPageToken"])
+
+    summary = stack.get("/api/v1/summary").json()
+    assert summary == stack.cli_json("node", "summary")
+    assert summary["clusters"][0]["label"] == "All healthy" and summary["fleet"]["healthy"] == 8
+
+
+def test_api1_the_nodes_list_filters_sorts_and_pages(stack: Stack) -> None:
+    pages, token = [], None
+    while True:
+        page = stack.get("/api/v1/nodes", pageSize=3, sort="-node", **({"pageToken": token} if token else {})).json()
+        pages.append([v["nodeId"] for v in page["nodes"]])
+        token = page["nextPageToken"]
+        if token is None:
+            break
+    assert [len(p) for p in pages] == [3, 3, 2]
+    assert sum(pages, []) == [f"sim-{i:03d}" for i in range(7, -1, -1)]
+    assert stack.get("/api/v1/nodes", health="DEGRADED").json()["total"] == 0
+    bad = stack.get("/api/v1/nodes", sort="colour")
+    assert bad.status_code == 400 and "sort 'colour'" in bad.json()["error"]
+
+
+def test_api2_no_token_is_401_a_viewers_command_403_an_unknown_node_404_a_refusal_409(stack: Stack) -> None:
+    assert stack.get("/api/v1/nodes", role=None).status_code == 401
+    forged = httpx.get(stack.api_url + "/api/v1/summary", headers={"Authorization": "Bearer not.a.jwt"}, timeout=30)
+    assert forged.status_code == 401 and "token" in forged.json()["error"]
+    assert stack.post("/api/v1/nodes/sim-002/cordon", role=None).status_code == 401
+
+    assert stack.get("/api/v1/summary", role="viewer").status_code == 200
+    denied = stack.post("/api/v1/nodes/sim-002/cordon", {"reason": "viewer tries"}, role="viewer")
+    assert denied.status_code == 403
+    assert "permission denied: viewer (role viewer) may not send cordon commands" in denied.json()["error"]
+
+    missing = stack.post("/api/v1/nodes/no-such-node/cordon")
+    assert missing.status_code == 404 and missing.json()["error"] == "node no-such-node not found"
+    assert stack.get("/api/v1/nodes/no-such-node").status_code == 404
+
+    cli = stack.cli("node", "deprovision", "sim-001")
+    refused = stack.post("/api/v1/nodes/sim-001/deprovision")
+    assert cli.returncode == 1 and refused.status_code == 409
+    assert refused.json()["error"] == cli.stderr.strip().removeprefix("Error: ")
+
+    usage = stack.post("/api/v1/nodes/sim-001/deprovision", {"force": True, "evict": True})
+    assert usage.status_code == 400 and usage.json()["error"] == "--force cannot be combined with --all or --evict"
+    assert stack.post("/api/v1/nodes/sim-001/cordon", {"colour": "red"}).status_code == 400
+
+
+def test_api1_a_command_through_the_api_is_the_callers_and_node_show_says_so(stack: Stack) -> None:
+    answer = stack.post("/api/v1/nodes/sim-003/cordon", {"reason": "from the API"})
+    assert answer.status_code == 200, answer.text
+    outcome = msgspec.convert(answer.json(), wire.CommandOutcome)
+    assert outcome.result == "applied" and outcome.message.startswith("cordon hold created for sim-003")
+
+    def held() -> dict[str, Any] | None:
+        view = stack.cli_json("node", "show", "sim-003")
+        return view if view["holds"] else None
+
+    view = stack.wait_until(held, 20, "the cordon hold in node show")
+    assert [(h["effect"], h["reason"], h["actor"]) for h in view["holds"]] == [("cordon", "from the API", "admin")]
+    assert stack.post("/api/v1/nodes/sim-003/uncordon").json()["result"] == "applied"
+
+
+def test_api2_a_revoked_token_is_refused_at_once(stack: Stack) -> None:
+    issued = stack.cli("creds", "token", "carol", "--role", "admin", "--data-dir", str(stack.data_dir))
+    assert issued.returncode == 0, issued.stderr
+    token = issued.stdout.strip()
+    headers = {"Authorization": f"Bearer {token}"}
+    assert httpx.get(stack.api_url + "/api/v1/summary", headers=headers, timeout=30).status_code == 200
+    revoked = subprocess.run([sys.executable, "-m", "healthplane.cli", "creds", "revoke", "carol", "--data-dir",
+                              str(stack.data_dir)], capture_output=True, text=True, timeout=60, env=stack.env())
+    assert revoked.returncode == 0, revoked.stderr
+
+    def refused() -> bool:
+        return httpx.get(stack.api_url + "/api/v1/summary", headers=headers, timeout=30).status_code == 401
+
+    stack.wait_until(refused, 10, "the revoked token refused")
+    cordon = httpx.post(stack.api_url + "/api/v1/nodes/sim-004/cordon", headers=headers, json={}, timeout=30)
+    assert cordon.status_code == 401
+
+
+def test_api1_the_openapi_document_describes_the_paths_with_the_wire_schemas(stack: Stack) -> None:
+    document = stack.get("/api/openapi.json", role=None).json()
+    assert document["openapi"].startswith("3.1")
+    for path in ("/api/v1/nodes", "/api/v1/nodes/{nodeId}", "/api/v1/nodes/{nodeId}/events", "/api/v1/summary",
+                 "/api/v1/nodes/{nodeId}/cordon", "/api/v1/nodes/{nodeId}/deprovision"):
+        assert path in document["paths"], path
+    _, components = msgspec.json.schema_components([wire.NodeView], ref_template="#/components/schemas/{name}")
+    assert document["components"]["schemas"]["NodeView"] == components["NodeView"]
+
+
+def test_sec6_no_token_reaches_a_log(stack: Stack) -> None:
+    token = stack.token("admin")
+    logs = "".join(p.read_text() for p in Path(stack.data_dir, "logs").glob("*.log"))
+    assert token not in logs and token.split(".")[2] not in logs

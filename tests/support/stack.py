@@ -1,0 +1,94 @@
+"""A real ``healthplane up`` for tests that need the whole stack (the API, the web UI): started
+in a temp dir, waited for until every simulated node has a score, stopped with Ctrl-C."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+
+@dataclass
+class Stack:
+    data_dir: Path
+    process: subprocess.Popen[str]
+    stack: dict[str, Any]
+
+    @property
+    def api_url(self) -> str:
+        return str(next(s["url"] for s in self.stack["services"] if s["name"] == "api")).rstrip("/")
+
+    def token(self, role: str) -> str:
+        return Path(self.stack[f"{role}Token"]).read_text(encoding="utf-8").strip()
+
+    def env(self, role: str = "admin") -> dict[str, str]:
+        return {**os.environ, "HEALTHPLANE_NATS_URL": str(self.stack["natsUrl"]),
+                "HEALTHPLANE_NATS_CREDS": str(self.stack[f"{role}Creds"])}
+
+    def cli(self, *args: str, role: str = "admin", timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "healthplane.cli", *args], capture_output=True, text=True,
+                              timeout=timeout, env=self.env(role))
+
+    def cli_json(self, *args: str) -> Any:
+        done = self.cli(*args, "-o", "json")
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout)
+
+    def get(self, path: str, role: str | None = "admin", **params: Any) -> httpx.Response:
+        headers = {"Authorization": f"Bearer {self.token(role)}"} if role else {}
+        return httpx.get(self.api_url + path, headers=headers, params=params, timeout=30)
+
+    def post(self, path: str, body: dict[str, Any] | None = None, role: str | None = "admin") -> httpx.Response:
+        headers = {"Authorization": f"Bearer {self.token(role)}"} if role else {}
+        return httpx.post(self.api_url + path, headers=headers, json=body or {}, timeout=30)
+
+    def wait_until(self, check: Any, timeout: float, what: str) -> Any:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            found = check()
+            if found:
+                return found
+            time.sleep(0.2)
+        raise AssertionError(f"{what}: not within {timeout:g}s")
+
+
+@contextmanager
+def running(root: Path, *extra: str, nodes: int = 8) -> Iterator[Stack]:
+    """``healthplane up`` with ``nodes`` simulated nodes, once each has been scored."""
+    data_dir = root / "hp"
+    process = subprocess.Popen([sys.executable, "-m", "healthplane.cli", "up", "--nats-port", "0", "--data-dir",
+                                str(data_dir), "--nodes", str(nodes), *extra],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        path = data_dir / "stack.json"
+        deadline = time.monotonic() + 90
+        while not path.exists():
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(f"up did not start: {process.stderr.read() if process.stderr else ''}")
+            time.sleep(0.1)
+        stack = Stack(data_dir, process, json.loads(path.read_text()))
+
+        def scored() -> bool:
+            answer = stack.get("/api/v1/summary")
+            return answer.status_code == 200 and (answer.json()["fleet"]["nodes"] or 0) >= nodes
+
+        stack.wait_until(scored, 60, f"{nodes} nodes scored")
+        yield stack
+    finally:
+        if process.poll() is None:
+            process.send_signal(signal.SIGINT)
+        try:
+            process.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.communicate()
