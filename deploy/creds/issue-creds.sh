@@ -45,6 +45,12 @@ stack)
     issue webhook-dispatcher service webhook-dispatcher
     issue scheduler service scheduler
     issue slurm-adapter service slurm-adapter
+    issue api service api
+    # A bearer token for the web UI and the HTTP API (an admin's; `creds token` for others):
+    #   docker compose exec api cat /creds/admin.token
+    if [ ! -s "$out/admin.token" ]; then
+        (umask 077 && healthplane creds token admin --role admin --keys "$keys" > "$out/admin.token")
+    fi
     issue sim sim --cluster default
     ;;
 collector)
