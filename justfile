@@ -29,6 +29,11 @@ bench *ARGS:
     python -m pip install --quiet -c .cache/constraints.txt -e '.[dev,bench]'  # faststream, measured against the pull loop
     python -m pytest -q -p no:cacheprovider tests/bench -o addopts="" -o timeout=3600 -s {{ARGS}}
 
+# Regenerate the README's pictures of the web UI (docs/img/) from a real `up` in Chromium
+screenshots:
+    sh tools/ensure-chromium
+    python -m tests.support.screenshots docs/img
+
 # Regenerate proto/ (JSON Schema + AsyncAPI) from the wire Structs
 proto:
     python -m healthplane.proto proto
