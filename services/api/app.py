@@ -128,13 +128,13 @@ def build(backend: Backend) -> Starlette:
     async def nodes(request: Request, caller: auth.Caller | None) -> Response:
         query = request.query_params
         listing = await reads.read_listing(backend.nc, backend.js, query.get("cluster"))
-        index = fold.ViewIndex({f"{r.cluster}\0{r.node_id}": r for r in listing.rows})
-        position = {f"{r.cluster}\0{r.node_id}": i for i, r in enumerate(listing.rows)}
+        index = fold.ViewIndex({fold.key_of(r.cluster, r.node_id): r for r in listing.rows})
+        position = {fold.key_of(r.cluster, r.node_id): i for i, r in enumerate(listing.rows)}
         size = query.get("pageSize")
         page = index.page(status=query.getlist("status"), health=query.getlist("health"),
                           sort=query.get("sort", "node"), page_size=_int(request, "pageSize", 0) if size else None,
                           token=query.get("pageToken"))
-        order = [position[f"{r.cluster}\0{r.node_id}"] for r in page.rows]
+        order = [position[fold.key_of(r.cluster, r.node_id)] for r in page.rows]
         body = (b'{"nodes":' + listing.json(order) + b',"total":' + str(page.total).encode()
                 + b',"nextPageToken":' + json.dumps(page.next_page_token).encode() + b"}")
         return Response(body, media_type="application/json")
@@ -338,7 +338,7 @@ def build(backend: Backend) -> Starlette:
         except auth.Unauthorized as exc:
             return _error(401, str(exc))
         wanted = request.query_params.get("node")
-        wanted_key = f"{request.query_params.get('cluster', '')}\0{wanted}" if wanted else None
+        wanted_key = fold.key_of(request.query_params.get("cluster", ""), wanted) if wanted else None
         return StreamingResponse(_changes(backend.feed, wanted_key, request), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
 

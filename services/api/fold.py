@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any, Final
 
 import msgspec
@@ -31,10 +32,17 @@ def _visible(row: reads.ListRow) -> tuple[Any, ...]:
             tuple((c.type, c.severity) for c in row.conditions), tuple((h.effect, h.actor) for h in row.holds))
 
 
+def key_of(cluster: str, node_id: str) -> str:
+    return f"{cluster}\0{node_id}"
+
+
 @dataclass
 class ViewIndex:
     rows: dict[str, reads.ListRow] = field(default_factory=dict)
     skipped: int = 0  # records that were not views (REL-3): counted, never fatal
+    # Decommissioned nodes (NODE_DEPROVISIONED / NODE_REPLACED): the scorer purges their view,
+    # which no consumer sees; a view reported before then and delivered after stays out.
+    gone: dict[str, datetime] = field(default_factory=dict)
 
     def apply(self, payload: bytes) -> reads.ListRow | None:
         """Fold one stored view; the row when what a page shows of it changed, else ``None``."""
@@ -43,10 +51,21 @@ class ViewIndex:
         except msgspec.DecodeError:
             self.skipped += 1
             return None
-        key = f"{row.cluster}\0{row.node_id}"
+        key = key_of(row.cluster, row.node_id)
+        left = self.gone.get(key)
+        if left is not None:
+            if row.last_reported_at is None or row.last_reported_at <= left:
+                return None
+            del self.gone[key]  # reported since: a new instance under the same id
         before = self.rows.get(key)
         self.rows[key] = row
         return row if before is None or _visible(before) != _visible(row) else None
+
+    def remove(self, cluster: str, node_id: str, at: datetime) -> bool:
+        """A decommissioned node leaves the table; True when it was in it."""
+        key = key_of(cluster, node_id)
+        self.gone[key] = at
+        return self.rows.pop(key, None) is not None
 
     def clusters(self) -> list[str]:
         return sorted({row.cluster for row in self.rows.values()})

@@ -21,11 +21,12 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
-from healthplane import streams, subjects
-from healthplane_api.fold import ViewIndex
+from healthplane import streams, subjects, wire
+from healthplane_api.fold import ViewIndex, key_of
 
 QUEUE_NOTICES: Final = 64
 HEARTBEAT_S: Final = 2.0
+DECOMMISSIONED: Final = ("NODE_DEPROVISIONED", "NODE_REPLACED")
 ALL: Final = "*"  # a notice every page wants: the fleet changed shape, or readability did
 
 
@@ -37,7 +38,7 @@ class Feed:
         self.loaded = asyncio.Event()  # the first full pass over HP_NODES is in the index
         self.unreadable_since: datetime | None = datetime.now(UTC)
         self.unreadable_reason = "not read yet"
-        self._subscription: Any = None
+        self._subscriptions: list[Any] = []
 
     # -- readability
 
@@ -64,7 +65,7 @@ class Feed:
         async def on_view(msg: Msg) -> None:
             row = self.index.apply(msg.data)
             if row is not None:
-                self._notify(f"{row.cluster}\0{row.node_id}")
+                self._notify(key_of(row.cluster, row.node_id))
             pending = msg.metadata.num_pending if msg.metadata else 0
             if pending == 0 and not self.loaded.is_set():
                 self.loaded.set()
@@ -76,10 +77,23 @@ class Feed:
         if not info.state.messages:
             self.loaded.set()
             self._set_readable(True)
-        self._subscription = await js.subscribe(
+        async def on_gone(msg: Msg) -> None:
+            try:
+                event = wire.decode(wire.NodeEvent, msg.data)
+            except wire.WireError:
+                return
+            if self.index.remove(event.cluster, event.node_id, event.occurred_at):
+                self._notify(ALL)
+
+        self._subscriptions = [await js.subscribe(
             view_filter, stream="HP_NODES", ordered_consumer=True, idle_heartbeat=HEARTBEAT_S, cb=on_view,
             pending_msgs_limit=-1, pending_bytes_limit=-1,
-            config=ConsumerConfig(deliver_policy=DeliverPolicy.LAST_PER_SUBJECT))
+            config=ConsumerConfig(deliver_policy=DeliverPolicy.LAST_PER_SUBJECT))]
+        for kind in DECOMMISSIONED:  # from now on: the views already purged were never loaded
+            for stored in streams.stored_filters("HP_NODE_EVENTS", [f"{subjects.PREFIX}.event.*.*.{kind}"]):
+                self._subscriptions.append(await js.subscribe(
+                    stored, stream="HP_NODE_EVENTS", ordered_consumer=True, idle_heartbeat=HEARTBEAT_S, cb=on_gone,
+                    config=ConsumerConfig(deliver_policy=DeliverPolicy.NEW)))
         try:
             while not stopping.is_set():
                 with contextlib.suppress(TimeoutError):
@@ -89,8 +103,9 @@ class Feed:
                 elif self.loaded.is_set():
                     self._set_readable(True)
         finally:
-            with contextlib.suppress(Exception):
-                await self._subscription.unsubscribe()
+            for subscription in self._subscriptions:
+                with contextlib.suppress(Exception):
+                    await subscription.unsubscribe()
 
     # -- pages
 

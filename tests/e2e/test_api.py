@@ -143,3 +143,16 @@ def test_sec6_no_token_reaches_a_log(stack: Stack) -> None:
     token = stack.token("admin")
     logs = "".join(p.read_text() for p in Path(stack.data_dir, "logs").glob("*.log"))
     assert token not in logs and token.split(".")[2] not in logs
+
+
+def test_api3_a_decommissioned_node_leaves_the_summary(stack: Stack) -> None:
+    """Last in this module: it takes a node away."""
+    gone = stack.post("/api/v1/nodes/sim-007/deprovision", {"force": True, "reason": "retired"})
+    assert gone.status_code == 200, gone.text
+
+    def seven() -> bool:
+        return bool(stack.get("/api/v1/summary").json()["fleet"]["nodes"] == 7)
+
+    stack.wait_until(seven, 20, "the summary without sim-007")
+    assert stack.cli_json("node", "summary")["fleet"]["nodes"] == 7
+    assert stack.get("/api/v1/nodes/sim-007").status_code == 404

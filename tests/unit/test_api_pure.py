@@ -166,3 +166,13 @@ def test_api3_the_trend_steps_through_each_score_change_and_holds_to_now() -> No
     assert [(p["x"], p["y"], p["score"]) for p in drawn["points"]] == [(8.0, 8.0, 100), (108.0, 53.0, 55)]
     assert drawn["path"] == "M8.0,8.0H108.0V53.0H208.0"
     assert pages.trend([], NOW)["points"] == []
+
+
+def test_api3_a_decommissioned_node_leaves_the_table_and_a_late_view_does_not_bring_it_back() -> None:
+    index = fold.ViewIndex()
+    row = reads.ListRow("n1", "a", None, "READY", "HEALTHY", 100, last_reported_at=NOW)
+    index.apply(msgspec.json.encode(row))
+    assert index.remove("a", "n1", NOW + timedelta(seconds=1)) and index.rows == {}
+    assert index.apply(msgspec.json.encode(row)) is None and index.rows == {}
+    again = msgspec.structs.replace(row, last_reported_at=NOW + timedelta(minutes=5))
+    assert index.apply(msgspec.json.encode(again)) == again and list(index.rows) == [fold.key_of("a", "n1")]
