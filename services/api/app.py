@@ -17,6 +17,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from functools import partial
 from typing import Any, Final
 from urllib.parse import parse_qs, quote, unquote, urlencode
 
@@ -126,16 +127,24 @@ def build(backend: Backend) -> Starlette:
     # -- reads
 
     async def nodes(request: Request, caller: auth.Caller | None) -> Response:
+        """A page: its order from the live index, its views by direct gets. The whole list
+        (no ``pageSize``), or a page before the index is loaded: the stream read as ``node list``."""
         query = request.query_params
-        listing = await reads.read_listing(backend.nc, backend.js, query.get("cluster"))
-        index = fold.ViewIndex({fold.key_of(r.cluster, r.node_id): r for r in listing.rows})
-        position = {fold.key_of(r.cluster, r.node_id): i for i, r in enumerate(listing.rows)}
-        size = query.get("pageSize")
-        page = index.page(status=query.getlist("status"), health=query.getlist("health"),
-                          sort=query.get("sort", "node"), page_size=_int(request, "pageSize", 0) if size else None,
-                          token=query.get("pageToken"))
-        order = [position[fold.key_of(r.cluster, r.node_id)] for r in page.rows]
-        body = (b'{"nodes":' + listing.json(order) + b',"total":' + str(page.total).encode()
+        size = _int(request, "pageSize", 0) if query.get("pageSize") else None
+        select = partial(fold.ViewIndex.page, cluster=query.get("cluster"), status=query.getlist("status"),
+                         health=query.getlist("health"), sort=query.get("sort", "node"), page_size=size,
+                         token=query.get("pageToken"))
+        feed = backend.feed
+        if size is not None and feed.loaded.is_set() and feed.readable:
+            page = select(feed.index)
+            views = b"[" + b",".join(await reads.latest_views(backend.js, [(r.cluster, r.node_id)
+                                                                          for r in page.rows])) + b"]"
+        else:
+            listing = await reads.read_listing(backend.nc, backend.js, query.get("cluster"))
+            page = select(fold.ViewIndex({fold.key_of(r.cluster, r.node_id): r for r in listing.rows}))
+            position = {fold.key_of(r.cluster, r.node_id): i for i, r in enumerate(listing.rows)}
+            views = listing.json(position[fold.key_of(r.cluster, r.node_id)] for r in page.rows)
+        body = (b'{"nodes":' + views + b',"total":' + str(page.total).encode()
                 + b',"nextPageToken":' + json.dumps(page.next_page_token).encode() + b"}")
         return Response(body, media_type="application/json")
 

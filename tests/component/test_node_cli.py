@@ -105,6 +105,8 @@ async def test_show_reads_like_the_reference(nats_server: NatsServer, fleet: Non
         "Score:     55/100 (penalties: cluster)",
         "  -40  SmartFailing",
         "  -5   attributed job failures",
+        # API-4: no config applied, so the defaults: observe mode recommends and never acts.
+        "Automation: observe mode: recommended cordon at 55 (mode observe recommends, never acts)",
         "Conditions:",
         "  Disk Degraded [Critical] SMART health check failing on /dev/sda",
         "    first seen 2026-08-05T13:41:02Z, 12 observations",
@@ -119,6 +121,7 @@ async def test_show_reads_like_the_reference(nats_server: NatsServer, fleet: Non
     assert document["scoreExplanation"]["contributions"][0] == {"reason": "SmartFailing", "condition": "disk_degraded",
                                                                 "points": -40}
     assert document["attributedFailures"] == {"count": 1, "last": "2026-08-05T14:02:02Z", "byFault": {"DISK_DEGRADED": 1}}
+    assert document["automation"].startswith("observe mode: recommended cordon at 55")
 
 
 async def test_unknown_node_exits_1_naming_it(nats_server: NatsServer, fleet: None) -> None:
