@@ -123,7 +123,3 @@ class Feed:
             yield queue
         finally:
             self._pages.discard(queue)
-
-    def tick(self) -> None:
-        """Time passes: a view may turn stale without a write (the staleness rule)."""
-        self._notify(ALL)

@@ -10,7 +10,7 @@ from typing import Any, Final
 
 import jinja2
 
-from healthplane import reads, wire
+from healthplane import wire
 from healthplane.cli.node_cmd import detail
 
 TEMPLATES: Final = Path(__file__).parent / "templates"
@@ -58,7 +58,3 @@ def trend(events: Sequence[wire.NodeEvent], now: datetime, width: int = 640, hei
     steps.append(f"H{x(end)}")
     return {"points": points, "path": "".join(steps), "width": width, "height": height,
             "first": when(start), "last": when(end)}
-
-
-def row_health(row: reads.ListRow, now: datetime) -> str:
-    return reads.shown_health(row, now)

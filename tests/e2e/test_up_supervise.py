@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +15,7 @@ import httpx
 import pytest
 
 from tests.e2e.test_up import _up, _wait_for_stack
+from tests.support.stack import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.nats]
 
@@ -27,13 +27,7 @@ def _service(stack_path: Path, name: str) -> dict[str, Any]:
 
 
 def _wait(what: str, check: Any, timeout: float = 60) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = check()
-        if found:
-            return found
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
+    return wait_for(check, timeout, what)
 
 
 def _cli(url: str, *args: str, creds: str) -> subprocess.CompletedProcess[str]:

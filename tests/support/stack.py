@@ -53,13 +53,18 @@ class Stack:
         return httpx.post(self.api_url + path, headers=headers, json=body or {}, timeout=30)
 
     def wait_until(self, check: Any, timeout: float, what: str) -> Any:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            found = check()
-            if found:
-                return found
-            time.sleep(0.2)
-        raise AssertionError(f"{what}: not within {timeout:g}s")
+        return wait_for(check, timeout, what)
+
+
+def wait_for(check: Any, timeout: float, what: str) -> Any:
+    """``check()``'s first truthy answer, polled every 0.2 s; past ``timeout`` an AssertionError."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = check()
+        if found:
+            return found
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what} ({timeout:g}s)")
 
 
 @contextmanager
