@@ -365,6 +365,10 @@ class Keystore:
         with _locked(self.directory):
             return self._sign_account()
 
+    def account_public(self) -> str:
+        """The control plane's account: what a federation member's leaf connection binds to."""
+        return public(self._seed("hp.nk"))
+
     def account_jwt(self) -> str:
         return self._path("hp.jwt").read_text(encoding="utf-8").strip()
 
@@ -421,6 +425,12 @@ class Keystore:
         """The simulated fleet's: every node of ``cluster``, and nothing else."""
         cluster_token = _token("cluster", cluster)
         self._issue(permissions.SIM, "sim", {"cluster": cluster_token}, None, out, cluster)
+        return out
+
+    def member(self, cluster: str, out: Path) -> Path:
+        """A federation member's leaf link to this hub (FED): it may carry only what the hub
+        sources from ``cluster`` and the commands forwarded to it."""
+        self._issue(permissions.MEMBER, "member", {"cluster": _token("cluster", cluster)}, None, out, cluster)
         return out
 
     def user(self, name: str, role: str, out: Path) -> Path:

@@ -97,6 +97,41 @@ class Routes:
     members: tuple[int, ...]
 
 
+@dataclass(frozen=True, slots=True)
+class Federation:
+    """A server's part in a federation (FED-1): its JetStream domain, and either the port it
+    listens on for the members' leaf connections (the hub) or the hub it connects to with the
+    member credentials the hub issued (a member). The leaf connection binds to the member's
+    own account, so the hub's sources read its streams and its commands land in them."""
+
+    domain: str
+    leaf_port: int | None = None  # the hub
+    hub_url: str | None = None  # a member: nats-leaf://host:port
+    hub_creds: Path | None = None
+
+    def leafnodes_config(self, host: str, local_account: str | None) -> str:
+        text = ""
+        if self.leaf_port is not None:
+            text += f'leafnodes {{ listen: "{host}:{self.leaf_port}" }}\n'
+        if self.hub_url is not None:
+            remote = f'url: "{self.hub_url}"'
+            if self.hub_creds is not None:
+                remote += f', credentials: "{self.hub_creds}"'
+            if local_account is not None:
+                remote += f", account: {local_account}"
+            # The member's own guard, whatever the hub's permissions say: from the hub, no new
+            # consumer on any of its streams (the hub reads only through the consumer the
+            # member made for it) and nothing that changes a stream.
+            api = f"$JS.{self.domain}.API"
+            denied = (f"{api}.CONSUMER.CREATE.>", f"{api}.CONSUMER.DURABLE.CREATE.>",
+                      f"{api}.CONSUMER.DELETE.>", f"{api}.STREAM.>")
+            remote += ", deny_imports: [" + ", ".join(f'"{d}"' for d in denied) + "]"
+            # A lost hub is retried every second: the hub sees the member again as soon as
+            # the link is back (FED-2's catch-up starts from there).
+            text += f"leafnodes {{ reconnect: 1, remotes: [ {{ {remote} }} ] }}\n"
+        return text
+
+
 class NatsServer:
     """One nats-server process with its store under ``store_dir``.
 
@@ -108,8 +143,10 @@ class NatsServer:
 
     def __init__(self, store_dir: Path | str, port: int = 0, host: str = "127.0.0.1",
                  keystore: Keystore | None = None, tls: ServerTls | None = None, *,
-                 name: str = "healthplane", routes: Routes | None = None) -> None:
+                 name: str = "healthplane", routes: Routes | None = None,
+                 federation: Federation | None = None) -> None:
         self.store_dir = Path(store_dir)
+        self.federation = federation
         self.host = host
         self.port = port or free_port(host)
         self.keystore = keystore
@@ -133,11 +170,12 @@ class NatsServer:
     def _write_config(self) -> Path:
         self.store_dir.mkdir(parents=True, exist_ok=True)
         conf = self.store_dir / "nats-server.conf"
+        domain = f", domain: {self.federation.domain}" if self.federation is not None else ""
         # Snapshots of large fleets exceed the 1 MiB default payload.
         text = (
             f'listen: "{self.host}:{self.port}"\n'
             "max_payload: 8MB\n"
-            f'jetstream {{ store_dir: "{self.store_dir / "jetstream"}" }}\n'
+            f'jetstream {{ store_dir: "{self.store_dir / "jetstream"}"{domain} }}\n'
             f"server_name: {self.name}\n"
         )
         if self.routes is not None:
@@ -148,6 +186,9 @@ class NatsServer:
         if self.keystore is not None:
             self.keystore.refresh()  # this build's permission templates
             text += self.keystore.server_config(self.store_dir / "jwt")
+        if self.federation is not None:
+            text += self.federation.leafnodes_config(
+                self.host, self.keystore.account_public() if self.keystore is not None else None)
         if self.tls is not None:
             text += self.tls.server_config()
         conf.write_text(text, encoding="utf-8")
@@ -217,7 +258,7 @@ class NatsCluster:
 
     def __init__(self, store_dir: Path | str, size: int = 3, *, ports: list[int] | None = None,
                  host: str = "127.0.0.1", keystore: Keystore | None = None, tls: ServerTls | None = None,
-                 name: str = "healthplane") -> None:
+                 name: str = "healthplane", federation: Federation | None = None) -> None:
         if size < 1:
             raise NatsServerError(f"a cluster needs at least one server, not {size}")
         self.store_dir = Path(store_dir)
@@ -226,7 +267,7 @@ class NatsCluster:
         client_ports = ports or [0] * size
         self.servers = [
             NatsServer(Path(store_dir) / f"hp-{i}", port=client_ports[i], host=host, keystore=keystore, tls=tls,
-                       name=f"hp-{i}", routes=Routes(name, route_ports[i], route_ports))
+                       name=f"hp-{i}", routes=Routes(name, route_ports[i], route_ports), federation=federation)
             for i in range(size)]
 
     @property

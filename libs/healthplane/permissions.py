@@ -36,8 +36,11 @@ VIEWER: Final = "viewer"
 ADMIN: Final = "admin"
 USER_ROLES: Final = (VIEWER, ADMIN)
 API: Final = "api"  # the HTTP API's own identity reads only; it commands as each caller
+MEMBER: Final = "member"  # a federation member's leaf link, on the hub (FED)
+SOURCED_STREAM: Final = "HP_NODES"  # what the hub sources from each member
+HUB_CONSUMER: Final = "hub"  # the member's durable consumer the hub sources through
 SERVICE_ROLES: Final = streams.SERVICES
-ROLES: Final = (NODE, SIM, VIEWER, ADMIN, *SERVICE_ROLES)
+ROLES: Final = (NODE, SIM, VIEWER, ADMIN, MEMBER, *SERVICE_ROLES)
 
 # The template functions nats-server expands from a user JWT's tags.
 CLUSTER: Final = "{{tag(cluster)}}"
@@ -125,7 +128,9 @@ def publishes(role: str) -> tuple[str, ...]:
 def reads(role: str) -> tuple[str, ...]:
     """The streams ``role`` may read (KV buckets are streams too)."""
     if role in USER_ROLES or role == API:  # the API reads what it shows people, as they could
-        return tuple(s.name for s in streams.STREAMS) + KV_STREAMS
+        # ``*``: on a federation hub, the members' aggregates too, whose names come with the
+        # members (people read every stream anyway).
+        return (*(s.name for s in streams.STREAMS), *KV_STREAMS, "*")
     if role in (NODE,):
         return ()
     # A service also reads what it writes: on restart it skips inputs its output already
@@ -194,10 +199,37 @@ def _extra_subscribe(role: str) -> tuple[str, ...]:
     return ()
 
 
+def member() -> Permissions:
+    """A federation member's leaf connection to the hub (FED, ``healthplane.federation``).
+
+    For a leaf connection nats-server reads a user's permissions from the hub's side:
+    *subscribe* is what the hub may send into the member, *publish* what the member may send
+    back. Into the member: the API of the one consumer the member made for the hub (its
+    info and reset) with its flow control, and commands for the member's own cluster
+    (FED-3). Back: that consumer's deliveries, on the member's own deliver subject (so a
+    member can write into its own aggregate only), the replies to the hub's requests, the
+    outcomes of its own cluster's commands, and replies to the hub's people (the JetStream
+    acks of the commands they forwarded)."""
+    hub_consumer = f"{SOURCED_STREAM}.{HUB_CONSUMER}"
+    into = (f"$JS.{CLUSTER}.API.CONSUMER.>", f"$JS.FC.{hub_consumer}.*",
+            f"$JS.FC.{CLUSTER}.*.{hub_consumer}.*", f"hp.cmd.{CLUSTER}.>")
+    back = (deliver_subject(CLUSTER), "$JSC.R.>", f"hp.outcome.{CLUSTER}.>",
+            *(f"_INBOX.{role}.*.>" for role in USER_ROLES))
+    return Permissions(back, into)
+
+
+def deliver_subject(cluster: str) -> str:
+    """Where a federation member's consumer for the hub delivers: the hub's aggregate of that
+    member listens here, and only that member may publish here."""
+    return f"hp.fed.deliver.{cluster}"
+
+
 def of(role: str) -> Permissions:
     """Everything ``role`` may do on the bus, as the template of its signing key."""
     if role not in ROLES:
         raise ValueError(f"unknown role {role!r}; one of {', '.join(ROLES)}")
+    if role == MEMBER:
+        return member()
     own_inbox = f"{inbox(role)}.>"
     publish = [*publishes(role), *_extra_publish(role), own_inbox]
     for stream in reads(role):

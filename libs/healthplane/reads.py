@@ -72,9 +72,10 @@ class Listing:
         return b"[" + b",".join([self.payloads[i] for i in order]) + b"]"
 
 
-async def read_listing(nc: NATS, js: JetStreamContext, cluster: str | None = None) -> Listing:
+async def read_listing(nc: NATS, js: JetStreamContext, cluster: str | None = None,
+                       stream: str = "HP_NODES") -> Listing:
     # Payloads only, no per-message Msg: at 100,000 nodes the read is most of the command.
-    payloads = await read_payloads(nc, js, "HP_NODES", subjects.node_views(cluster), last_per_subject=True)
+    payloads = await read_payloads(nc, js, stream, subjects.node_views(cluster), last_per_subject=True)
     try:
         rows = list(map(decode_row, payloads))
     except msgspec.DecodeError:  # rare: only then pay for knowing which records are bad
@@ -201,6 +202,11 @@ def summarize(rows: Iterable[ListRow], now: datetime) -> dict[str, Any]:
     healthy = sum(e["health"]["healthy"] for e in out)
     return {"clusters": out, "fleet": {"nodes": nodes, "healthy": healthy,
                                        "healthyPercent": round(100 * healthy / nodes, 1) if nodes else None}}
+
+
+def rfc3339(value: datetime) -> str:
+    """A moment as people read it here: RFC 3339, UTC, whole seconds, ``Z``."""
+    return value.astimezone(UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
 
 
 def unreadable(summary_clusters: Iterable[str], reason: str, since: datetime) -> dict[str, Any]:

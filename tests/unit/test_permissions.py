@@ -104,9 +104,11 @@ def test_slu2_the_slurm_adapter_only_releases_holds_as_slurm() -> None:
 
 
 def test_sec1_every_inbox_is_its_own() -> None:
-    prefixes = {role: permissions.inbox(role) for role in permissions.ROLES}
+    # A federation member's identity is a leaf connection, not a client: it has no inbox.
+    clients = [role for role in permissions.ROLES if role != permissions.MEMBER]
+    prefixes = {role: permissions.inbox(role) for role in clients}
     assert len(set(prefixes.values())) == len(prefixes)
-    for role in permissions.ROLES:
+    for role in clients:
         granted = permissions.of(role).subscribe
         assert f"{prefixes[role]}.>" in granted
         assert not any(s in ("_INBOX.>", ">") for s in granted)
@@ -123,3 +125,31 @@ def test_ha3_every_service_marks_only_as_itself_and_the_marks_take_no_purge_away
                 assert not _allowed(other, mark), f"{other} may mark as {service}"
     assert "$JS.API.STREAM.PURGE.HP_NODES" in permissions.of("scorer").publish
     assert not [p for p in permissions.of("policy").publish if p.startswith("$JS.API.STREAM.PURGE.HP_NODES")]
+
+
+def _member_may(direction: str, subject: str, cluster: str) -> bool:
+    granted = permissions.of(permissions.MEMBER)
+    templates = granted.publish if direction == "back" else granted.subscribe
+    return any(subjects.matches(_expand(t, cluster=cluster), subject) for t in templates)
+
+
+def test_fed1_a_member_writes_only_its_own_aggregate_and_the_hub_reaches_only_its_consumer_and_commands() -> None:
+    """FED-1, FED-3: the member identity (a leaf connection; *publish* is what the member may
+    send to the hub, *subscribe* what the hub may send into it)."""
+    # back to the hub: its own deliveries and outcomes, replies to the hub's people
+    assert _member_may("back", permissions.deliver_subject("a"), "a")
+    assert not _member_may("back", permissions.deliver_subject("b"), "a")
+    assert _member_may("back", subjects.command_outcome("a", "n1"), "a")
+    assert not _member_may("back", subjects.command_outcome("b", "n1"), "a")
+    assert _member_may("back", "_INBOX.admin.alice.x1", "a")
+    for forged in (subjects.node_view("b", "n1"), subjects.node_view("a", "n1"), "$JS.API.STREAM.CREATE.HP_FED_a",
+                   subjects.command("a", "n1", "cordon", "alice"), "_INBOX.service.scorer.x"):
+        assert not _member_may("back", forged, "a"), forged
+    # into the member: the hub consumer's API and flow control, and its own cluster's commands
+    assert _member_may("into", "$JS.a.API.CONSUMER.INFO.HP_NODES.hub", "a")
+    assert _member_may("into", "$JS.FC.HP_NODES.hub.x", "a")
+    assert _member_may("into", subjects.command("a", "n1", "cordon", "alice"), "a")
+    for foreign in (subjects.command("b", "n1", "cordon", "alice"), "$JS.a.API.STREAM.DELETE.HP_NODES",
+                    "$JS.b.API.CONSUMER.INFO.HP_NODES.hub", subjects.node_view("a", "n1"),
+                    "$JS.a.API.STREAM.MSG.GET.HP_COMMANDS"):
+        assert not _member_may("into", foreign, "a"), foreign

@@ -16,12 +16,14 @@ class NodeNotFound(CommandFailed):
     """No view of that node (the API's 404)."""
 
 
-async def find_node(nc: NATS, js: JetStreamContext, node_id: str, cluster: str | None) -> wire.NodeView:
+async def find_node(nc: NATS, js: JetStreamContext, node_id: str, cluster: str | None,
+                    streams: Iterable[str] = ("HP_NODES",)) -> wire.NodeView:
     """The node's view: in ``cluster``, or in whichever cluster holds it (a node id in several
-    is a usage error naming them)."""
+    is a usage error naming them). ``streams``: where views are kept (a federation hub keeps
+    one aggregate per member)."""
     subject = subjects.node_view(cluster, node_id) if cluster else subjects.node_view_in_any_cluster(node_id)
-    found = [view for _, view in decoded(wire.NodeView, await read_all(nc, js, "HP_NODES", subject,
-                                                                       last_per_subject=True))]
+    found = [view for stream in streams for _, view in
+             decoded(wire.NodeView, await read_all(nc, js, stream, subject, last_per_subject=True))]
     if not found:
         where = f" in cluster {cluster}" if cluster else ""
         raise NodeNotFound(f"node {node_id} not found{where}")

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import Final
 
 from healthplane import __version__, registry, wire
-from healthplane.cli import creds_cmd, dead_letters_cmd, node_cmd, policy_cmd
+from healthplane.cli import creds_cmd, dead_letters_cmd, federation_cmd, node_cmd, policy_cmd
 from healthplane.cli.common import (
     EXIT_REFUSED,
     CommandGroup,
@@ -55,6 +55,16 @@ def _up_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--scheduler", **one_of(["reference", "slurm"]), default="reference",
                         help="reference: the simulated scheduler; slurm: the adapter for the Slurm cluster "
                              "this host's Slurm commands reach (SLURM_CONF), instead (docs/slurm.md)")
+    federation = parser.add_mutually_exclusive_group()
+    federation.add_argument("--federation-hub", action="store_true",
+                            help="run a federation hub: clusters attach to it, it lists them all (FED, "
+                                 "docs/federation.md); no fleet of its own")
+    federation.add_argument("--attach", metavar="URL",
+                            help="attach this cluster to the hub at URL (nats-leaf://HOST:PORT, printed by "
+                                 "`healthplane federation attach NAME` on the hub)")
+    parser.add_argument("--attach-creds", metavar="FILE", help="the member credentials the hub issued (--attach)")
+    parser.add_argument("--leaf-port", type=int, default=7422,
+                        help="--federation-hub: port for the members' leaf connections (default 7422, 0: any free)")
 
 
 def _server_count(text: str) -> int:
@@ -119,6 +129,8 @@ LIBRARY_GROUPS: Final = (
     CommandGroup("config", "validate, apply and show the cluster config", _config_arguments, _run_config),
     CommandGroup("creds", "identities on the bus: init, node, user, service, token, revoke, list",
                  creds_cmd.add_arguments, creds_cmd.run),
+    CommandGroup("federation", "a federation hub: attach a cluster, list the attached ones",
+                 federation_cmd.add_arguments, federation_cmd.run),
 )
 
 

@@ -21,7 +21,7 @@ from typing import Any
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 
-from healthplane import subjects, wire
+from healthplane import federation, subjects, wire
 from healthplane.cli.common import (
     EXIT_OK,
     EXIT_REFUSED,
@@ -36,7 +36,7 @@ from healthplane.cli.common import (
     one_of,
 )
 from healthplane.cli.lookup import find_node, views_of
-from healthplane.runtime.publish import Publisher
+from healthplane.runtime.publish import Publisher, PublishError
 from healthplane.runtime.replay import read_payloads
 
 ACTIONS = ("cordon", "uncordon", "drain", "evict", "deprovision", "hold", "service")
@@ -63,6 +63,8 @@ def add_arguments(actions: Any) -> None:
         if reason:
             parser.add_argument("--reason")
         parser.add_argument("--cluster")
+        parser.add_argument("--federation", action="store_true",
+                            help="on a federation hub: the node's own cluster executes it (FED-3)")
         parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
                             help=f"seconds to wait for the outcome (default {DEFAULT_TIMEOUT_S:g})")
         parser.add_argument("-o", "--output", **one_of(["text", "json"]), default="text")
@@ -126,6 +128,9 @@ def usage_error(args: argparse.Namespace) -> None:
         raise CommandFailed("--force cannot be combined with --all or --evict", EXIT_USAGE)
     if verb == "service" and not args.reason:
         raise CommandFailed("service: say what was done with --reason", EXIT_USAGE)
+    if getattr(args, "federation", False) and getattr(args, "all", False):
+        raise CommandFailed(f"{verb} --federation: name one node; --all belongs to the node's own cluster",
+                            EXIT_USAGE)
 
 
 def confirm(question: str) -> bool:
@@ -176,7 +181,11 @@ async def send(nc: NATS, args: argparse.Namespace, commands: list[wire.Command],
         for command in commands:
             await publisher.publish(subjects.command(command.cluster, command.node_id, command.verb, command.actor),
                                     wire.encode(command), {"Nats-Msg-Id": command.id})
-        await acked_or_refused(nc, args, f"send {commands[0].verb} commands (publish hp.cmd)", publisher.flush())
+        try:
+            await acked_or_refused(nc, args, f"send {commands[0].verb} commands (publish hp.cmd)", publisher.flush())
+        except PublishError as exc:  # nothing stored it (no responders, no ack): nothing was done
+            raise CommandFailed(f"{commands[0].verb} {commands[0].node_id}: not stored ({exc}); retry",
+                                EXIT_RETRY) from exc
         try:
             await asyncio.wait_for(done.wait(), wait_s)
         except TimeoutError:
@@ -204,6 +213,19 @@ async def _target(nc: NATS, js: JetStreamContext, node_id: str, cluster: str | N
     return view.node_id, view.cluster
 
 
+async def _federated_target(nc: NATS, js: JetStreamContext, node_id: str, cluster: str | None,
+                            verb: str) -> tuple[str, str]:
+    """FED-3 on a hub: the node's own cluster, if the hub can reach it now; else nothing is
+    sent and the command is retryable."""
+    members = await federation.members(nc)
+    view = await find_node(nc, js, node_id, cluster, [m.stream for m in members])
+    member = federation.member_named(members, view.cluster)
+    if not member.reachable(datetime.now(UTC), federation.unreachable_after_s()):
+        raise CommandFailed(f"{verb} {view.node_id}: {member.why_no_health()}; only its own cluster executes "
+                            "commands for its nodes, so nothing was sent; retry when it is back", EXIT_RETRY)
+    return view.node_id, view.cluster
+
+
 async def _run(args: argparse.Namespace) -> int:
     async with nats_client(args) as nc:
         js = nc.jetstream()
@@ -212,7 +234,10 @@ async def _run(args: argparse.Namespace) -> int:
             return await _release(nc, js, args)
         if getattr(args, "all", False):
             return await _all(nc, js, args)
-        node_id, cluster = await _target(nc, js, args.node, args.cluster)
+        if args.federation:
+            node_id, cluster = await _federated_target(nc, js, args.node, args.cluster, args.node_command)
+        else:
+            node_id, cluster = await _target(nc, js, args.node, args.cluster)
         command = command_for(args, node_id, cluster, None)
         outcomes = await send(nc, args, [command], args.timeout)
         return report_one(args, command, outcomes.get(command.id))

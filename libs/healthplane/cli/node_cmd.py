@@ -18,7 +18,7 @@ from typing import Any
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 
-from healthplane import reads, wire
+from healthplane import federation, reads, wire
 from healthplane.cli import node_actions
 from healthplane.cli.common import CommandFailed, connection_flags, fail, nats_client, one_of
 from healthplane.cli.lookup import find_node
@@ -45,7 +45,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     for sub in (listing, show, summary, events):
         sub.add_argument("-o", "--output", **one_of(["text", "json"]), default="text")
         connection_flags(sub)
+    for sub in (listing, show, summary):
+        federation_flag(sub)
     node_actions.add_arguments(actions)
+
+
+def federation_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--federation", action="store_true",
+                        help="on a federation hub: every attached cluster's nodes (FED, docs/federation.md)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -60,6 +67,8 @@ def run(args: argparse.Namespace) -> int:
 async def _run(args: argparse.Namespace) -> int:
     async with nats_client(args) as nc:
         js = nc.jetstream()
+        if getattr(args, "federation", False):
+            return await _federated(nc, js, args)
         if args.node_command == "list":
             return await _list(nc, js, args)
         if args.node_command == "events":
@@ -74,6 +83,41 @@ async def _run(args: argparse.Namespace) -> int:
         why = await reads.automation_status(js, view, now)
         _print(args, lambda: reads.shown(view, why), lambda: show_text(view, now, why))
         return 0
+
+
+async def _federated(nc: NATS, js: JetStreamContext, args: argparse.Namespace) -> int:
+    """``list | show | summary --federation`` on a hub (FED-1, FED-2): a reachable member's
+    nodes as its own cluster shows them, an unreachable one's with no health at all."""
+    threshold = federation.unreachable_after_s()
+    if args.node_command == "show":
+        members = await federation.members(nc)
+        view = await find_node(nc, js, args.node, args.cluster, [m.stream for m in members])
+        member = federation.member_named(members, view.cluster)
+        now = datetime.now(UTC)
+        if not member.reachable(now, threshold):
+            row = reads.ListRow(node_id=view.node_id, cluster=view.cluster, hostname=view.hostname,
+                                status="unknown", health="unknown", score=None)
+            _print(args, lambda: federation.unknown_row(row, member),
+                   lambda: f"Node:      {view.node_id} ({view.hostname or 'hostname unknown'}, cluster {view.cluster})\n"
+                           f"Health:    Unknown: {member.why_no_health()}")
+            return 0
+        place = member.to_builtins(now, threshold)
+        _print(args, lambda: {**wire.to_builtins(view), "federation": place},
+               lambda: show_text(view, now) + f"\nFederation: from cluster {member.name}, data "
+                                              f"{member.data_age_s(now) or 0:.0f}s old")
+        return 0
+    found = await federation.read_federated(nc, js, args.cluster, threshold)
+    if args.node_command == "summary":
+        summary = federation.summary(found)
+        _print(args, lambda: summary, lambda: summary_text(summary))
+        return 0
+    if args.output == "json":
+        sys.stdout.flush()
+        sys.stdout.buffer.write(found.json() + b"\n")
+    else:
+        sys.stdout.write(list_text(found.rows()) + "\n" + "".join(f"{note}\n" for note in found.notes()))
+    sys.stdout.flush()
+    return 0
 
 
 def _print(args: argparse.Namespace, data: Callable[[], Any], text: Callable[[], str]) -> None:

@@ -27,10 +27,10 @@ from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
-from healthplane import configstore, registry, streams, tls
+from healthplane import configstore, federation, registry, streams, tls
 from healthplane.config import ClusterConfig, ConfigError, load_cluster_config
 from healthplane.creds import CredsError, Keystore, write_secret
-from healthplane.natsserver import NatsCluster, NatsServer, NatsServerError, free_port
+from healthplane.natsserver import Federation, NatsCluster, NatsServer, NatsServerError, free_port
 from healthplane.runtime.connect import connect
 from healthplane.runtime.lease import INSTANCE_ENV
 from healthplane.supervise import (
@@ -96,6 +96,10 @@ def run(args: argparse.Namespace) -> int:
         return _fail(f"--replicas {args.replicas}: at least 1")
     if args.nats_url and args.servers > 1:
         return _fail("--servers starts nats-servers and --nats-url uses running ones: give one of them")
+    try:
+        fed = _federation(args, config)
+    except federation.FederationError as exc:
+        return _fail(str(exc))
     data_dir = Path(args.data_dir).resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
 
@@ -123,35 +127,42 @@ def run(args: argparse.Namespace) -> int:
         elif args.servers > 1:
             ports = [args.nats_port + i for i in range(args.servers)] if args.nats_port else None
             nats = NatsCluster(data_dir / "nats-cluster", args.servers, ports=ports, keystore=keystore,
-                               tls=server_tls).start()
+                               tls=server_tls, federation=fed).start()
             nats_url, replicas = nats.url, streams.replicas_for(args.servers)
         else:
-            nats = NatsServer(data_dir / "nats", port=args.nats_port, keystore=keystore, tls=server_tls).start()
+            nats = NatsServer(data_dir / "nats", port=args.nats_port, keystore=keystore, tls=server_tls,
+                              federation=fed).start()
             nats_url, replicas = nats.url, 1
         try:
             asyncio.run(_prepare(nats_url, config, identities.admin if identities else None, replicas,
-                                 slotted=True if args.partitions > 1 else None))
-        except (ConnectionError, streams.StreamConflict, configstore.ConfigConflict) as exc:
+                                 slotted=True if args.partitions > 1 else None,
+                                 offer_to_hub=fed is not None and fed.hub_url is not None))
+        except (ConnectionError, streams.StreamConflict, configstore.ConfigConflict,
+                federation.FederationError) as exc:
             raise CannotStart(str(exc)) from exc
 
         log_dir = data_dir / "logs"
         log_dir.mkdir(exist_ok=True)
+        # A hub has no fleet of its own: only the API and its pages, over the members' views.
+        services = ("api",) if args.federation_hub else registry.control_plane(args.scheduler)
         for replica in range(1, args.replicas + 1):  # HA-3: each replica stands by behind its lease
-            for name in registry.control_plane(args.scheduler):
+            for name in services:
                 children.append(_start_service(name, nats_url, log_dir, identities, replica,
                                                partitions=args.partitions if name in registry.PARTITIONED else 1,
                                                api_port=args.api_port if replica == 1 else 0))
-        if not args.no_sim:
+        if not args.no_sim and not args.federation_hub:
             fleet = ["sim", "run", "--nodes", str(args.nodes), "--provisioned", str(args.nodes // 2),
                      "--cluster", config.cluster]
             children.append(_start_child("sim", fleet, nats_url, log_dir, identities))
         _check_alive(children, log_dir)
 
         def write_stack() -> None:
-            _write_stack(data_dir, nats_url, _members(nats), children, identities, server_tls)
+            _write_stack(data_dir, nats_url, _members(nats), children, identities, server_tls, fed)
 
         write_stack()
-        _print_table(nats_url, _members(nats), children, data_dir, simulated=0 if args.no_sim else args.nodes)
+        _print_table(nats_url, _members(nats), children, data_dir,
+                     simulated=0 if args.no_sim or args.federation_hub else args.nodes)
+        _print_federation(fed, data_dir)
         _print_access(nats_url, identities, server_tls, args, children)
 
         while not stop_requested:
@@ -170,6 +181,37 @@ def run(args: argparse.Namespace) -> int:
         _stop_all(children)
         if nats is not None:
             nats.stop()
+
+
+def _federation(args: argparse.Namespace, config: ClusterConfig) -> Federation | None:
+    """The embedded server's part in a federation (FED-1), or ``None``: the hub listens for
+    leaf connections in domain ``hub``; a member runs its cluster's domain and connects to it."""
+    if args.attach_creds and not args.attach:
+        raise federation.FederationError("--attach-creds goes with --attach URL")
+    if not (args.federation_hub or args.attach):
+        return None
+    if args.nats_url:
+        raise federation.FederationError("--federation-hub and --attach configure the server up starts; for your "
+                                         "own servers set their domain and leaf nodes (docs/federation.md)")
+    if args.federation_hub:
+        return Federation(federation.HUB_DOMAIN, leaf_port=args.leaf_port or free_port())
+    if not args.insecure and not args.attach_creds:
+        raise federation.FederationError("--attach needs --attach-creds FILE: the member credentials "
+                                         "`healthplane federation attach NAME` printed on the hub")
+    creds_file = Path(args.attach_creds).resolve() if args.attach_creds else None
+    if creds_file is not None and not creds_file.is_file():
+        raise federation.FederationError(f"--attach-creds {args.attach_creds}: no such file")
+    return Federation(federation.check_member_name(config.cluster), hub_url=args.attach, hub_creds=creds_file)
+
+
+def _print_federation(fed: Federation | None, data_dir: Path) -> None:
+    if fed is None:
+        return
+    if fed.leaf_port is not None:
+        print(f"federation hub: members connect to nats-leaf://127.0.0.1:{fed.leaf_port}; let a cluster in with "
+              f"`healthplane federation attach NAME --data-dir {data_dir}`")
+    else:
+        print(f"attached to the federation hub at {fed.hub_url} as cluster {fed.domain}")
 
 
 def _members(nats: NatsServer | NatsCluster | None) -> list[NatsServer]:
@@ -226,13 +268,15 @@ def _identities(data_dir: Path, cluster: str) -> Identities:
 
 
 async def _prepare(nats_url: str, config: ClusterConfig, admin: Path | None, replicas: int | None, *,
-                   slotted: bool | None = None) -> None:
+                   slotted: bool | None = None, offer_to_hub: bool = False) -> None:
     nc = await connect(nats_url, name="healthplane-up", creds=str(admin) if admin else None, give_up_after=10)
     try:
         js = nc.jetstream()
         await streams.ensure(js, replicas, servers=len(nc.servers), slotted=slotted)
         await configstore.apply(js, config, actor="healthplane-up", on_skipped=lambda record: print(
             f"healthplane up: warning: {record.line()}", file=sys.stderr))
+        if offer_to_hub:  # a federation member: the consumer the hub sources through (FED-1)
+            await federation.offer_to_hub(nc, config.cluster)
     finally:
         await nc.close()
 
@@ -273,7 +317,7 @@ def _supervise(child: Child, nats_url: str, log_dir: Path, now: float) -> bool:
 
 
 def _write_stack(data_dir: Path, nats_url: str, servers: list[NatsServer], children: list[Child],
-                 identities: Identities | None, server_tls: tls.ServerTls | None) -> None:
+                 identities: Identities | None, server_tls: tls.ServerTls | None, fed: Federation | None) -> None:
     # Paths only, never key material (SEC-6).
     stack: dict[str, object] = {
         "natsUrl": nats_url,
@@ -286,6 +330,10 @@ def _write_stack(data_dir: Path, nats_url: str, servers: list[NatsServer], child
                   "adminToken": str(identities.admin_token), "viewerToken": str(identities.viewer_token)}
     if server_tls is not None:
         stack["tlsCa"] = str(server_tls.ca)
+    if fed is not None and fed.leaf_port is not None:
+        stack["leafUrl"] = f"nats-leaf://127.0.0.1:{fed.leaf_port}"
+    elif fed is not None:
+        stack |= {"attachedTo": fed.hub_url, "cluster": fed.domain}
     stack["services"] = [
         {"name": c.name, "replica": c.replica, "pid": c.process.pid, "metricsUrl": c.metrics_url, "state": c.state,
          "restarts": c.restarts, **({"url": c.url} if c.url else {})} for c in children
