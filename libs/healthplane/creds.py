@@ -345,7 +345,9 @@ class Keystore:
         operator, account = self._seed("operator.nk"), self._seed("hp.nk")
         keys: list[Any] = []
         for role in permissions.ROLES:
-            keys.append({"kind": "user_scope", "key": public(self._seed(f"signers/{role}.nk")), "role": role,
+            # A role this build added has no key in a key directory an older one made: made here.
+            signer = self._ensure_seed(f"signers/{role}.nk", nkeys.PREFIX_BYTE_ACCOUNT)
+            keys.append({"kind": "user_scope", "key": public(signer), "role": role,
                          "template": permissions.of(role).template(), "description": f"role {role}"})
         for role in permissions.USER_ROLES:  # the same permissions, for a JWT that is its own proof
             keys.append({"kind": "user_scope", "key": public(self._seed(_token_signer(role))), "role": f"{role}-token",

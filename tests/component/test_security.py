@@ -253,3 +253,14 @@ def test_sec1_a_collector_with_another_nodes_credentials_says_so_in_one_line(nat
     [line] = [json.loads(x) for x in done.stderr.splitlines() if x.startswith("{") and '"error"' in x]
     assert "credentials of node gpu-node-8 (cluster lab)" in line["reason"] and "gpu-node-7" in line["reason"]
     assert "Traceback" not in done.stderr
+
+
+def test_sec2_a_key_directory_an_older_build_made_gains_the_new_roles_keys(keystore: Keystore, tmp_path: Path) -> None:
+    """SEC-2 across an upgrade: a role this build added (FED's ``member``) has no signing key in
+    a directory an older build made; a revocation re-signs the account, which makes the key,
+    instead of failing with "missing key"."""
+    (keystore.directory / "signers" / "member.nk").unlink()
+    keystore.user("dave", "viewer", tmp_path / "dave.creds")
+    keystore.revoke("dave")
+    assert (keystore.directory / "signers" / "member.nk").is_file()
+    assert keystore.member("a", tmp_path / "a.creds").is_file()
