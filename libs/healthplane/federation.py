@@ -232,8 +232,8 @@ async def members(nc: NATS, now: datetime | None = None) -> list[Member]:
 def unknown_row(row: reads.ListRow, member: Member) -> dict[str, Any]:
     """A node of an unreachable member: who it is, and nothing it was (FED-2): its status,
     health and score are no longer known to be true."""
-    return {"nodeId": row.node_id, "cluster": row.cluster, "hostname": row.hostname, "status": "unknown",
-            "health": "unknown", "score": None, "unreachable": member.why_no_health()}
+    return {"nodeId": row.node_id, "cluster": row.cluster, "hostname": row.hostname, "status": "UNKNOWN",
+            "health": "UNKNOWN", "score": None, "unreachable": member.why_no_health()}
 
 
 @dataclass(frozen=True, slots=True)
@@ -270,8 +270,8 @@ class FederatedListing:
             for i in reads.list_order(listing.rows):
                 row = listing.rows[i]
                 out.append(row if shown else reads.ListRow(
-                    node_id=row.node_id, cluster=row.cluster, hostname=row.hostname, status="unknown",
-                    health="unknown", score=None))
+                    node_id=row.node_id, cluster=row.cluster, hostname=row.hostname, status="UNKNOWN",
+                    health="UNKNOWN", score=None))
         return out
 
     def unreachable(self) -> list[Member]:
@@ -291,7 +291,7 @@ def summary(found: FederatedListing) -> dict[str, Any]:
         if entry is None:  # attached, no node known yet
             entry = by_name[member.name] = {"cluster": member.name, "readable": True, "nodes": 0,
                                             "health": {"healthy": 0, "degraded": 0, "unknown": 0},
-                                            "worstScore": None, "label": "No nodes yet"}
+                                            "worstScore": None, "label": "No nodes"}
             out["clusters"].append(entry)
         entry["reachable"] = found.reachable(member)
         if not entry["reachable"]:

@@ -112,7 +112,9 @@ class Federation:
     def leafnodes_config(self, host: str, local_account: str | None) -> str:
         text = ""
         if self.leaf_port is not None:
-            text += f'leafnodes {{ listen: "{host}:{self.leaf_port}" }}\n'
+            # Members keep the URL they were given: a hub that told them its own address
+            # would let them go around whatever stands between (a load balancer, a proxy).
+            text += f'leafnodes {{ listen: "{host}:{self.leaf_port}", no_advertise: true }}\n'
         if self.hub_url is not None:
             remote = f'url: "{self.hub_url}"'
             if self.hub_creds is not None:

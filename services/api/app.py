@@ -35,7 +35,7 @@ from starlette.responses import (
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from healthplane import configstore, reads, wire
+from healthplane import configstore, federation, reads, wire
 from healthplane.cli import config_cmd
 from healthplane.cli.common import EXIT_RETRY, EXIT_USAGE, CommandFailed, PermissionDenied
 from healthplane.cli.lookup import NodeNotFound, find_node
@@ -65,6 +65,7 @@ class Backend:
     feed: live.Feed
     callers: auth.Callers
     log: Any
+    hub: bool = False  # a federation hub: the dashboard is one row per attached cluster (FED-1)
 
 
 def _segments(request: Request) -> list[str]:
@@ -130,6 +131,11 @@ def build(backend: Backend) -> Starlette:
         """A page: its order from the live index, its views by direct gets. The whole list
         (no ``pageSize``), or a page before the index is loaded: the stream read as ``node list``."""
         query = request.query_params
+        if _bool(query.get("federation")):  # FED-1: every attached cluster's nodes, the whole list
+            found = await federated(query.get("cluster"))
+            body = (b'{"nodes":' + found.json() + b',"total":' + str(len(found.rows())).encode()
+                    + b',"nextPageToken":null}')
+            return Response(body, media_type="application/json")
         size = _int(request, "pageSize", 0) if query.get("pageSize") else None
         select = partial(fold.ViewIndex.page, cluster=query.get("cluster"), status=query.getlist("status"),
                          health=query.getlist("health"), sort=query.get("sort", "node"), page_size=size,
@@ -164,7 +170,12 @@ def build(backend: Backend) -> Starlette:
         return JSONResponse(page.to_builtins())
 
     async def summary(request: Request, caller: auth.Caller | None) -> Response:
+        if backend.hub or _bool(request.query_params.get("federation")):
+            return JSONResponse(federation.summary(await federated(None)))
         return JSONResponse(current_summary())
+
+    async def federated(cluster: str | None) -> federation.FederatedListing:
+        return await federation.read_federated(backend.nc, backend.js, cluster, federation.unreachable_after_s())
 
     async def config(request: Request, caller: auth.Caller | None) -> Response:
         found = await configstore.read(backend.js)
@@ -262,7 +273,8 @@ def build(backend: Backend) -> Starlette:
         return endpoint
 
     async def dashboard(request: Request, caller: auth.Caller | None) -> Response:
-        return render("dashboard.html", request, caller, summary=current_summary())
+        found = federation.summary(await federated(None)) if backend.hub else current_summary()
+        return render("dashboard.html", request, caller, summary=found, hub=backend.hub)
 
     async def nodes_page(request: Request, caller: auth.Caller | None) -> Response:
         query = request.query_params

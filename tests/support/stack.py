@@ -84,7 +84,10 @@ def running(root: Path, *extra: str, nodes: int = 8) -> Iterator[Stack]:
         stack = Stack(data_dir, process, json.loads(path.read_text()))
 
         def scored() -> bool:
-            answer = stack.get("/api/v1/summary")
+            try:  # the api's metrics answer before its pages do: a refused connection is "not yet"
+                answer = stack.get("/api/v1/summary")
+            except httpx.TransportError:
+                return False
             return answer.status_code == 200 and (answer.json()["fleet"]["nodes"] or 0) >= nodes
 
         stack.wait_until(scored, 60, f"{nodes} nodes scored")

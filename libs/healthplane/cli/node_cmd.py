@@ -96,7 +96,7 @@ async def _federated(nc: NATS, js: JetStreamContext, args: argparse.Namespace) -
         now = datetime.now(UTC)
         if not member.reachable(now, threshold):
             row = reads.ListRow(node_id=view.node_id, cluster=view.cluster, hostname=view.hostname,
-                                status="unknown", health="unknown", score=None)
+                                status="UNKNOWN", health="UNKNOWN", score=None)
             _print(args, lambda: federation.unknown_row(row, member),
                    lambda: f"Node:      {view.node_id} ({view.hostname or 'hostname unknown'}, cluster {view.cluster})\n"
                            f"Health:    Unknown: {member.why_no_health()}")

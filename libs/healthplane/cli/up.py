@@ -130,8 +130,9 @@ def run(args: argparse.Namespace) -> int:
                                tls=server_tls, federation=fed).start()
             nats_url, replicas = nats.url, streams.replicas_for(args.servers)
         else:
+            # In a federation each server says which control plane it is (the hub's logs name the members').
             nats = NatsServer(data_dir / "nats", port=args.nats_port, keystore=keystore, tls=server_tls,
-                              federation=fed).start()
+                              federation=fed, **({"name": f"healthplane-{fed.domain}"} if fed else {})).start()
             nats_url, replicas = nats.url, 1
         try:
             asyncio.run(_prepare(nats_url, config, identities.admin if identities else None, replicas,
@@ -149,7 +150,8 @@ def run(args: argparse.Namespace) -> int:
             for name in services:
                 children.append(_start_service(name, nats_url, log_dir, identities, replica,
                                                partitions=args.partitions if name in registry.PARTITIONED else 1,
-                                               api_port=args.api_port if replica == 1 else 0))
+                                               api_port=args.api_port if replica == 1 else 0,
+                                               hub=args.federation_hub))
         if not args.no_sim and not args.federation_hub:
             fleet = ["sim", "run", "--nodes", str(args.nodes), "--provisioned", str(args.nodes // 2),
                      "--cluster", config.cluster]
@@ -349,13 +351,15 @@ def _pid(server: NatsServer) -> int | None:
 
 
 def _start_service(name: str, nats_url: str, log_dir: Path, identities: Identities | None, replica: int = 1, *,
-                   partitions: int = 1, api_port: int = 0) -> Child:
+                   partitions: int = 1, api_port: int = 0, hub: bool = False) -> Child:
     command = ["service", name, *(["--partitions", str(partitions)] if partitions > 1 else [])]
     env: dict[str, str] = {}
     http_port = None
     if name == "api":  # its port is kept across restarts: an open page reconnects by itself
         http_port = api_port or free_port()
         env["HEALTHPLANE_API_PORT"] = str(http_port)
+        if hub:
+            env["HEALTHPLANE_FEDERATION_HUB"] = "1"
     return _start_child(name, command, nats_url, log_dir, identities, replica, env=env, http_port=http_port)
 
 
