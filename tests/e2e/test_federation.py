@@ -97,6 +97,11 @@ def test_fed1_fed2_fed3_two_clusters_on_a_hub_through_an_outage(tmp_path: Path,
     monkeypatch.setenv("HEALTHPLANE_FEDERATION_UNREACHABLE_AFTER_S", str(UNREACHABLE_AFTER_S))
     with federation(tmp_path) as (hub, a, b, link):
         wait_for(lambda: _same_as_own(hub, a, "a") and _same_as_own(hub, b, "b"), 60, "both clusters on the hub")
+        listed = hub.get("/api/v1/nodes", federation="true").json()
+        assert listed["total"] == 2 * NODES and _health(listed["nodes"]) == _health(_hub_rows(hub, "a") +
+                                                                                    _hub_rows(hub, "b"))
+        assert [(c["cluster"], c["label"]) for c in hub.get("/api/v1/summary").json()["clusters"]] == [
+            ("a", "All healthy"), ("b", "All healthy")]
 
         injected = a.cli("sim", "inject", "sim-001", "--fault", "xid:79", "--gpu", "0", "--cluster", "a")
         assert injected.returncode == 0, injected.stderr
@@ -131,6 +136,12 @@ def test_fed1_fed2_fed3_two_clusters_on_a_hub_through_an_outage(tmp_path: Path,
         summary = {c["cluster"]: c for c in hub.cli_json("node", "summary", "--federation")["clusters"]}
         assert summary["a"]["label"].startswith("No health: cluster a unreachable since ")
         assert summary["b"]["label"] == "All healthy"
+        # (the moment in "since T" is the hub's now less the source's silence: each read's own)
+        api_rows = {c["cluster"]: c for c in hub.get("/api/v1/summary").json()["clusters"]}
+        assert api_rows["a"]["label"].startswith("No health: cluster a unreachable since ") and not api_rows["a"]["readable"]
+        assert api_rows["b"] == summary["b"]
+        dashboard = hub.get("/").text
+        assert "Federation health" in dashboard and "No health: cluster a unreachable since " in dashboard
         refused = hub.cli("node", "cordon", "sim-003", "--cluster", "a", "--federation")
         assert refused.returncode == 3, refused.stderr
         assert "cluster a unreachable since" in refused.stderr and "nothing was sent" in refused.stderr

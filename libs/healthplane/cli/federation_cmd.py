@@ -1,4 +1,5 @@
-"""``healthplane federation attach | list`` (FED): on the hub, who is attached and how they are.
+"""``healthplane federation attach | list | offer`` (FED): on the hub, who is attached and how
+they are; on a member, the consumer the hub sources through.
 
 ``attach NAME`` is the hub operator's decision that cluster NAME may join: it issues the
 member credentials NAME's nats-server connects its leaf with (``creds`` of role ``member``:
@@ -14,7 +15,7 @@ import json
 from datetime import UTC, datetime
 from pathlib import Path
 
-from healthplane import federation
+from healthplane import federation, permissions
 from healthplane.cli.common import (
     EXIT_RETRY,
     CommandFailed,
@@ -39,12 +40,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     listing = actions.add_parser("list", help="on the hub: every attached cluster, reachable or since when not")
     connection_flags(listing)
     output_flag(listing)
+    offer = actions.add_parser("offer", help="on a member (deployed without `up --attach`): make the consumer the "
+                                             "hub sources this cluster's node views through")
+    offer.add_argument("--cluster", required=True, help="this cluster's name, as the hub attached it")
+    connection_flags(offer)
 
 
 def run(args: argparse.Namespace) -> int:
     try:
         if args.federation_command == "attach":
             return _attach(args)
+        if args.federation_command == "offer":
+            return asyncio.run(_offer(args))
         return asyncio.run(_list(args))
     except CredsError as exc:
         return fail(CommandFailed(str(exc)))
@@ -90,6 +97,14 @@ async def _create_aggregate(nats_url: str, admin: str | None, name: str, data_di
         await federation.attach(nc, name)
     finally:
         await nc.close()
+
+
+async def _offer(args: argparse.Namespace) -> int:
+    async with nats_client(args) as nc:
+        await federation.offer_to_hub(nc, args.cluster)
+    print(f"the hub can now source cluster {args.cluster}'s node views (consumer {permissions.HUB_CONSUMER} on "
+          f"{permissions.SOURCED_STREAM})")
+    return 0
 
 
 async def _list(args: argparse.Namespace) -> int:

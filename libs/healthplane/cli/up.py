@@ -132,7 +132,7 @@ def run(args: argparse.Namespace) -> int:
         else:
             # In a federation each server says which control plane it is (the hub's logs name the members').
             nats = NatsServer(data_dir / "nats", port=args.nats_port, keystore=keystore, tls=server_tls,
-                              federation=fed, **({"name": f"healthplane-{fed.domain}"} if fed else {})).start()
+                              federation=fed, name=f"healthplane-{fed.domain}" if fed else "healthplane").start()
             nats_url, replicas = nats.url, 1
         try:
             asyncio.run(_prepare(nats_url, config, identities.admin if identities else None, replicas,
