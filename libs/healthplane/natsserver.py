@@ -108,6 +108,9 @@ class Federation:
     leaf_port: int | None = None  # the hub
     hub_url: str | None = None  # a member: nats-leaf://host:port
     hub_creds: Path | None = None
+    # The member's own guard below; off only for the benchmark's baseline, a raw mirror, which
+    # needs the very consumer creation the guard refuses.
+    guarded: bool = True
 
     def leafnodes_config(self, host: str, local_account: str | None) -> str:
         text = ""
@@ -127,7 +130,8 @@ class Federation:
             api = f"$JS.{self.domain}.API"
             denied = (f"{api}.CONSUMER.CREATE.>", f"{api}.CONSUMER.DURABLE.CREATE.>",
                       f"{api}.CONSUMER.DELETE.>", f"{api}.STREAM.>")
-            remote += ", deny_imports: [" + ", ".join(f'"{d}"' for d in denied) + "]"
+            if self.guarded:
+                remote += ", deny_imports: [" + ", ".join(f'"{d}"' for d in denied) + "]"
             # A lost hub is retried every second: the hub sees the member again as soon as
             # the link is back (FED-2's catch-up starts from there).
             text += f"leafnodes {{ reconnect: 1, remotes: [ {{ {remote} }} ] }}\n"
@@ -157,8 +161,9 @@ class NatsServer:
         # same name never elect a meta leader.
         self.name = name
         self.routes = routes
-        # The monitoring port answers /healthz: JetStream ready, meta leader known.
-        self.monitor_port = free_port(host) if routes is not None else None
+        # The monitoring port answers /healthz (JetStream ready, meta leader known) and, in a
+        # federation, /leafz: the leaf connections and the bytes they carried.
+        self.monitor_port = free_port(host) if routes is not None or federation is not None else None
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -183,8 +188,9 @@ class NatsServer:
         if self.routes is not None:
             peers = ", ".join(f'"nats-route://{self.host}:{port}"' for port in self.routes.members)
             text += (f'cluster {{ name: {self.routes.cluster}, listen: "{self.host}:{self.routes.port}", '
-                     f"routes: [{peers}] }}\n"
-                     f'http: "{self.host}:{self.monitor_port}"\n')
+                     f"routes: [{peers}] }}\n")
+        if self.monitor_port is not None:
+            text += f'http: "{self.host}:{self.monitor_port}"\n'
         if self.keystore is not None:
             self.keystore.refresh()  # this build's permission templates
             text += self.keystore.server_config(self.store_dir / "jwt")
