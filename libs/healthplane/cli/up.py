@@ -195,6 +195,9 @@ def _federation(args: argparse.Namespace, config: ClusterConfig) -> Federation |
     if args.nats_url:
         raise federation.FederationError("--federation-hub and --attach configure the server up starts; for your "
                                          "own servers set their domain and leaf nodes (docs/federation.md)")
+    if args.servers > 1:
+        raise federation.FederationError("--federation-hub and --attach run one embedded server; a federated "
+                                         "cluster of servers is configured by hand (docs/federation.md)")
     if args.federation_hub:
         return Federation(federation.HUB_DOMAIN, leaf_port=args.leaf_port or free_port())
     if not args.insecure and not args.attach_creds:
