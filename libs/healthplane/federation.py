@@ -278,7 +278,7 @@ class FederatedListing:
         return [m for m in self.members if not self.reachable(m)]
 
     def notes(self) -> list[str]:
-        return [m.why_no_health() + "; its nodes show no health" for m in self.members if not self.reachable(m)]
+        return [m.why_no_health() + "; its nodes show no health" for m in self.unreachable()]
 
 
 def summary(found: FederatedListing) -> dict[str, Any]:
