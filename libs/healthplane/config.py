@@ -258,6 +258,65 @@ class NodeHealthOverride(_Camel):
 
 class ProvisionerDefinition(_Camel):
     node_health: NodeHealthOverride = NodeHealthOverride()
+    validate_before_return: bool | None = None  # VAL-2: the cluster's `validation.validateBeforeReturn` when unset
+
+
+class PassWhen(_Camel):
+    """VAL-1: how a suite's run is read. The exit status always counts; the output may also have
+    to match a regular expression, or be JSON whose field (a dotted path) equals a value."""
+
+    exit_code: int = 0
+    output_matches: str | None = None
+    json_field: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$")
+    json_equals: Any = None
+
+    @model_validator(mode="after")
+    def _readable(self) -> PassWhen:
+        if self.output_matches is not None:
+            try:
+                re.compile(self.output_matches)
+            except re.error as exc:
+                raise ValueError(f"outputMatches {self.output_matches!r} is not a regular expression: {exc}") from None
+        if self.json_field is not None and self.json_equals is None:
+            raise ValueError(f"jsonField {self.json_field!r} needs jsonEquals: the value that passes")
+        if self.json_field is None and self.json_equals is not None:
+            raise ValueError("jsonEquals needs jsonField: which field of the output to compare")
+        return self
+
+
+class Suite(_Camel):
+    """VAL-1: a diagnostic run on the nodes under test (``dcgmi diag -r 2``, an NCCL all-reduce,
+    a burn test): the command (argv, no shell), how long it may take, the GPUs a node needs to
+    take part (fewer: excluded, VAL-4), how to read the result."""
+
+    command: list[Annotated[str, Field(min_length=1)]] = Field(min_length=1)
+    timeout_seconds: Annotated[int, Field(ge=1, le=86400)] = 600
+    gpus: Annotated[int, Field(ge=0, le=64)] = 0
+    pass_when: PassWhen = PassWhen()
+
+
+class IsolationSettings(_Camel):
+    """VAL-3: bisecting a failed multi-node job's suspects with validation runs."""
+
+    auto: bool = False  # after a multi-node job failure with no single faulty node named
+    max_concurrent: Annotated[int, Field(ge=1, le=64)] = 8
+    timeout_seconds: Annotated[int, Field(ge=60, le=7 * 86400)] = 3600
+
+
+class Validation(_Camel):
+    suites: dict[Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")], Suite] = {}
+    default_suite: str | None = None
+    validate_before_return: bool = False
+    isolation: IsolationSettings = IsolationSettings()
+
+    @model_validator(mode="after")
+    def _suites_named(self) -> Validation:
+        if self.default_suite is not None and self.default_suite not in self.suites:
+            known = ", ".join(sorted(self.suites)) or "none defined"
+            raise ValueError(f"defaultSuite {self.default_suite!r} is not a suite ({known})")
+        if self.validate_before_return and self.default_suite is None:
+            raise ValueError("validateBeforeReturn needs defaultSuite: the suite a node must pass to return")
+        return self
 
 
 class Webhook(_Camel):
@@ -287,6 +346,22 @@ class ClusterConfig(_Camel):
     node_event_webhooks: list[Webhook] = []
     substrate: Substrate = Substrate()
     provisioner_definitions: dict[str, ProvisionerDefinition] = {}
+    validation: Validation = Validation()
+
+    @model_validator(mode="after")
+    def _validation_before_return(self) -> ClusterConfig:
+        for name, definition in self.provisioner_definitions.items():
+            if definition.validate_before_return and self.validation.default_suite is None:
+                raise ValueError(f"provisionerDefinitions.{name}.validateBeforeReturn needs validation.defaultSuite: "
+                                 "the suite a node must pass to return")
+        return self
+
+    def validate_before_return_for(self, definition: str | None) -> bool:
+        """VAL-2: whether a node of ``definition`` is validated before its last hold is released."""
+        found = self.provisioner_definitions.get(definition or "")
+        if found is not None and found.validate_before_return is not None:
+            return found.validate_before_return
+        return self.validation.validate_before_return
 
     def node_health_for(self, definition: str | None) -> NodeHealth:
         """The effective nodeHealth for a definition. Its penalties table replaces the
