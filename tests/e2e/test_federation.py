@@ -18,7 +18,7 @@ import pytest
 
 from healthplane.runtime.connect import connect
 from tests.support.link import Link
-from tests.support.stack import Stack, running, wait_for
+from tests.support.stack import Stack, launched, running, wait_for
 
 pytestmark = pytest.mark.slow
 UNREACHABLE_AFTER_S = 5  # the hub's threshold in this test (the default is 10 s)
@@ -60,7 +60,7 @@ def federation(tmp_path: Path) -> Iterator[tuple[Stack, Stack, Stack, Link]]:
         leaf_port = int(hub.stack["leafUrl"].rsplit(":", 1)[1])
         link = Link(leaf_port)
         stack.callback(link.close)
-        members = []
+        launches = []
         for name, url in (("a", link.url), ("b", hub.stack["leafUrl"])):
             creds = tmp_path / f"{name}.member.creds"
             attach = hub.cli("federation", "attach", name, "--data-dir", str(hub.data_dir), "-o", str(creds))
@@ -68,9 +68,10 @@ def federation(tmp_path: Path) -> Iterator[tuple[Stack, Stack, Stack, Link]]:
             assert f"--attach {hub.stack['leafUrl']} --attach-creds {creds}" in attach.stdout
             config = tmp_path / f"{name}.yaml"
             config.write_text(f"cluster: {name}\n", encoding="utf-8")
-            members.append(stack.enter_context(running(tmp_path / name, "--attach", url, "--attach-creds", str(creds),
-                                                        "--config", str(config), nodes=NODES)))
-        yield hub, members[0], members[1], link
+            launches.append(stack.enter_context(launched(tmp_path / name, "--attach", url, "--attach-creds",
+                                                         str(creds), "--config", str(config), nodes=NODES)))
+        a, b = (launch.ready() for launch in launches)  # both clusters start side by side
+        yield hub, a, b, link
 
 
 async def _spy_on_commands(hub: Stack) -> int:

@@ -67,31 +67,44 @@ def wait_for(check: Any, timeout: float, what: str) -> Any:
     raise AssertionError(f"timed out waiting for {what} ({timeout:g}s)")
 
 
-@contextmanager
-def running(root: Path, *extra: str, nodes: int = 8) -> Iterator[Stack]:
-    """``healthplane up`` with ``nodes`` simulated nodes, once each has been scored."""
-    data_dir = root / "hp"
-    process = subprocess.Popen([sys.executable, "-m", "healthplane.cli", "up", "--nats-port", "0", "--data-dir",
-                                str(data_dir), "--nodes", str(nodes), *extra],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        path = data_dir / "stack.json"
+@dataclass
+class Launch:
+    """An ``up`` started and not yet waited for: several can start side by side."""
+
+    data_dir: Path
+    process: subprocess.Popen[str]
+    nodes: int
+
+    def ready(self) -> Stack:
+        """The stack once its ``stack.json`` exists and each simulated node has been scored."""
+        path = self.data_dir / "stack.json"
         deadline = time.monotonic() + 90
         while not path.exists():
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise AssertionError(f"up did not start: {process.stderr.read() if process.stderr else ''}")
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(f"up did not start: {self.process.stderr.read() if self.process.stderr else ''}")
             time.sleep(0.1)
-        stack = Stack(data_dir, process, json.loads(path.read_text()))
+        stack = Stack(self.data_dir, self.process, json.loads(path.read_text()))
 
         def scored() -> bool:
             try:  # the api's metrics answer before its pages do: a refused connection is "not yet"
                 answer = stack.get("/api/v1/summary")
             except httpx.TransportError:
                 return False
-            return answer.status_code == 200 and (answer.json()["fleet"]["nodes"] or 0) >= nodes
+            return answer.status_code == 200 and (answer.json()["fleet"]["nodes"] or 0) >= self.nodes
 
-        stack.wait_until(scored, 60, f"{nodes} nodes scored")
-        yield stack
+        stack.wait_until(scored, 60, f"{self.nodes} nodes scored")
+        return stack
+
+
+@contextmanager
+def launched(root: Path, *extra: str, nodes: int = 8) -> Iterator[Launch]:
+    """``healthplane up`` with ``nodes`` simulated nodes, started; stopped with Ctrl-C at the end."""
+    data_dir = root / "hp"
+    process = subprocess.Popen([sys.executable, "-m", "healthplane.cli", "up", "--nats-port", "0", "--data-dir",
+                                str(data_dir), "--nodes", str(nodes), *extra],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        yield Launch(data_dir, process, nodes)
     finally:
         if process.poll() is None:
             process.send_signal(signal.SIGINT)
@@ -100,3 +113,10 @@ def running(root: Path, *extra: str, nodes: int = 8) -> Iterator[Stack]:
         except subprocess.TimeoutExpired:
             process.kill()
             process.communicate()
+
+
+@contextmanager
+def running(root: Path, *extra: str, nodes: int = 8) -> Iterator[Stack]:
+    """``healthplane up`` with ``nodes`` simulated nodes, once each has been scored."""
+    with launched(root, *extra, nodes=nodes) as launch:
+        yield launch.ready()
