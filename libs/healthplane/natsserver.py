@@ -266,7 +266,7 @@ class NatsCluster:
 
     def __init__(self, store_dir: Path | str, size: int = 3, *, ports: list[int] | None = None,
                  host: str = "127.0.0.1", keystore: Keystore | None = None, tls: ServerTls | None = None,
-                 name: str = "healthplane", federation: Federation | None = None) -> None:
+                 name: str = "healthplane") -> None:
         if size < 1:
             raise NatsServerError(f"a cluster needs at least one server, not {size}")
         self.store_dir = Path(store_dir)
@@ -275,7 +275,7 @@ class NatsCluster:
         client_ports = ports or [0] * size
         self.servers = [
             NatsServer(Path(store_dir) / f"hp-{i}", port=client_ports[i], host=host, keystore=keystore, tls=tls,
-                       name=f"hp-{i}", routes=Routes(name, route_ports[i], route_ports), federation=federation)
+                       name=f"hp-{i}", routes=Routes(name, route_ports[i], route_ports))
             for i in range(size)]
 
     @property

@@ -127,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
         elif args.servers > 1:
             ports = [args.nats_port + i for i in range(args.servers)] if args.nats_port else None
             nats = NatsCluster(data_dir / "nats-cluster", args.servers, ports=ports, keystore=keystore,
-                               tls=server_tls, federation=fed).start()
+                               tls=server_tls).start()
             nats_url, replicas = nats.url, streams.replicas_for(args.servers)
         else:
             # In a federation each server says which control plane it is (the hub's logs name the members').
