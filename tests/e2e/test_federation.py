@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
 import sys
 import time
 import urllib.request
@@ -160,3 +161,25 @@ def test_fed1_fed2_fed3_two_clusters_on_a_hub_through_an_outage(tmp_path: Path,
         print(f"FED-2: link mended -> hub caught up in {time.monotonic() - mended_at:.1f}s", file=sys.stderr)
         assert _health(_hub_rows(hub, "a"))["sim-003"][1:] == ("DEGRADED", 55)
         wait_for(lambda: _metric(hub, "healthplane_federation_cluster_reachable", "a") == 1, 10, "the series back")
+
+
+@pytest.mark.parametrize(("flags", "config", "message"), [
+    (["--attach", "nats-leaf://127.0.0.1:7422"], None, "--attach needs --attach-creds FILE"),
+    (["--attach-creds", "x.creds"], None, "--attach-creds goes with --attach URL"),
+    (["--federation-hub", "--servers", "3"], None, "--federation-hub and --attach run one embedded server"),
+    (["--attach", "nats-leaf://127.0.0.1:7422", "--attach-creds", "missing.creds"], None,
+     "--attach-creds missing.creds: no such file"),
+    (["--attach", "nats-leaf://127.0.0.1:7422", "--insecure"], "cluster: Bad.Name\n",
+     "cluster name 'Bad.Name' cannot join a federation"),
+])
+def test_fed1_up_refuses_a_federation_it_cannot_run_in_one_line(tmp_path: Path, flags: list[str], config: str | None,
+                                                                 message: str) -> None:
+    extra = []
+    if config is not None:
+        (tmp_path / "c.yaml").write_text(config, encoding="utf-8")
+        extra = ["--config", str(tmp_path / "c.yaml")]
+    done = subprocess.run([sys.executable, "-m", "healthplane.cli", "up", "--data-dir", str(tmp_path / "hp"),
+                           "--nats-port", "0", *flags, *extra], capture_output=True, text=True, timeout=60,
+                          cwd=tmp_path)
+    [line] = done.stderr.strip().splitlines()
+    assert done.returncode == 1 and line.startswith("healthplane up: ") and message in line
