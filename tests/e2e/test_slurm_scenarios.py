@@ -134,7 +134,11 @@ def test_slu2_an_administrators_resume_in_slurm_releases_the_hold_as_actor_slurm
             return any(e.node_id == "sim-000" and e.actor == "slurm" for e in await site.stack.events("HOLD_RELEASED"))
 
         await until(released)
-        assert (await site.stack.view("sim-000")).status == "READY"
+
+        async def ready() -> bool:  # the view follows the event: the scorer folds it next
+            return (await site.stack.view("sim-000")).status == "READY"
+
+        await until(ready)
         await asyncio.sleep(2)  # two more passes
         assert not site.drained("sim-000")
 
