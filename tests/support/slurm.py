@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -26,7 +27,7 @@ from typing import Any
 
 import pytest
 
-from healthplane.natsserver import die_with_parent, free_port
+from healthplane.natsserver import die_with_parent
 
 # Full paths, never /usr/sbin/slurmctld: slurm-wlm-emulator, if ever installed, repoints
 # those alternatives at front-end binaries that cannot run this config.
@@ -249,10 +250,11 @@ class SlurmCluster:
     def _write_config(self) -> None:
         host = socket.gethostname()
         state, log, spool = self.root / "state", self.log_dir, self.run_dir / "spool"
+        controller_port, *node_ports = _listen_ports(1 + len(self.nodes))
         lines = [
             "ClusterName=healthplane",
             f"SlurmctldHost={host}(127.0.0.1)",
-            f"SlurmctldPort={free_port()}",
+            f"SlurmctldPort={controller_port}",
             "SlurmUser=root",
             "SlurmdUser=root",
             "AuthType=auth/munge",
@@ -290,8 +292,8 @@ class SlurmCluster:
             "MinJobAge=300",  # ended jobs stay in squeue that long
             "KillWait=2",
         ]
-        lines += [f"NodeName={name} NodeHostname={host} NodeAddr=127.0.0.1 Port={free_port()} "
-                  f"CPUs=1 RealMemory=1000 State=UNKNOWN" for name in self.nodes]
+        lines += [f"NodeName={name} NodeHostname={host} NodeAddr=127.0.0.1 Port={port} "
+                  f"CPUs=1 RealMemory=1000 State=UNKNOWN" for name, port in zip(self.nodes, node_ports, strict=True)]
         if self.ghosts:
             # Nothing listens on 127.0.0.2:9: the controller sees the nodes as never registered.
             first, last = self.ghosts[0].removeprefix("ghost-"), self.ghosts[-1].removeprefix("ghost-")
@@ -426,6 +428,31 @@ class SlurmCluster:
                 with suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
             time.sleep(POLL_S / 2)
+
+
+def _listen_ports(count: int) -> list[int]:
+    """``count`` distinct free ports below the kernel's ephemeral range. The daemons bind theirs
+    seconds after the config names them (slurmd after slurmctld is up): a port from the
+    ephemeral range (``free_port``) can meanwhile become the source port of any outgoing
+    connection on the machine ("Unable to bind listen port: Address already in use", red once
+    in CI); below the range only another listener can take it."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    draw = random.SystemRandom()  # not the global generator, which hypothesis seeds
+    found: list[int] = []
+    while len(found) < count:
+        port = draw.randrange(10000, max(10001, low))
+        if port in found:
+            continue
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        found.append(port)
+    return found
 
 
 @contextmanager
