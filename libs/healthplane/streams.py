@@ -168,6 +168,9 @@ EVENT_WRITERS: Final[dict[str, str]] = {
     "HOLD_CREATED": "eviction",
     "HOLD_RELEASED": "eviction",
     "JOB_FAILURE_ATTRIBUTED": "eviction",
+    "VALIDATION_STARTED": "eviction",
+    "VALIDATION_PASSED": "eviction",
+    "VALIDATION_FAILED": "eviction",
 }
 
 FENCE_PREFIX: Final = "hp.fence"
@@ -223,12 +226,16 @@ STREAMS: Final[tuple[StreamDef, ...]] = (
                 "Instruction to the policy service: breaker-reset; the last token is the sender's identity", ("admin",)),
         Channel("hp.provider.{cluster}.{node}", "provider", "sim provider",
                 "How the simulated provisioner answers terminations of one node", ("admin",)),
+        Channel("hp.hardware.{cluster}.{node}", "hardware", "sim inject",
+                "A simulated node's hidden hardware truth (a silent bad GPU) for the reference scheduler",
+                ("admin",)),
         _fence("cmd")),
         max_age=7 * DAY, description="operator and automation commands with their outcomes",
         readers=("eviction", "policy", *SCHEDULERS)),
     StreamDef("HP_ALLOCATIONS", (
         Channel("hp.alloc.{cluster}.{node}.{alloc}", "alloc", "scheduler", "Allocation lifecycle", SCHEDULERS),
-        Channel("hp.job.{cluster}.{job}", "job", "sim submit", "Work submitted to the reference scheduler", ("admin",)),
+        Channel("hp.job.{cluster}.{job}", "job", "sim submit, eviction",
+                "Work submitted to the reference scheduler; eviction's validation runs (VAL-1)", ("admin", "eviction")),
         _fence("alloc")),
         max_age=7 * DAY, description="submitted jobs and the allocation lifecycle from the scheduler",
         readers=("scorer", "policy", "eviction", *SCHEDULERS, "sim"), slotted="hp.alloc.{cluster}.{node}.{alloc}"),

@@ -117,6 +117,11 @@ def provision(cluster: str, node_id: str) -> str:
     return f"{PREFIX}.provision.{encode_token(cluster)}.{encode_token(node_id)}"
 
 
+def hardware(cluster: str, node_id: str) -> str:
+    """A simulated node's hidden hardware truth (``sim inject --fault silent-gpu``)."""
+    return f"{PREFIX}.hardware.{encode_token(cluster)}.{encode_token(node_id)}"
+
+
 def provider(cluster: str, node_id: str) -> str:
     """How the simulated provisioner answers terminations of one node (``sim provider``)."""
     return f"{PREFIX}.provider.{encode_token(cluster)}.{encode_token(node_id)}"
@@ -196,7 +201,7 @@ class NodeSubject:
     actor: str | None = None  # a command's sender (its sixth token)
 
 
-_NODE_KINDS = frozenset({"report", "resource", "assess", "event", "node", "cmd", "outcome", "alloc", "directive", "provision", "provider"})
+_NODE_KINDS = frozenset({"report", "resource", "assess", "event", "node", "cmd", "outcome", "alloc", "directive", "provision", "provider", "hardware"})
 
 
 # The kinds whose stored subjects carry the node's partition slot last in a partitioned

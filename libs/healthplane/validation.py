@@ -8,11 +8,31 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any
 
+import msgspec
+
+from healthplane import wire
 from healthplane.config import Suite
 
-OUTPUT_KEPT_BYTES: Final = 64 * 1024  # a runner keeps at most this much of a run's output (its tail)
+
+class Rule(msgspec.Struct, frozen=True, kw_only=True):
+    """One configured suite as the services keep it (in a fold's state, in a job): what a
+    scheduler runs, and how its run is read (``passWhen``)."""
+
+    suite: wire.ValidationSuite
+    exit_code: int = 0
+    output_matches: str | None = None
+    json_field: str | None = None
+    json_equals: Any = None
+
+
+def rule_of(name: str, suite: Suite) -> Rule:
+    when = suite.pass_when
+    return Rule(suite=wire.ValidationSuite(name=name, command=list(suite.command),
+                                           timeout_seconds=suite.timeout_seconds, gpus=suite.gpus),
+                exit_code=when.exit_code, output_matches=when.output_matches, json_field=when.json_field,
+                json_equals=when.json_equals)
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,14 +52,13 @@ def _field(document: Any, path: str) -> tuple[bool, Any]:
     return True, document
 
 
-def judge(suite: Suite, exit_code: int | None, output: str, *, timed_out: bool = False) -> Verdict:
-    """The verdict on one run of ``suite``: its deadline, then its exit status, then what its
-    output must show (``passWhen``)."""
+def judge(rule: Rule, exit_code: int | None, output: str, *, timed_out: bool = False) -> Verdict:
+    """The verdict on one run of ``rule``'s suite: its deadline, then its exit status, then
+    what its output must show (``passWhen``)."""
     if timed_out:
-        return Verdict(False, f"timed out after {suite.timeout_seconds}s")
+        return Verdict(False, f"timed out after {rule.suite.timeout_seconds}s")
     if exit_code is None:
         return Verdict(False, "ended without an exit status (killed or lost)")
-    rule = suite.pass_when
     if exit_code != rule.exit_code:
         return Verdict(False, f"exit status {exit_code} (passes with {rule.exit_code})")
     if rule.output_matches is not None and re.search(rule.output_matches, output, re.MULTILINE) is None:

@@ -24,7 +24,8 @@ HoldEffect = Literal["cordon", "evict", "deprovision"]
 PolicyMode = Literal["observe", "cordon", "drain", "replace"]
 # "replace" is automation's (policy, POL-4): a passive deprovision that ends in NODE_REPLACED.
 CommandVerb = Literal[
-    "cordon", "uncordon", "drain", "evict", "deprovision", "replace", "hold-release", "service"
+    "cordon", "uncordon", "drain", "evict", "deprovision", "replace", "hold-release", "service",
+    "validate", "isolate",
 ]
 CommandResult = Literal["applied", "refused", "retry"]
 # "requeued": ended by a requeue directive; the step runs again from the beginning elsewhere.
@@ -52,6 +53,9 @@ EventType = Literal[
     "HOLD_CREATED",
     "HOLD_RELEASED",
     "JOB_FAILURE_ATTRIBUTED",
+    "VALIDATION_STARTED",
+    "VALIDATION_PASSED",
+    "VALIDATION_FAILED",
 ]
 EVENT_TYPES: Final[tuple[str, ...]] = EventType.__args__  # type: ignore[attr-defined]
 
@@ -66,6 +70,7 @@ ConditionType = Literal[
     "heartbeat_missed",
     "collector_failed",
     "telemetry_stale",
+    "validation_failed",
 ]
 CONDITION_TYPES: Final[tuple[str, ...]] = ConditionType.__args__  # type: ignore[attr-defined]
 _ACRONYMS: Final = {"gpu": "GPU", "smart": "SMART", "ecc": "ECC", "xid": "Xid"}
@@ -369,6 +374,21 @@ class Contribution(Record, frozen=True, kw_only=True):
     points: int  # negative: points deducted
 
 
+class ValidationRecord(Sparse, frozen=True, kw_only=True):
+    """The ``validation`` field of VALIDATION_* events (VAL-1): which suite, which validation
+    job, how long it ran (not how long it queued: VAL-4) and why it passed or failed. A run
+    over several nodes (``nodes`` > 1, an isolation's group) that fails names no one node:
+    only a single node's failure raises ``validation_failed``."""
+
+    suite: str
+    job: str
+    duration_seconds: float | None = None
+    reason: str | None = None
+    nodes: int = 1  # how many nodes the run covered
+    isolating: str | None = None  # the failed job an isolation (VAL-3) is looking into
+    round: int | None = None  # the isolation's round (1-based)
+
+
 class Hold(Record, frozen=True, kw_only=True):
     id: str
     effect: HoldEffect
@@ -405,6 +425,7 @@ class NodeEvent(Sparse, frozen=True, kw_only=True):
     definition: str | None = None
     provisioned: bool | None = None
     config_version: int | None = None
+    validation: ValidationRecord | None = None
 
 
 # ---------------------------------------------------------------------------- node view
@@ -462,6 +483,8 @@ class Command(Sparse, frozen=True, kw_only=True):
     batch_id: str | None = None
     hold_ids: list[str] = []
     effect: HoldEffect | None = None
+    suite: str | None = None  # validate, isolate: the suite to run (None: the config's defaultSuite)
+    job_id: str | None = None  # isolate: the failed job whose nodes are the suspects
 
 
 class CommandOutcome(Sparse, frozen=True, kw_only=True):
@@ -479,6 +502,10 @@ class CommandOutcome(Sparse, frozen=True, kw_only=True):
     moved: int | None = None  # drain --active / evict: allocations requeued
     failed: int | None = None  # evict: allocations failed
     skipped: bool = False  # an --all member left alone (not READY, static, not yet known)
+    passed: bool | None = None  # validate: the suite's verdict (the outcome comes when the run ends)
+    faulty: list[str] | None = None  # isolate: the nodes named faulty
+    cleared: list[str] | None = None  # isolate: the suspects cleared by a passing run
+    excluded: dict[str, str] | None = None  # validate, isolate: node -> why it could not take part (VAL-4)
 
 
 class PolicyCommand(Sparse, frozen=True, kw_only=True):
@@ -517,6 +544,25 @@ class Allocation(Sparse, frozen=True, kw_only=True):
     user: str | None = None
     partition: str | None = None
     nodes: list[str] | None = None
+    # A validation run's step (VAL-1): its exit status (None: killed or lost), the tail of
+    # its output (at most OUTPUT_TAIL_BYTES), whether the suite's timeout ended it.
+    exit_code: int | None = None
+    output: str | None = None
+    timed_out: bool = False
+
+
+# What a runner keeps of a validation run's output: its tail, enough for any verdict's pattern.
+OUTPUT_TAIL_BYTES: Final = 4096
+
+
+class ValidationSuite(Sparse, frozen=True, kw_only=True):
+    """What a scheduler needs to run a suite (the verdict is eviction's): the command (argv, no
+    shell), its timeout, the GPUs each node gives it."""
+
+    name: str
+    command: list[str]
+    timeout_seconds: int
+    gpus: int = 0
 
 
 class Job(Sparse, frozen=True, kw_only=True):
@@ -534,6 +580,10 @@ class Job(Sparse, frozen=True, kw_only=True):
     retry_attempts: int = 0
     restart: RestartPolicy = "never"
     definition: str | None = None
+    # A validation job (VAL-1, written by eviction): step i runs on ``nodes[i]``, held or not,
+    # as soon as that node has room; it runs ``validation``'s command instead of sleeping.
+    nodes: list[str] | None = None
+    validation: ValidationSuite | None = None
 
 
 class Directive(Sparse, frozen=True, kw_only=True):
@@ -570,6 +620,19 @@ class ProviderSetting(Sparse, frozen=True, kw_only=True):
     cluster: str
     reject_terminations: bool
     message: str | None = None  # the provider's words on a rejection
+    set_at: datetime
+    actor: str
+
+
+class SimHardware(Sparse, frozen=True, kw_only=True):
+    """``hp.hardware.{cluster}.{node}``: the simulated node's hidden truth, which its reports do
+    not show (``sim inject NODE --fault silent-gpu --gpu N``): the reference scheduler fails
+    work and validation runs that touch those GPUs, so a validation run finds what counters
+    cannot (VAL-3). Development only."""
+
+    node_id: str
+    cluster: str
+    failing_gpus: list[int]
     set_at: datetime
     actor: str
 
@@ -660,6 +723,7 @@ RECORDS: Final[dict[str, type[Record]]] = {
     "directive": Directive,
     "provision": TerminationResult,
     "provider": ProviderSetting,
+    "hardware": SimHardware,
     "policy": PolicyCommand,
     "config": ConfigEnvelope,
     "snapshot": Snapshot,

@@ -52,6 +52,9 @@ class SimGpu:
     throttle: list[str] = field(default_factory=list)
     remap_failed: bool = False
     lost: bool = False
+    # A bad GPU whose counters look clean: only a validation run finds it (VAL-3). The reports
+    # never show it; the reference scheduler learns it from `sim inject` (hp.hardware).
+    silently_bad: bool = False
 
 
 @dataclass
@@ -206,6 +209,10 @@ class SimNode:
             if signal_name not in SIGNALS:
                 raise FaultError(f"unknown signal {signal_name!r}; one of {', '.join(SIGNALS)}")
             hw.failing.add(signal_name)
+        elif fault == "silent-gpu":
+            if gpu is None:
+                raise FaultError("silent-gpu needs --gpu N: the GPU that fails diagnostics")
+            self._gpu(gpu).silently_bad = True
         elif fault == "silent":
             self.silent = True
         elif fault == "resume":
@@ -230,12 +237,31 @@ class InjectRequest(msgspec.Struct, rename="camel"):
 class InjectReply(msgspec.Struct, rename="camel", omit_defaults=True):
     ok: bool
     message: str
+    failing_gpus: list[int] | None = None  # the node's silently bad GPUs after the injection
+
+
+# The faults that change what only a validation run can see: `sim inject` records the node's
+# hidden truth for the reference scheduler after each.
+HIDDEN_FAULTS: Final = ("silent-gpu", "clear")
 
 
 def inject_subject(cluster: str) -> str:
     from healthplane.subjects import PREFIX, encode_token
 
     return f"{PREFIX}.sim.{encode_token(cluster)}.inject"
+
+
+async def _tell_hardware(nc: Any, args: Any, reply: InjectReply) -> None:
+    """Record the node's hidden truth for the reference scheduler (development only)."""
+    from healthplane import subjects
+    from healthplane.cli.common import EXIT_RETRY, CommandFailed, actor
+
+    truth = wire.SimHardware(node_id=args.node, cluster=args.cluster, failing_gpus=reply.failing_gpus or [],
+                             set_at=datetime.now(UTC), actor=actor(args))
+    try:
+        await nc.jetstream().publish(subjects.hardware(args.cluster, args.node), wire.encode(truth), timeout=5)
+    except Exception as exc:
+        raise CommandFailed(f"{reply.message}, but the reference scheduler was not told: {exc}", EXIT_RETRY) from exc
 
 
 def terminations_subject(cluster: str) -> str:
@@ -279,7 +305,9 @@ class Fleet:
         if node is None:
             return InjectReply(ok=False, message=f"no simulated node {request.node_id!r} in cluster {self.cluster}")
         try:
-            return InjectReply(ok=True, message=node.inject(request.fault, request.gpu, datetime.now(UTC)))
+            message = node.inject(request.fault, request.gpu, datetime.now(UTC))
+            return InjectReply(ok=True, message=message,
+                               failing_gpus=[g.index for g in node.hardware.gpus if g.silently_bad])
         except FaultError as exc:
             return InjectReply(ok=False, message=str(exc))
 
@@ -382,9 +410,11 @@ def run_cli(args: Any) -> int:
                 except Exception as exc:
                     raise CommandFailed(f"no simulator answers for cluster {args.cluster} "
                                         "(is `healthplane sim run` up?)", EXIT_RETRY) from exc
+                reply = msgspec.json.decode(msg.data, type=InjectReply)
+                if reply.ok and args.fault in HIDDEN_FAULTS and reply.failing_gpus is not None:
+                    await _tell_hardware(nc, args, reply)
         except CommandFailed as exc:
             return fail(exc)
-        reply = msgspec.json.decode(msg.data, type=InjectReply)
         print(reply.message, file=sys.stdout if reply.ok else sys.stderr)
         return 0 if reply.ok else 1
 

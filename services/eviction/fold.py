@@ -13,14 +13,18 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
 from typing import Any
 
 import msgspec
 
-from healthplane import configstore, subjects, wire
+from healthplane import configstore, isolation, subjects, wire
 from healthplane.runtime.processor import Emit, Inbound, Input, Reject
 from healthplane.subjects import node_key
+from healthplane.validation import Rule, Verdict, judge, rule_of
 from healthplane_eviction import rules
+from healthplane_eviction import validation as vrules
+from healthplane_eviction.validation import Gate, Isolating, Run, SeenJob
 
 SERVICE = "eviction"
 INPUTS = (
@@ -32,11 +36,12 @@ INPUTS = (
     Input("HP_RESOURCES"),
     Input("HP_CONFIG"),
 )
-OUTPUTS = ("HP_NODE_EVENTS", "HP_DIRECTIVES", "HP_COMMANDS")
+OUTPUTS = ("HP_NODE_EVENTS", "HP_DIRECTIVES", "HP_COMMANDS", "HP_ALLOCATIONS")
 
 # Hold ids look like the reference's (UUIDs) and are derived from the command, so a replayed
 # command recreates the very same hold.
 HOLD_NAMESPACE = uuid.UUID("6f1d3c52-7b0e-4a7e-9d55-0c1f2b9e8a41")
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 class Limits(msgspec.Struct, frozen=True):
@@ -47,6 +52,7 @@ class Limits(msgspec.Struct, frozen=True):
 class EvictionConfig(msgspec.Struct, frozen=True):
     cluster: Limits = Limits()
     definitions: dict[str, Limits] = {}
+    validation: vrules.Policy = vrules.Policy()
 
     def limits(self, definition: str | None) -> Limits:
         return self.definitions.get(definition, self.cluster) if definition else self.cluster
@@ -71,11 +77,17 @@ class Node(msgspec.Struct):
     terminate_directive: str | None = None  # sent, awaiting the provisioner's answer
     force_command: str | None = None  # a --force command waiting for that answer
     gone: bool = False
+    gpus: int | None = None  # from its resource report: a suite that needs more excludes it (VAL-4)
+    fault_seen: bool = False  # a hardware fault since its last passed validation (VAL-2)
+    gate: Gate | None = None  # a release waiting for this node to pass validation (VAL-2)
 
 
 class EvictionState(msgspec.Struct):
     nodes: dict[str, Node] = {}
     config: EvictionConfig = EvictionConfig()
+    runs: dict[str, Run] = {}  # validation job id -> the run in flight (VAL-1)
+    isolations: dict[str, Isolating] = {}  # failed job's key -> its isolation (VAL-3)
+    jobs: dict[str, SeenJob] = {}  # job key -> where it ran: running jobs, and failed ones kept
 
 
 
@@ -115,6 +127,9 @@ class Out:
         self.emits.append(Emit(subjects.directive(node.cluster, node.node_id), wire.encode(directive)))
         return directive.id
 
+    def job(self, job: wire.Job) -> None:
+        self.emits.append(Emit(subjects.job(job.cluster, job.id), wire.encode(job)))
+
     def outcome(self, command: wire.Command, result: wire.CommandResult, message: str, **fields: Any) -> None:
         outcome = wire.CommandOutcome(command_id=command.id, node_id=command.node_id, cluster=command.cluster,
                                       verb=command.verb, result=result, message=message, decided_at=self.at,
@@ -142,6 +157,7 @@ class EvictionCore:
             node = self._node(state, report.cluster, report.node_id)
             node.known, node.provisioned, node.ready = True, report.provisioned, report.ready
             node.definition = report.definition
+            node.gpus = sum(1 for device in report.devices if device.kind == "gpu")
         elif inbound.stream == "HP_CONFIG":
             state.config = _config(configstore.decode_config(wire.decode(wire.ConfigEnvelope, inbound.data)))
         else:
@@ -173,7 +189,7 @@ class EvictionCore:
         handlers: dict[str, Callable[[EvictionState, Node, wire.Command, Out], None]] = {
             "cordon": self._cordon, "uncordon": self._uncordon, "drain": self._drain, "evict": self._evict,
             "deprovision": self._deprovision, "replace": self._deprovision, "hold-release": self._release,
-            "service": self._service,
+            "service": self._service, "validate": self._validate, "isolate": self._isolate,
         }
         handlers[command.verb](state, node, command, out)
 
@@ -204,6 +220,8 @@ class EvictionCore:
 
     def _uncordon(self, state: EvictionState, node: Node, command: wire.Command, out: Out) -> None:
         cordons = [h for h in node.holds.values() if h.effect == "cordon"]
+        if self._gated(state, node, command, cordons, out):
+            return
         self._release_holds(node, cordons, command, out)
         if cordons:
             out.event(node, "NODE_UNCORDONED", f"uncordoned: {len(cordons)} cordon hold(s) released",
@@ -313,6 +331,8 @@ class EvictionCore:
         chosen = [h for h in node.holds.values()
                   if (not command.hold_ids or h.id in command.hold_ids)
                   and (command.effect is None or h.effect == command.effect)]
+        if self._gated(state, node, command, chosen, out):
+            return
         self._release_holds(node, chosen, command, out)
         out.outcome(command, "applied", rules.released(node.node_id, len(chosen), node.holds.values()))
 
@@ -334,7 +354,14 @@ class EvictionCore:
             node.operator_ended = [*node.operator_ended, alloc.id]
 
     def _allocation(self, state: EvictionState, alloc: wire.Allocation, out: Out) -> None:
+        run = state.runs.get(alloc.job_id)
+        if run is not None:
+            self._run_step(state, run, alloc, out)
+            return
+        if alloc.job_id.startswith(vrules.RUN_PREFIX):
+            return  # a finished run's late record: validation work is never the job index's
         node = self._node(state, alloc.cluster, alloc.node_id)
+        seen = self._seen(state, alloc)
         if alloc.state in ("placed", "started"):
             if alloc.id in node.ending:
                 return  # already told to end; a late "started" does not bring it back
@@ -360,6 +387,8 @@ class EvictionCore:
             out.event(node, "JOB_FAILURE_ATTRIBUTED",
                       f"job {alloc.job_id} failed on a node with {rules.fault_phrase(fault)}", SERVICE,
                       fault_class=rules.fault_class(fault), allocation_id=alloc.id)
+        elif alloc.state == "failed" and not by_operator:
+            self._isolate_automatically(state, seen, out)
         self._teardown_when_empty(node, out)
 
     def _teardown_when_empty(self, node: Node, out: Out) -> None:
@@ -389,6 +418,260 @@ class EvictionCore:
                                    actor=actor, issued_at=out.at, force=True)
             out.outcome(command, "applied" if result.accepted else "refused", result.message)
 
+    # ------------------------------------------------------------------ validation (VAL)
+
+    def _start_run(self, state: EvictionState, cluster: str, rule: Rule, nodes: list[str],
+                   purpose: vrules.Purpose, actor: str, out: Out, *, command_id: str | None = None,
+                   isolating: Isolating | None = None, round_: int | None = None) -> Run:
+        """Append a validation job pinned to ``nodes`` and say so on each node."""
+        run = Run(id=vrules.run_id(out.stem, len(out.emits)), cluster=cluster, rule=rule, nodes=list(nodes),
+                  purpose=purpose, actor=actor, command_id=command_id,
+                  isolating=isolating.key if isolating else None, round=round_)
+        state.runs[run.id] = run
+        out.job(wire.Job(id=run.id, cluster=cluster, steps=len(nodes), duration_seconds=0, submitted_at=out.at,
+                         submitted_by=SERVICE, nodes=list(nodes), validation=rule.suite))
+        record = self._record(run, isolating)
+        for node_id in run.nodes:
+            out.event(self._node(state, cluster, node_id), "VALIDATION_STARTED", vrules.started_message(run),
+                      actor, validation=record, command_id=command_id)
+        return run
+
+    @staticmethod
+    def _record(run: Run, isolating: Isolating | None = None, verdict: Verdict | None = None) -> wire.ValidationRecord:
+        return wire.ValidationRecord(
+            suite=run.rule.suite.name, job=run.id, nodes=len(run.nodes), round=run.round,
+            isolating=isolating.job_id if isolating else None,
+            duration_seconds=round(run.seconds(), 3) if verdict is not None else None,
+            reason=verdict.reason if verdict is not None else None)
+
+    def _excluded(self, state: EvictionState, cluster: str, node_id: str, rule: Rule, *,
+                  cordoned_excludes: bool = False) -> str | None:
+        node = state.nodes.get(node_key(cluster, node_id))
+        if node is None:
+            return "not a known node"
+        return vrules.excluded_reason(known=node.known, gone=node.gone, offline=node.offline, gpus=node.gpus,
+                                      needs=rule.suite.gpus, suite=rule.suite.name,
+                                      cordoned=cordoned_excludes and bool(node.holds))
+
+    @staticmethod
+    def _running_on(state: EvictionState, node: Node) -> Run | None:
+        return next((r for r in state.runs.values() if r.cluster == node.cluster and node.node_id in r.nodes), None)
+
+    def _validate(self, state: EvictionState, node: Node, command: wire.Command, out: Out) -> None:
+        """VAL-1: run a suite on this node; the outcome comes when the run ends."""
+        policy = state.config.validation
+        problem = vrules.no_suite(command.suite, policy)
+        if problem is not None:
+            out.outcome(command, "refused", f"cannot validate {node.node_id}: {problem}")
+            return
+        busy = self._running_on(state, node)
+        if busy is not None:
+            out.outcome(command, "refused", f"{node.node_id} is already being validated (job {busy.id})")
+            return
+        rule = policy.rules[command.suite or policy.default_suite or ""]
+        why = self._excluded(state, node.cluster, node.node_id, rule)
+        if why is not None:
+            out.outcome(command, "refused", f"cannot validate {node.node_id}: {why}", excluded={node.node_id: why})
+            return
+        self._start_run(state, node.cluster, rule, [node.node_id], "validate", command.actor, out,
+                        command_id=command.id)
+
+    def _gated(self, state: EvictionState, node: Node, command: wire.Command, releasing: list[wire.Hold],
+               out: Out) -> bool:
+        """VAL-2: releasing the last holds of a node that carried a hardware fault waits for it to
+        pass the default suite. True when this command is answered here (waiting, or refused)."""
+        if node.gate is not None:
+            out.outcome(command, "refused", f"{node.node_id} is being validated before it returns to service "
+                        f"(job {node.gate.run}); its holds are released if it passes")
+            return True
+        policy = state.config.validation
+        left = [h for h in node.holds.values() if h not in releasing]
+        if (not releasing or left or not node.fault_seen or not policy.before_return_for(node.definition)
+                or policy.default_suite is None or policy.default_suite not in policy.rules):
+            return False
+        rule = policy.rules[policy.default_suite]
+        why = self._excluded(state, node.cluster, node.node_id, rule)
+        if why is not None:
+            out.outcome(command, "refused", f"{node.node_id} carried a hardware fault and must pass suite "
+                        f"{rule.suite.name} before it returns, but cannot be validated: {why}; its holds stay",
+                        excluded={node.node_id: why})
+            return True
+        busy = self._running_on(state, node)
+        if busy is not None:
+            out.outcome(command, "refused", f"{node.node_id} is being validated (job {busy.id}); release its "
+                        "holds once that run has ended")
+            return True
+        run = self._start_run(state, node.cluster, rule, [node.node_id], "gate", command.actor, out,
+                              command_id=command.id)
+        node.gate = Gate(run=run.id, command_id=command.id, verb=command.verb, actor=command.actor,
+                         hold_ids=[h.id for h in releasing])
+        out.outcome(command, "applied", f"{node.node_id} carried a hardware fault: it returns to service once "
+                    f"suite {rule.suite.name} passes (validation job {run.id}); its {len(releasing)} hold(s) stay "
+                    "until then")
+        return True
+
+    def _run_step(self, state: EvictionState, run: Run, alloc: wire.Allocation, out: Out) -> None:
+        """One step of a run moved: started (its clock starts: VAL-4), or ended (judged)."""
+        node_id = alloc.node_id
+        if node_id not in run.nodes or node_id in run.results or alloc.state == "placed":
+            return
+        if alloc.state == "started":
+            run.started = {**run.started, node_id: alloc.at}
+            iso = state.isolations.get(run.isolating or "")
+            if iso is not None and iso.first_started is None:
+                iso.first_started = alloc.at
+            return
+        seconds = max(0.0, (alloc.at - run.started.get(node_id, alloc.at)).total_seconds())
+        exit_code = alloc.exit_code if alloc.exit_code is not None or alloc.state != "finished" else 0
+        said = alloc.output or alloc.reason
+        verdict = judge(run.rule, exit_code, said or "", timed_out=alloc.timed_out)
+        run.results = {**run.results, node_id: vrules.Result(verdict.passed, vrules.step_reason(verdict, said),
+                                                              seconds)}
+        if run.done:
+            self._run_ended(state, run, out)
+
+    def _run_ended(self, state: EvictionState, run: Run, out: Out) -> None:
+        del state.runs[run.id]
+        verdict = run.verdict()
+        iso = state.isolations.get(run.isolating or "")
+        record = self._record(run, iso, verdict)
+        message = vrules.ended_message(run, verdict)
+        kind: wire.EventType = "VALIDATION_PASSED" if verdict.passed else "VALIDATION_FAILED"
+        for node_id in run.nodes:
+            node = self._node(state, run.cluster, node_id)
+            out.event(node, kind, message, run.actor, validation=record, command_id=run.command_id)
+            if verdict.passed:
+                node.fault_seen = False
+        if run.purpose == "validate" and run.command_id is not None:
+            command = wire.Command(id=run.command_id, node_id=run.nodes[0], cluster=run.cluster, verb="validate",
+                                   actor=run.actor, issued_at=out.at, suite=run.rule.suite.name)
+            out.outcome(command, "applied", f"{run.nodes[0]}: {message}", passed=verdict.passed)
+        elif run.purpose == "gate":
+            self._gate_ended(state, run, verdict, out)
+        elif iso is not None:
+            self._isolation_result(state, iso, run, verdict, out)
+
+    def _gate_ended(self, state: EvictionState, run: Run, verdict: Verdict, out: Out) -> None:
+        node = self._node(state, run.cluster, run.nodes[0])
+        gate, node.gate = node.gate, None
+        if gate is None or gate.run != run.id or not verdict.passed:
+            return  # failed: the holds stay; the event says why and health-ingest raises validation_failed
+        command = wire.Command(id=gate.command_id, node_id=node.node_id, cluster=node.cluster,
+                               verb=gate.verb, actor=gate.actor, issued_at=out.at)  # type: ignore[arg-type]
+        holds = [node.holds[h] for h in gate.hold_ids if h in node.holds]
+        self._release_holds(node, holds, command, out)
+        if gate.verb == "uncordon" and holds:
+            out.event(node, "NODE_UNCORDONED", f"uncordoned after passing suite {run.rule.suite.name}: "
+                      f"{len(holds)} cordon hold(s) released", gate.actor, command_id=gate.command_id)
+
+    # ------------------------------------------------------------------ isolation (VAL-3)
+
+    def _seen(self, state: EvictionState, alloc: wire.Allocation) -> SeenJob:
+        """Keep where each job ran while it runs, and its failed ones (the newest, bounded)."""
+        key = job_key(alloc.cluster, alloc.job_id)
+        seen = state.jobs.get(key)
+        if seen is None:
+            seen = state.jobs[key] = SeenJob(cluster=alloc.cluster, job_id=alloc.job_id)
+        seen.at = alloc.at
+        if alloc.state in ("placed", "started"):
+            seen.nodes = {**seen.nodes, alloc.node_id: alloc.id}
+            if alloc.id not in seen.open:
+                seen.open = [*seen.open, alloc.id]
+            return seen
+        seen.open = [a for a in seen.open if a != alloc.id]
+        if alloc.state == "failed" and not seen.failed:
+            seen.failed = True
+            failed = [k for k, j in state.jobs.items() if j.failed and k not in state.isolations]
+            for old in sorted(failed, key=lambda k: state.jobs[k].at or _EPOCH)[:-vrules.KEPT_FAILED_JOBS]:
+                del state.jobs[old]
+        if not seen.open and not seen.failed:
+            state.jobs.pop(key, None)
+        return seen
+
+    def _isolate(self, state: EvictionState, node: Node, command: wire.Command, out: Out) -> None:
+        """``healthplane isolate JOB``: bisect the failed job's nodes; the outcome comes at the end."""
+        policy = state.config.validation
+        problem = vrules.no_suite(command.suite, policy)
+        seen = state.jobs.get(job_key(command.cluster, command.job_id or ""))
+        if problem is None and seen is None:
+            problem = (f"no record of job {command.job_id} in cluster {command.cluster}: isolation needs the "
+                       "nodes it ran on (kept for running jobs and the newest failed ones)")
+        if problem is None and seen is not None and job_key(seen.cluster, seen.job_id) in state.isolations:
+            problem = f"job {command.job_id} is already being isolated"
+        if problem is not None or seen is None:
+            out.outcome(command, "refused", f"cannot isolate job {command.job_id}: {problem}")
+            return
+        rule = policy.rules[command.suite or policy.default_suite or ""]
+        refusal = self._start_isolation(state, seen, rule, command.actor, out, command)
+        if refusal is not None:
+            out.outcome(command, "refused", refusal[0], excluded=refusal[1] or None)
+
+    def _isolate_automatically(self, state: EvictionState, seen: SeenJob, out: Out) -> None:
+        """VAL-3 "when configured": a multi-node job failed and no node of it carries a fault."""
+        policy = state.config.validation
+        if (not policy.isolate_auto or seen.isolated or len(seen.nodes) < 2 or policy.default_suite is None
+                or policy.default_suite not in policy.rules):
+            return
+        if any(rules.worst_fault(state.nodes[node_key(seen.cluster, n)].faults) is not None
+               for n in seen.nodes if node_key(seen.cluster, n) in state.nodes):
+            return  # a node is named already (EVI-7)
+        self._start_isolation(state, seen, policy.rules[policy.default_suite], SERVICE, out, None)
+
+    def _start_isolation(self, state: EvictionState, seen: SeenJob, rule: Rule, actor: str, out: Out,
+                         command: wire.Command | None) -> tuple[str, dict[str, str]] | None:
+        excluded = {n: why for n in sorted(seen.nodes)
+                    if (why := self._excluded(state, seen.cluster, n, rule, cordoned_excludes=True)) is not None}
+        suspects = [n for n in sorted(seen.nodes) if n not in excluded]
+        if not suspects:
+            return f"cannot isolate job {seen.job_id}: none of its {len(seen.nodes)} node(s) can be validated", excluded
+        policy = state.config.validation
+        machine = isolation.start(seen.job_id, suspects, policy.isolate_max_concurrent)
+        iso = Isolating(key=job_key(seen.cluster, seen.job_id), cluster=seen.cluster, job_id=seen.job_id, rule=rule,
+                        actor=actor, max_concurrent=policy.isolate_max_concurrent, excluded=excluded,
+                        command_id=command.id if command else None,
+                        command_node=command.node_id if command else None, timeout_s=policy.isolate_timeout_s)
+        iso.keep(machine)
+        state.isolations[iso.key] = iso
+        seen.isolated = True
+        self._launch(state, iso, out)
+        return None
+
+    def _launch(self, state: EvictionState, iso: Isolating, out: Out) -> None:
+        machine, started = isolation.launch(iso.machine())
+        iso.keep(machine)
+        for step in started:
+            self._start_run(state, iso.cluster, iso.rule, list(step.nodes), "isolate", iso.actor, out,
+                            isolating=iso, round_=step.round)
+
+    def _isolation_result(self, state: EvictionState, iso: Isolating, run: Run, verdict: Verdict, out: Out) -> None:
+        iso.keep(isolation.on_result(iso.machine(), tuple(run.nodes), verdict.passed))
+        timed_out = (iso.first_started is not None
+                     and (out.at - iso.first_started).total_seconds() > iso.timeout_s)
+        if not timed_out:
+            self._launch(state, iso, out)
+        if not iso.running and (timed_out or not iso.waiting):
+            self._isolation_ended(state, iso, out, timed_out)
+
+    def _isolation_ended(self, state: EvictionState, iso: Isolating, out: Out, timed_out: bool) -> None:
+        del state.isolations[iso.key]
+        seen = state.jobs.get(iso.key)
+        for node_id in iso.faulty:
+            node = self._node(state, iso.cluster, node_id)
+            out.event(node, "JOB_FAILURE_ATTRIBUTED",
+                      f"job {iso.job_id} failed on a node that failed validation (suite {iso.rule.suite.name}, "
+                      f"isolated in {iso.rounds} round(s))", SERVICE, fault_class="VALIDATION_FAILED",
+                      allocation_id=seen.nodes.get(node_id) if seen else None)
+        message = vrules.isolation_summary(iso.job_id, iso.faulty, iso.cleared, iso.rounds, iso.validations)
+        if timed_out:
+            left = sorted({n for step in iso.waiting for n in step.nodes})
+            message = (f"isolation of job {iso.job_id} stopped: it ran past {iso.timeout_s}s; "
+                       f"faulty so far: {', '.join(iso.faulty) or 'none'}; not yet cleared: {', '.join(left)}")
+        if iso.command_id is not None:
+            command = wire.Command(id=iso.command_id, node_id=iso.command_node or iso.faulty[0], cluster=iso.cluster,
+                                   verb="isolate", actor=iso.actor, issued_at=out.at, job_id=iso.job_id)
+            out.outcome(command, "applied", message, faulty=list(iso.faulty), cleared=list(iso.cleared),
+                        excluded=iso.excluded or None)
+
     # ------------------------------------------------------------------ health
 
     def _health(self, state: EvictionState, event: wire.NodeEvent, out: Out) -> None:
@@ -397,6 +680,8 @@ class EvictionCore:
         if event.type == "CONDITION_RAISED" and event.condition is not None:
             condition = event.condition
             node.faults = {**node.faults, condition.type: condition.severity}
+            if condition.type not in rules.NOT_A_FAULT:
+                node.fault_seen = True
             limits = state.config.limits(node.definition)
             if (condition.severity == "critical" and condition.type not in rules.NOT_A_FAULT
                     and rules.fault_class(condition.type) in limits.evict_on_fault_classes and not node.gone):
@@ -434,6 +719,10 @@ class EvictionCore:
                            out, by_operator=False)
 
 
+def job_key(cluster: str, job_id: str) -> str:
+    return f"{cluster}\x00{job_id}"
+
+
 def _reason(command: wire.Command) -> str:
     return command.reason or f"evicted by {command.actor}"
 
@@ -442,6 +731,15 @@ def _config(config: Any) -> EvictionConfig:
     def limits(health: Any) -> Limits:
         return Limits(health.max_eviction_restarts, tuple(health.evict_on_fault_classes))
 
+    validation = config.validation
+    policy = vrules.Policy(
+        rules={name: rule_of(name, suite) for name, suite in validation.suites.items()},
+        default_suite=validation.default_suite, before_return=validation.validate_before_return,
+        before_return_by_definition={name: config.validate_before_return_for(name)
+                                     for name in config.provisioner_definitions},
+        isolate_auto=validation.isolation.auto, isolate_max_concurrent=validation.isolation.max_concurrent,
+        isolate_timeout_s=validation.isolation.timeout_seconds)
     return EvictionConfig(cluster=limits(config.node_health),
                           definitions={name: limits(config.node_health_for(name))
-                                       for name in config.provisioner_definitions})
+                                       for name in config.provisioner_definitions},
+                          validation=policy)

@@ -1,8 +1,9 @@
 """health-ingest's fold: the Processor core (which input means what, the records it emits).
 
 Inputs: ``HP_REPORTS`` (every report), ``HP_NODE_EVENTS`` filtered to NODE_SERVICED (clears
-sticky faults) and this service's own HEARTBEAT_MISSED (so that a replay rebuilds the
-"missed" flag the tick set), and ``HP_CONFIG``. Outputs: node events and one assessment per
+sticky faults), VALIDATION_PASSED/FAILED (``validation_failed``, VAL-1) and this service's
+own HEARTBEAT_MISSED (so that a replay rebuilds the "missed" flag the tick set), and
+``HP_CONFIG``. Outputs: node events and one assessment per
 report (and per state change that is not a report: service, missed heartbeat).
 
 Pure: what the fold has to say (a detector plug-in failed, a node missed its heartbeat) is a
@@ -32,13 +33,15 @@ from healthplane_health_ingest.rules import (
     miss_deadline,
     missed,
     serviced,
+    validated,
 )
 
 SERVICE = "health-ingest"
 INPUTS = (
     Input("HP_REPORTS"),
     Input("HP_NODE_EVENTS", tuple(f"hp.event.*.*.{t}" for t in (
-        "NODE_SERVICED", "HEARTBEAT_MISSED", "NODE_DEPROVISIONED", "NODE_REPLACED"))),
+        "NODE_SERVICED", "HEARTBEAT_MISSED", "NODE_DEPROVISIONED", "NODE_REPLACED",
+        "VALIDATION_PASSED", "VALIDATION_FAILED"))),
     Input("HP_RESOURCES"),
     Input("HP_CONFIG"),
 )
@@ -80,6 +83,11 @@ class IngestCore:
             event = wire.decode(wire.NodeEvent, inbound.data)
             if event.type == "NODE_SERVICED":
                 found, changes = serviced(state, event.cluster, event.node_id, inbound.at)
+                if found is None or not changes:
+                    return state, []
+                return state, self._records(found, changes, inbound, assessment=True)
+            if event.type in ("VALIDATION_PASSED", "VALIDATION_FAILED"):
+                found, changes = validated(state, event)
                 if found is None or not changes:
                     return state, []
                 return state, self._records(found, changes, inbound, assessment=True)

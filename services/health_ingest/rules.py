@@ -434,6 +434,33 @@ def serviced(state: IngestState, cluster: str, node_id: str, now: datetime) -> t
                   for kind, change in condition_events(before, node.conditions)]
 
 
+VALIDATION_KEY: Final = "validation"
+
+
+def validated(state: IngestState, event: wire.NodeEvent) -> tuple[NodeState | None, list[Change]]:
+    """VAL-1: a failed validation of this node alone raises ``validation_failed`` (critical),
+    held like a sticky fault until a later pass or a service record; a pass clears it. A run
+    over several nodes that failed names none of them (an isolation goes on to find which)."""
+    node = state.nodes.get(node_key(event.cluster, event.node_id))
+    record = event.validation
+    if node is None or record is None:
+        return node, []
+    before = dict(node.conditions)
+    if event.type == "VALIDATION_FAILED" and record.nodes == 1:
+        finding = Finding("validation_failed", "ValidationFailed", "critical",
+                          f"suite {record.suite}: {record.reason or 'failed'}")
+        node.sticky = {**node.sticky, VALIDATION_KEY: Sticky(finding)}
+        found = conditions_from([finding], before, event.occurred_at)
+        node.conditions = {**before, "validation_failed": found["validation_failed"]}
+    elif event.type == "VALIDATION_PASSED" and VALIDATION_KEY in node.sticky:
+        node.sticky = {k: v for k, v in node.sticky.items() if k != VALIDATION_KEY}
+        node.conditions = {k: v for k, v in node.conditions.items() if k != "validation_failed"}
+    else:
+        return node, []
+    return node, [Change(kind, _condition_message(kind, change), change)
+                  for kind, change in condition_events(before, node.conditions)]
+
+
 def missed(node: NodeState, now: datetime) -> list[Change]:
     """ING-4: the node went silent past its deadline."""
     node.missed = True

@@ -21,7 +21,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Sequence
 from datetime import datetime, timedelta
-from typing import Final
+from typing import Any, Final
 
 from healthplane import gating, subjects, wire
 from healthplane.runtime.processor import Emit, Inbound, Input, Note, Reject
@@ -39,7 +39,10 @@ from healthplane_scheduler.rules import (
     default_rejection,
     job_key,
     parse_allocation_id,
+    pinnable,
+    run_seconds,
     schedulable,
+    simulated_end,
 )
 
 SERVICE = "scheduler"
@@ -48,7 +51,7 @@ INPUTS = (
     Input("HP_DIRECTIVES"),
     Input("HP_NODES"),
     Input("HP_CONFIG"),
-    Input("HP_COMMANDS", ("hp.provision.>", "hp.provider.>")),
+    Input("HP_COMMANDS", ("hp.provision.>", "hp.provider.>", "hp.hardware.>")),
 )
 OUTPUTS = ("HP_ALLOCATIONS", "HP_COMMANDS")
 
@@ -71,9 +74,11 @@ class _Index:
     the queue in order, the placed steps to start, the started ones by finish time. Entries are
     checked against the state when they are used, so a stale one costs one look."""
 
-    def __init__(self, state: SchedulerState, slots: int) -> None:
+    def __init__(self, state: SchedulerState, slots: int, validation_s: float) -> None:
         self.state = state
         self.slots = slots
+        self.validation_s = validation_s
+        self.pinned: list[QueueEntry] = []  # queued steps of jobs pinned to their nodes (validation runs)
         self.load: dict[str, int] = {}  # node_key -> active allocations
         self.free: dict[str, list[str]] = {}  # group -> heap of node keys
         self.offered: set[tuple[str, str]] = set()  # (group, node_key) in a heap
@@ -86,16 +91,17 @@ class _Index:
         for key in state.nodes:
             self.offer(key)
         heapq.heapify(self.queue)
+        heapq.heapify(self.pinned)
         heapq.heapify(self.running)
 
     def entered(self, key: str, job: JobState, i: int, step: StepState) -> None:
         """``step`` of ``job`` has just entered its status: queue it, start it or time it."""
         if step.status == "queued":
-            heapq.heappush(self.queue, (step.since, key, i, step.attempt))
+            heapq.heappush(self.pinned if job.job.nodes else self.queue, (step.since, key, i, step.attempt))
         elif step.status == "placed":
             self.to_start[(key, i)] = step.attempt
         elif step.status == "started":
-            finish = step.since + timedelta(seconds=job.job.duration_seconds)
+            finish = step.since + timedelta(seconds=run_seconds(job.job, self.validation_s))
             heapq.heappush(self.running, (finish, key, i, step.attempt))
 
     def moved(self, key: str, job: JobState, i: int, old: StepState, new: StepState) -> None:
@@ -153,10 +159,12 @@ class _Index:
 
 
 class SchedulerCore:
-    def __init__(self, slots_per_node: int = 1) -> None:
+    def __init__(self, slots_per_node: int = 1, validation_seconds: float = 5.0) -> None:
         if slots_per_node < 1:
             raise ValueError(f"slots per node must be at least 1 (got {slots_per_node})")
         self.slots = slots_per_node
+        # How long a simulated validation run takes (the reference scheduler runs no command).
+        self.validation_s = validation_seconds
 
     def initial_state(self) -> SchedulerState:
         return SchedulerState()
@@ -165,8 +173,8 @@ class SchedulerCore:
         """The placement index, derived from ``state`` and kept on it (never encoded): a state
         restored from a snapshot, or a new one, rebuilds its own."""
         found: _Index | None = getattr(state, "placement_index", None)
-        if found is None or found.slots != self.slots:
-            found = state.placement_index = _Index(state, self.slots)  # type: ignore[attr-defined]
+        if found is None or found.slots != self.slots or found.validation_s != self.validation_s:
+            found = state.placement_index = _Index(state, self.slots, self.validation_s)  # type: ignore[attr-defined]
         return found
 
     # ------------------------------------------------------------------ the fold
@@ -188,6 +196,13 @@ class SchedulerCore:
             self._on_termination(state, index, wire.decode(wire.TerminationResult, inbound.data))
         elif inbound.stream == "HP_COMMANDS" and kind == "provider":
             self._on_provider(state, wire.decode(wire.ProviderSetting, inbound.data))
+        elif inbound.stream == "HP_COMMANDS" and kind == "hardware":
+            truth = wire.decode(wire.SimHardware, inbound.data)
+            key = node_key(truth.cluster, truth.node_id)
+            if truth.failing_gpus:
+                state.hardware[key] = sorted(set(truth.failing_gpus))
+            else:
+                state.hardware.pop(key, None)
         else:
             raise Reject(f"unexpected input {inbound.subject} on {inbound.stream}")
         return state, ()
@@ -333,8 +348,9 @@ class SchedulerCore:
             if job is None or job.steps[i].status != "started" or job.steps[i].attempt != attempt:
                 continue  # ended otherwise (a directive) since it started
             node_id = job.steps[i].node_id or ""
-            emits.append(self._record(job.job, i, attempt, node_id, "finished", now))
-            self._apply(state, index, key, job, i, "finished", attempt, node_id, now)
+            ended, details = simulated_end(state, job, node_id, self.validation_s)
+            emits.append(self._record(job.job, i, attempt, node_id, ended, now, **details))
+            self._apply(state, index, key, job, i, ended, attempt, node_id, now)
 
     def _start(self, state: SchedulerState, index: _Index, now: datetime, emits: list[Emit]) -> None:
         placed, index.to_start = index.to_start, {}
@@ -350,6 +366,7 @@ class SchedulerCore:
         """Queued steps in order onto free nodes. A group found full is not searched again this
         tick, and the loop ends once every cluster is full, so a deep queue on a full fleet costs
         little."""
+        self._place_pinned(state, index, now, emits)
         # Clusters with a node that may take work; a cluster leaves once its every-node group is full.
         open_clusters = {group for group, heap in index.free.items() if heap and group.endswith(_ANY)}
         deferred: list[QueueEntry] = []
@@ -378,18 +395,40 @@ class SchedulerCore:
         for entry in deferred:
             heapq.heappush(index.queue, entry)
 
+    def _place_pinned(self, state: SchedulerState, index: _Index, now: datetime, emits: list[Emit]) -> None:
+        """Steps pinned to a node (validation runs, VAL-1) go first, each onto its own node once
+        that node has a free slot, held or not: a held node takes no user work, so a run there
+        waits only for what already runs (VAL-4: queued, never failed)."""
+        waiting: list[QueueEntry] = []
+        while index.pinned:
+            entry = heapq.heappop(index.pinned)
+            _, key, i, attempt = entry
+            job = state.jobs.get(key)
+            if job is None or job.steps[i].status != "queued" or job.steps[i].attempt != attempt:
+                continue
+            node_id = (job.job.nodes or [])[i]
+            target = node_key(job.job.cluster, node_id)
+            node = state.nodes.get(target)
+            if node is None or not pinnable(node) or index.load.get(target, 0) >= self.slots:
+                waiting.append(entry)
+                continue
+            emits.append(self._record(job.job, i, attempt, node_id, "placed", now))
+            self._apply(state, index, key, job, i, "placed", attempt, node_id, now)
+        for entry in waiting:
+            heapq.heappush(index.pinned, entry)
+
     # ------------------------------------------------------------------ records
 
     @staticmethod
     def _record(job: wire.Job, step: int, attempt: int, node_id: str, record_state: wire.AllocationState,
-                at: datetime, reason: str | None = None) -> Emit:
+                at: datetime, reason: str | None = None, **details: Any) -> Emit:
         """Every record of one allocation carries the step's declared policy and the number of
         times the step was requeued before this allocation (its attempt)."""
         alloc_id = allocation_id(job.id, step, attempt)
         record = wire.Allocation(id=alloc_id, job_id=job.id, node_id=node_id, cluster=job.cluster,
                                  state=record_state, at=at, reason=reason, retry_on=list(job.retry_on),
                                  retry_attempts=job.retry_attempts, restart=job.restart,
-                                 node_fault_restarts=attempt)
+                                 node_fault_restarts=attempt, **details)
         return Emit(subjects.allocation(job.cluster, node_id, alloc_id), wire.encode(record),
                     msg_id=f"{SERVICE}:{job.cluster}:{alloc_id}:{record_state}")
 

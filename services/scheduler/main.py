@@ -2,7 +2,8 @@
 
 Settings come from the environment, as everything a container is given:
 ``HEALTHPLANE_SCHEDULER_SLOTS`` (allocations one node runs at once, default 1) and
-``HEALTHPLANE_SCHEDULER_TICK_SECONDS`` (how often it places, starts and finishes, default 1).
+``HEALTHPLANE_SCHEDULER_TICK_SECONDS`` (how often it places, starts and finishes, default 1) and
+``HEALTHPLANE_SCHEDULER_VALIDATION_SECONDS`` (how long a simulated validation run takes, default 5).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ class Settings(EnvSettings):
     PREFIX = "HEALTHPLANE_SCHEDULER_"
     slots_per_node: int = pydantic.Field(1, ge=1, alias="SLOTS")
     tick_seconds: float = pydantic.Field(1.0, ge=0.01, le=60, alias="TICK_SECONDS")
+    validation_seconds: float = pydantic.Field(5.0, ge=0, le=86400, alias="VALIDATION_SECONDS")
 
 
 def settings_from(environ: Mapping[str, str]) -> Settings:
@@ -96,11 +98,11 @@ def main(args: argparse.Namespace) -> int:
         active: list[Processor[SchedulerState]] = []  # this replica's Processor while it leads
         REGISTRY.register(SchedulerSeries(lambda: active[0].state if active else SchedulerState()))
         ctx.log.info("scheduler settings", slots_per_node=settings.slots_per_node,
-                     tick_seconds=settings.tick_seconds)
+                     tick_seconds=settings.tick_seconds, validation_seconds=settings.validation_seconds)
 
         async def lead(lease: Lease) -> list[Runner]:
             # One replica places work: two would both place the same job (HA-3).
-            core = Told(SchedulerCore(settings.slots_per_node), ctx.log)
+            core = Told(SchedulerCore(settings.slots_per_node, settings.validation_seconds), ctx.log)
             proc = Processor(nc=ctx.nc, js=ctx.js, service=SERVICE, core=core, state_type=SchedulerState,
                              inputs=INPUTS, outputs=OUTPUTS, batch=512, log=ctx.log, fence=lease.fence)
             proc.tick_every_s = settings.tick_seconds

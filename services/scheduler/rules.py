@@ -10,12 +10,13 @@ from __future__ import annotations
 import math
 import re
 from datetime import datetime
-from typing import Final, Literal
+from typing import Any, Final, Literal
 
 import msgspec
 
 from healthplane import gating, wire
 from healthplane.gating import gated
+from healthplane.subjects import node_key
 
 StepStatus = Literal["queued", "placed", "started", "finished", "failed"]
 
@@ -69,6 +70,7 @@ class SchedulerState(msgspec.Struct, kw_only=True, dict=True):
     drain_below: int = 45
     drain_below_by_definition: dict[str, int] = {}
     config_version: int = 0
+    hardware: dict[str, list[int]] = {}  # node_key -> GPUs a silent fault planted (sim inject silent-gpu)
 
 
 
@@ -101,6 +103,8 @@ def check_job(job: wire.Job) -> str | None:
         return f"job {job.id}: durationSeconds must be a finite number >= 0 (got {job.duration_seconds})"
     if job.retry_attempts < 0:
         return f"job {job.id}: retryAttempts must be >= 0 (got {job.retry_attempts})"
+    if job.nodes is not None and len(job.nodes) != job.steps:
+        return f"job {job.id}: pinned to {len(job.nodes)} node(s) but has {job.steps} step(s)"
     return None
 
 
@@ -127,3 +131,42 @@ def default_rejection(node_id: str) -> str:
     """What a cloud API says when it refuses to terminate an instance."""
     return (f"TerminateInstances failed for {node_id}: OperationNotPermitted: the instance is "
             "protected from termination (simulated provider)")
+
+
+def pinnable(node: NodeState) -> bool:
+    """Whether a step pinned to ``node`` (a validation run) may start there: the node is there
+    and can run something. Holds and gating do not stop it: validating a held node is the point."""
+    return node.known and not node.terminated and node.status != "OFFLINE"
+
+
+def run_seconds(job: wire.Job, validation_s: float) -> float:
+    """How long a step runs: what the job declared; a validation run, the simulated diagnostic's
+    time, cut at the suite's timeout."""
+    if job.validation is not None:
+        return min(validation_s, float(job.validation.timeout_seconds))
+    return job.duration_seconds
+
+
+def simulated_end(state: SchedulerState, job: JobState, node_id: str,
+                  validation_s: float) -> tuple[Literal["finished", "failed"], dict[str, Any]]:
+    """How a step of ``job`` on ``node_id`` ends in the simulation: a job that runs on a node
+    with a silent bad GPU fails on every node it runs on (a collective hangs for all ranks,
+    and says nothing of which one); a validation run reports its exit status and output."""
+    bad = sorted(n for n in {s.node_id for s in job.steps if s.status in ACTIVE and s.node_id}
+                 if node_key(job.job.cluster, n or "") in state.hardware)
+    suite = job.job.validation
+    if suite is None:
+        if not bad:
+            return "finished", {}
+        return "failed", {"reason": "NCCL watchdog: a collective operation timed out (simulated silent GPU fault)"}
+    if validation_s > suite.timeout_seconds:
+        return "failed", {"timed_out": True, "exit_code": None,
+                          "output": f"killed after {suite.timeout_seconds}s (suite timeout)"}
+    if not bad:
+        return "finished", {"exit_code": 0, "output": f"simulated {suite.name}: PASS on {node_id}"}
+    if len(job.steps) == 1:
+        gpus = state.hardware[node_key(job.job.cluster, node_id)]
+        said = f"simulated {suite.name}: FAIL: GPU {', '.join(map(str, gpus))} on {node_id} failed the diagnostic"
+    else:
+        said = f"simulated {suite.name}: FAIL: a rank timed out in the collective over {len(job.steps)} nodes"
+    return "failed", {"exit_code": 1, "output": said}

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from healthplane.config import ConfigError, Suite, parse_cluster_config
-from healthplane.validation import judge
+from healthplane.validation import judge, rule_of
 
 DIAG = {"command": ["dcgmi", "diag", "-r", "2"], "timeoutSeconds": 900, "gpus": 8}
 
@@ -65,5 +65,5 @@ def _suite(**pass_when: Any) -> Suite:
 ])
 def test_val1_a_run_is_read_by_its_deadline_exit_status_and_output(suite: Suite, exit_code: int | None, output: str,
                                                                   timed_out: bool, passed: bool, reason: str) -> None:
-    verdict = judge(suite, exit_code, output, timed_out=timed_out)
+    verdict = judge(rule_of("diag", suite), exit_code, output, timed_out=timed_out)
     assert (verdict.passed, verdict.reason) == (passed, reason)

@@ -15,7 +15,14 @@ from collections.abc import Sequence
 from typing import Final
 
 from healthplane import __version__, registry, wire
-from healthplane.cli import creds_cmd, dead_letters_cmd, federation_cmd, node_cmd, policy_cmd
+from healthplane.cli import (
+    creds_cmd,
+    dead_letters_cmd,
+    federation_cmd,
+    node_cmd,
+    policy_cmd,
+    validate_cmd,
+)
 from healthplane.cli.common import (
     EXIT_REFUSED,
     CommandGroup,
@@ -123,6 +130,8 @@ LIBRARY_GROUPS: Final = (
     CommandGroup("service", "run one service (production entry point)", _service_arguments, _run_service),
     CommandGroup("node", "nodes: list, show, events, cordon, drain, evict, deprovision, holds",
                  node_cmd.add_arguments, node_cmd.run),
+    CommandGroup("isolate", "find the faulty node(s) of a failed multi-node job by validating halves (VAL-3)",
+                 validate_cmd.add_isolate, validate_cmd.run_isolate),
     CommandGroup("policy", "the policy service: circuit breaker reset", policy_cmd.add_arguments, policy_cmd.run),
     CommandGroup("dead-letters", "inputs the services set aside: list, replay", dead_letters_cmd.add_arguments,
                  dead_letters_cmd.run),

@@ -201,7 +201,7 @@ async def _views(nc: NATS, js: JetStreamContext, cluster: str | None) -> list[wi
     return sorted(views_of(payloads), key=lambda v: (v.cluster, v.node_id))
 
 
-async def _target(nc: NATS, js: JetStreamContext, node_id: str, cluster: str | None) -> tuple[str, str]:
+async def target(nc: NATS, js: JetStreamContext, node_id: str, cluster: str | None) -> tuple[str, str]:
     """(node, cluster) for a named node. A node without a view yet is still sent (to the named
     or default cluster): eviction is the one that knows, and refuses an unknown node."""
     try:
@@ -237,7 +237,7 @@ async def _run(args: argparse.Namespace) -> int:
         if args.federation:
             node_id, cluster = await _federated_target(nc, js, args.node, args.cluster, args.node_command)
         else:
-            node_id, cluster = await _target(nc, js, args.node, args.cluster)
+            node_id, cluster = await target(nc, js, args.node, args.cluster)
         command = command_for(args, node_id, cluster, None)
         outcomes = await send(nc, args, [command], args.timeout)
         return report_one(args, command, outcomes.get(command.id))

@@ -19,7 +19,7 @@ from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 
 from healthplane import federation, reads, wire
-from healthplane.cli import node_actions
+from healthplane.cli import node_actions, validate_cmd
 from healthplane.cli.common import CommandFailed, connection_flags, fail, nats_client, one_of
 from healthplane.cli.lookup import find_node
 
@@ -48,6 +48,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     for sub in (listing, show, summary):
         federation_flag(sub)
     node_actions.add_arguments(actions)
+    validate_cmd.add_validate(actions)
 
 
 def federation_flag(parser: argparse.ArgumentParser) -> None:
@@ -56,6 +57,8 @@ def federation_flag(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.node_command == "validate":
+        return validate_cmd.run_validate(args)
     if args.node_command not in ("list", "show", "summary", "events"):
         return node_actions.run(args)
     try:
