@@ -387,6 +387,7 @@ class EvictionCore:
             out.event(node, "JOB_FAILURE_ATTRIBUTED",
                       f"job {alloc.job_id} failed on a node with {rules.fault_phrase(fault)}", SERVICE,
                       fault_class=rules.fault_class(fault), allocation_id=alloc.id)
+            seen.attributed = [*seen.attributed, node.node_id]
         elif alloc.state == "failed" and not by_operator:
             self._isolate_automatically(state, seen, out)
         self._teardown_when_empty(node, out)
@@ -656,6 +657,8 @@ class EvictionCore:
         del state.isolations[iso.key]
         seen = state.jobs.get(iso.key)
         for node_id in iso.faulty:
+            if seen is not None and node_id in seen.attributed:
+                continue  # attributed when it failed there, for the fault it carried (EVI-7)
             node = self._node(state, iso.cluster, node_id)
             out.event(node, "JOB_FAILURE_ATTRIBUTED",
                       f"job {iso.job_id} failed on a node that failed validation (suite {iso.rule.suite.name}, "

@@ -101,6 +101,7 @@ class SeenJob(msgspec.Struct, kw_only=True):
     failed: bool = False
     at: datetime | None = None  # the last record's time
     isolated: bool = False  # an isolation ran (or runs) for it: not started again automatically
+    attributed: list[str] = []  # nodes its failure was attributed to already (EVI-7: a fault they carried)
 
 
 class Step(msgspec.Struct, frozen=True, array_like=True):

@@ -81,7 +81,8 @@ async def until(check: Callable[[], Awaitable[bool]], timeout: float = 45) -> No
         await asyncio.sleep(0.25)
 
 
-def _stack(tmp_path: Path, config: str, *up_flags: str, env: dict[str, str] | None = None) -> Iterator[Stack]:
+def _stack(tmp_path: Path, config: str, *up_flags: str, env: dict[str, str] | None = None,
+           nodes: list[str] = NODES, provisioned: int = 2) -> Iterator[Stack]:
     cluster = tmp_path / "cluster.yaml"
     cluster.write_text(config)
     process = _up(tmp_path, "--no-sim", "--config", str(cluster), *up_flags, env=env)
@@ -89,8 +90,8 @@ def _stack(tmp_path: Path, config: str, *up_flags: str, env: dict[str, str] | No
     try:
         stack = _wait_for_stack(tmp_path / "hp" / "stack.json", process)
         url = str(stack["natsUrl"])
-        fleet = subprocess.Popen([sys.executable, "-m", "healthplane.cli", "sim", "run", "--nodes", str(len(NODES)),
-                                  "--provisioned", "2", "--interval", "5", "--nats-url", url],
+        fleet = subprocess.Popen([sys.executable, "-m", "healthplane.cli", "sim", "run", "--nodes", str(len(nodes)),
+                                  "--provisioned", str(provisioned), "--interval", "5", "--nats-url", url],
                                  stdout=subprocess.DEVNULL, stderr=open(tmp_path / "sim.log", "ab"),
                                  env={**os.environ, "HEALTHPLANE_NATS_CREDS": str(tmp_path / "hp" / "creds" / "sim.creds")})
         ready = Stack(url, tmp_path)
@@ -98,7 +99,7 @@ def _stack(tmp_path: Path, config: str, *up_flags: str, env: dict[str, str] | No
         async def registered() -> bool:
             views = [wire.decode(wire.NodeView, m.data)
                      for m in await ready.read("HP_NODES", "hp.node.>", last=True)]
-            return sorted(v.node_id for v in views if v.score is not None) == NODES
+            return sorted(v.node_id for v in views if v.score is not None) == nodes
 
         asyncio.run(until(registered))
         yield ready
