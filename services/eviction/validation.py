@@ -75,7 +75,9 @@ class Run(msgspec.Struct, kw_only=True):
         if not failed:
             return Verdict(True, "passed")
         node, result = failed[0]
-        return Verdict(False, result.reason if len(self.nodes) == 1 else f"{node}: {result.reason}")
+        if len(failed) == len(self.nodes):
+            return Verdict(False, result.reason)  # the run failed as a whole: it names no one node
+        return Verdict(False, f"{', '.join(n for n, _ in failed)}: {result.reason}")
 
     def seconds(self) -> float:
         return max((r.seconds for r in self.results.values()), default=0.0)

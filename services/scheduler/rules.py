@@ -151,14 +151,18 @@ def simulated_end(state: SchedulerState, job: JobState, node_id: str,
                   validation_s: float) -> tuple[Literal["finished", "failed"], dict[str, Any]]:
     """How a step of ``job`` on ``node_id`` ends in the simulation: a job that runs on a node
     with a silent bad GPU fails on every node it runs on (a collective hangs for all ranks,
-    and says nothing of which one); a validation run reports its exit status and output."""
+    and says nothing of which one), also a step that ends after the bad node's did; a
+    validation run reports its exit status and output."""
     bad = sorted(n for n in {s.node_id for s in job.steps if s.status in ACTIVE and s.node_id}
                  if node_key(job.job.cluster, n or "") in state.hardware)
     suite = job.job.validation
     if suite is None:
-        if not bad:
-            return "finished", {}
-        return "failed", {"reason": "NCCL watchdog: a collective operation timed out (simulated silent GPU fault)"}
+        if bad:
+            return "failed", {"reason": "NCCL watchdog: a collective operation timed out (simulated silent GPU fault)"}
+        if any(s.status == "failed" and node_key(job.job.cluster, s.node_id or "") in state.hardware
+               for s in job.steps):  # a rank died on a bad GPU before: the job ends on every node
+            return "failed", {"reason": "NCCL: a peer rank failed (simulated silent GPU fault)"}
+        return "finished", {}
     if validation_s > suite.timeout_seconds:
         return "failed", {"timed_out": True, "exit_code": None,
                           "output": f"killed after {suite.timeout_seconds}s (suite timeout)"}
