@@ -11,7 +11,6 @@ import asyncio
 import os
 import re
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 

@@ -21,6 +21,7 @@ from healthplane_health_ingest.rules import (
     miss_deadline,
     missed,
     serviced,
+    validated,
 )
 
 T0 = datetime(2026, 11, 30, 9, 0, tzinfo=UTC)
@@ -411,3 +412,28 @@ def test_every_silence_is_missed_once_at_its_deadline(steps: list[tuple[str, int
                if n not in missed_already and at + timedelta(seconds=max(15, 3 * every)) <= now}
         assert reported == due, (steps, now)
         missed_already |= due
+
+
+def _validation_event(kind: str, nodes: int = 1, reason: str = "exit status 1 (passes with 0)") -> wire.NodeEvent:
+    return wire.NodeEvent(id=f"v-{kind}", node_id="n1", cluster="c", type=kind,  # type: ignore[arg-type]
+                          occurred_at=T0, message="", actor="eviction",
+                          validation=wire.ValidationRecord(suite="gpu-diag", job="val-1", nodes=nodes, reason=reason))
+
+
+async def test_val1_a_failed_run_of_the_node_alone_raises_validation_failed_until_a_pass_or_service() -> None:
+    s = Scenario()
+    await s.report()
+    # A group's failure names no node: nothing is raised.
+    assert validated(s.state, _validation_event("VALIDATION_FAILED", nodes=8))[1] == []
+    _, changes = validated(s.state, _validation_event("VALIDATION_FAILED"))
+    assert [c.type for c in changes] == ["CONDITION_RAISED"]
+    assert s.reason("validation_failed") == ("ValidationFailed", "critical")
+    assert s.conditions["validation_failed"].message == "suite gpu-diag: exit status 1 (passes with 0)"
+    for _ in range(2):  # held across reports, like a sticky fault
+        assert await s.report() == []
+    assert "validation_failed" in s.conditions
+    _, changes = validated(s.state, _validation_event("VALIDATION_PASSED", nodes=4))
+    assert [c.type for c in changes] == ["CONDITION_CLEARED"] and "validation_failed" not in s.conditions
+    validated(s.state, _validation_event("VALIDATION_FAILED"))
+    _, changes = serviced(s.state, "c", "n1", s.now)
+    assert [c.type for c in changes] == ["CONDITION_CLEARED"] and "validation_failed" not in s.conditions

@@ -322,3 +322,20 @@ def test_val2_a_pass_clears_the_fault_so_the_next_release_is_not_gated_again() -
     loop.command("cordon", "gpu-00", reason="maintenance")
     outcome = loop.outcome(loop.command("uncordon", "gpu-00"))
     assert outcome is not None and outcome.message.startswith("1 cordon hold(s) released for gpu-00")
+
+
+def test_val4_an_isolation_excludes_a_cordoned_suspect_with_the_reason_and_never_names_it() -> None:
+    nodes = names(4)
+    loop = Loop(nodes, validation={"suites": {"diag": SUITE}, "defaultSuite": "diag"})
+    loop.plant("gpu-01", [0])
+    loop.submit("train-4", steps=4)
+    loop.until(lambda: loop.job_failed("train-4"))
+    loop.run(15)
+    loop.command("cordon", "gpu-03", reason="maintenance")
+    command = loop.command("isolate", "gpu-00", job_id="train-4")
+    loop.until(lambda: loop.outcome(command) is not None)
+    outcome = loop.outcome(command)
+    assert outcome is not None and outcome.faulty == ["gpu-01"]
+    assert outcome.excluded == {"gpu-03": "cordoned: it is already out of service"}
+    assert outcome.cleared == ["gpu-00", "gpu-02"]
+    assert not [e for e in loop.of("VALIDATION_STARTED") if e.node_id == "gpu-03"]
