@@ -74,7 +74,7 @@ class Run(msgspec.Struct, kw_only=True):
         failed = [(node, self.results[node]) for node in self.nodes if not self.results[node].passed]
         if not failed:
             return Verdict(True, "passed")
-        node, result = failed[0]
+        result = failed[0][1]
         if len(failed) == len(self.nodes):
             return Verdict(False, result.reason)  # the run failed as a whole: it names no one node
         return Verdict(False, f"{', '.join(n for n, _ in failed)}: {result.reason}")
