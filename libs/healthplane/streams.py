@@ -171,6 +171,12 @@ EVENT_WRITERS: Final[dict[str, str]] = {
     "VALIDATION_STARTED": "eviction",
     "VALIDATION_PASSED": "eviction",
     "VALIDATION_FAILED": "eviction",
+    # REM: eviction sends each step to the node's agent and reads the agent's outcome and boot
+    # id in its resource reports, beside the conditions it already folds.
+    "REMEDIATION_STARTED": "eviction",
+    "REMEDIATION_SUCCEEDED": "eviction",
+    "REMEDIATION_FAILED": "eviction",
+    "NODE_NEEDS_ATTENTION": "eviction",
 }
 
 FENCE_PREFIX: Final = "hp.fence"
@@ -246,6 +252,13 @@ STREAMS: Final[tuple[StreamDef, ...]] = (
                 "Instruction to the scheduler or provisioner", ("eviction",)),
         _fence("directive"),),
         max_age=7 * DAY, description="instructions to the scheduler and provisioner", readers=SCHEDULERS),
+    # REM-2: one subject per node, written by eviction only, read live by that node's agent
+    # alone (its permissions); kept 7 days for the record, never replayed to an agent.
+    StreamDef("HP_REMEDIATION", (
+        Channel("hp.remediate.{cluster}.{node}", "remediate", "eviction",
+                "One step of a node's remediation ladder, for that node's agent", ("eviction",)),
+        _fence("remediate"),),
+        max_age=7 * DAY, description="remediation requests, one subject per node (7 days)", readers=()),
     StreamDef("HP_CONFIG", (
         Channel("hp.config", "config", "config apply", "The whole validated cluster config, versioned", ("admin",)),),
         max_msgs=100, description="history of applied cluster configs", readers=SERVICES),

@@ -117,6 +117,11 @@ def provision(cluster: str, node_id: str) -> str:
     return f"{PREFIX}.provision.{encode_token(cluster)}.{encode_token(node_id)}"
 
 
+def remediate(cluster: str, node_id: str) -> str:
+    """One node's remediation requests (REM): readable by that node only."""
+    return f"{PREFIX}.remediate.{encode_token(cluster)}.{encode_token(node_id)}"
+
+
 def hardware(cluster: str, node_id: str) -> str:
     """A simulated node's hidden hardware truth (``sim inject --fault silent-gpu``)."""
     return f"{PREFIX}.hardware.{encode_token(cluster)}.{encode_token(node_id)}"
@@ -201,7 +206,7 @@ class NodeSubject:
     actor: str | None = None  # a command's sender (its sixth token)
 
 
-_NODE_KINDS = frozenset({"report", "resource", "assess", "event", "node", "cmd", "outcome", "alloc", "directive", "provision", "provider", "hardware"})
+_NODE_KINDS = frozenset({"report", "resource", "assess", "event", "node", "cmd", "outcome", "alloc", "directive", "provision", "provider", "hardware", "remediate"})
 
 
 # The kinds whose stored subjects carry the node's partition slot last in a partitioned

@@ -31,6 +31,10 @@ CommandResult = Literal["applied", "refused", "retry"]
 # "requeued": ended by a requeue directive; the step runs again from the beginning elsewhere.
 AllocationState = Literal["placed", "started", "finished", "failed", "requeued"]
 RestartPolicy = Literal["never", "on-node-fault"]
+# REM: a ladder's steps. The agent runs the first two itself; the others are the control plane's.
+RemediationAction = Literal["gpu-reset", "reboot", "replace", "needs-attention"]
+AgentAction = Literal["gpu-reset", "reboot"]
+AGENT_ACTIONS: Final[tuple[str, ...]] = AgentAction.__args__  # type: ignore[attr-defined]
 DirectiveAction = Literal["requeue", "fail", "terminate"]
 
 EventType = Literal[
@@ -56,6 +60,10 @@ EventType = Literal[
     "VALIDATION_STARTED",
     "VALIDATION_PASSED",
     "VALIDATION_FAILED",
+    "REMEDIATION_STARTED",
+    "REMEDIATION_SUCCEEDED",
+    "REMEDIATION_FAILED",
+    "NODE_NEEDS_ATTENTION",
 ]
 EVENT_TYPES: Final[tuple[str, ...]] = EventType.__args__  # type: ignore[attr-defined]
 
@@ -300,6 +308,35 @@ class HealthReport(Record, frozen=True, kw_only=True):
     agent_version: str | None = None
 
 
+class RemediationRequest(Sparse, frozen=True, kw_only=True):
+    """``hp.remediate.{cluster}.{node}``: one step of a node's ladder for its agent to run
+    (REM-2); only that node may read the subject, only eviction write it."""
+
+    id: str
+    node_id: str
+    cluster: str
+    action: AgentAction
+    attempt: int
+    requested_at: datetime
+    timeout_seconds: int
+    gpus: list[int] | None = None  # gpu-reset: these GPUs (None: every GPU of the node)
+    reason: str | None = None
+
+
+class RemediationOutcome(Sparse, frozen=True, kw_only=True):
+    """What the agent did with a request: ``succeeded`` (a reset that the driver accepted; a
+    reboot proven by a new boot id), ``failed`` (it tried: the tool or the host said no, or
+    the boot id did not change), ``refused`` (not its node, not an action it runs, too old)."""
+
+    request_id: str
+    action: str
+    result: Literal["succeeded", "failed", "refused"]
+    reason: str
+    finished_at: datetime
+    boot_id_before: str | None = None
+    boot_id: str | None = None
+
+
 # ---------------------------------------------------------------------------- resource report
 
 
@@ -328,6 +365,11 @@ class ResourceReport(Record, frozen=True, kw_only=True):
     definition: str | None = None
     provisioned: bool = False
     health_reporting: bool = True
+    boot_id: str | None = None  # /proc/sys/kernel/random/boot_id: a new one proves a reboot (REM-2)
+    # REM-2: what became of the latest remediation request the agent took (its own subject
+    # only), carried until a newer one and sent at once in a new resource report; a reboot's
+    # comes from the new boot, whose ``boot_id`` differs from the outcome's ``boot_id_before``.
+    remediation: RemediationOutcome | None = None
 
 
 # ---------------------------------------------------------------------------- assessment
@@ -389,6 +431,15 @@ class ValidationRecord(Sparse, frozen=True, kw_only=True):
     round: int | None = None  # the isolation's round (1-based)
 
 
+class RemediationRecord(Sparse, frozen=True, kw_only=True):
+    """The ``remediation`` field of REMEDIATION_* events (REM-1)."""
+
+    action: RemediationAction
+    attempt: int
+    reason: str | None = None
+    request_id: str | None = None
+
+
 class Hold(Record, frozen=True, kw_only=True):
     id: str
     effect: HoldEffect
@@ -426,6 +477,7 @@ class NodeEvent(Sparse, frozen=True, kw_only=True):
     provisioned: bool | None = None
     config_version: int | None = None
     validation: ValidationRecord | None = None
+    remediation: RemediationRecord | None = None
 
 
 # ---------------------------------------------------------------------------- node view
@@ -724,6 +776,7 @@ RECORDS: Final[dict[str, type[Record]]] = {
     "provision": TerminationResult,
     "provider": ProviderSetting,
     "hardware": SimHardware,
+    "remediate": RemediationRequest,
     "policy": PolicyCommand,
     "config": ConfigEnvelope,
     "snapshot": Snapshot,
