@@ -10,7 +10,7 @@ from __future__ import annotations
 import fnmatch
 import re
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Final, Literal
 
 import yaml
 from pydantic import (
@@ -319,6 +319,53 @@ class Validation(_Camel):
         return self
 
 
+class RemediationStep(_Camel):
+    """REM-1: one rung of a ladder. ``gpu-reset`` and ``reboot`` are run by the node's agent and
+    must show their effect within ``timeoutSeconds`` (the fault's condition clears); ``replace``
+    hands the node to the provisioner; ``needs-attention`` stops there for a person."""
+
+    action: wire.RemediationAction
+    timeout_seconds: Annotated[int, Field(ge=10, le=86400)] = 600
+
+
+TERMINAL_STEPS: Final = ("replace", "needs-attention")
+
+
+class Ladder(_Camel):
+    """REM-1: the steps for one fault class (a condition type in upper case), optionally only
+    for some Xids (``gpu_xid_errors``) or condition reasons; the most specific ladder wins."""
+
+    fault_class: str = Field(pattern=r"^[A-Z][A-Z0-9_]*$")
+    xids: list[Annotated[int, Field(ge=1, le=1023)]] = []
+    reasons: list[Annotated[str, Field(min_length=1)]] = []
+    steps: list[RemediationStep] = Field(min_length=1, max_length=8)
+    validate_suite: str | None = None  # success also needs this suite to pass (VAL)
+
+    @model_validator(mode="after")
+    def _ends_with_a_person_or_a_new_node(self) -> Ladder:
+        if self.steps[-1].action not in TERMINAL_STEPS:
+            raise ValueError(f"a ladder must end in replace or needs-attention (this one ends in "
+                             f"{self.steps[-1].action}): after its last step nothing automatic may touch the node")
+        for i, step in enumerate(self.steps[:-1]):
+            if step.action in TERMINAL_STEPS:
+                raise ValueError(f"steps.{i}: {step.action} can only be the last step")
+        if self.xids and self.fault_class != "GPU_XID_ERRORS":
+            raise ValueError("xids narrows a GPU_XID_ERRORS ladder only")
+        known = {c.upper() for c in wire.CONDITION_TYPES}
+        if self.fault_class not in known:
+            raise ValueError(f"faultClass {self.fault_class!r} is not a condition type in upper case "
+                             f"({', '.join(sorted(known))})")
+        return self
+
+
+class Remediation(_Camel):
+    """REM-1: ladders per fault class, and the bounds that keep them from looping."""
+
+    ladders: list[Ladder] = []
+    max_attempts_per_node: Annotated[int, Field(ge=1, le=50)] = 4
+    window_minutes: Annotated[int, Field(ge=1, le=7 * 24 * 60)] = 24 * 60
+
+
 class Webhook(_Camel):
     url: AnyHttpUrl
     secret: str = Field(min_length=1, repr=False)
@@ -347,6 +394,16 @@ class ClusterConfig(_Camel):
     substrate: Substrate = Substrate()
     provisioner_definitions: dict[str, ProvisionerDefinition] = {}
     validation: Validation = Validation()
+    remediation: Remediation = Remediation()
+
+    @model_validator(mode="after")
+    def _ladder_suites(self) -> ClusterConfig:
+        for i, ladder in enumerate(self.remediation.ladders):
+            if ladder.validate_suite is not None and ladder.validate_suite not in self.validation.suites:
+                known = ", ".join(sorted(self.validation.suites)) or "none defined"
+                raise ValueError(f"remediation.ladders.{i}.validateSuite {ladder.validate_suite!r} is not a "
+                                 f"validation suite ({known})")
+        return self
 
     @model_validator(mode="after")
     def _validation_before_return(self) -> ClusterConfig:
