@@ -24,10 +24,6 @@ BLIND: Final = frozenset({"heartbeat_missed", "telemetry_stale", "collector_fail
 POLICY_EVENTS: Final = ("POLICY_RECOMMENDED", "POLICY_ACTED", "POLICY_HALTED")
 
 
-def _when(value: datetime) -> str:
-    return value.replace(microsecond=0).isoformat().replace("+00:00", "Z")
-
-
 def explain(view: wire.NodeView, health: NodeHealth, *, last_policy: wire.NodeEvent | None,
             last_uncordon: wire.NodeEvent | None, last_score: wire.NodeEvent | None, now: datetime) -> str:
     """One line: the mode or guardrail behind automation's latest decision on this node, with
@@ -50,14 +46,14 @@ def explain(view: wire.NodeView, health: NodeHealth, *, last_policy: wire.NodeEv
     if last_uncordon is not None and last_uncordon.actor not in AUTOMATION:
         until = last_uncordon.occurred_at + timedelta(minutes=health.cordon_suppression_minutes)
         if now < until:
-            return (f"suppressed until {_when(until)} after a manual uncordon by {last_uncordon.actor} "
+            return (f"suppressed until {wire.rfc3339(until)} after a manual uncordon by {last_uncordon.actor} "
                     f"(cordonSuppressionMinutes {health.cordon_suppression_minutes})")
     # The policy's own conclusion of this episode (it says nothing again until the node
     # recovers or the conclusion changes): a guardrail with its numbers, or what it did.
     if last_policy is not None and last_policy.type == "POLICY_HALTED":
-        return f"{last_policy.message} (since {_when(last_policy.occurred_at)})"
+        return f"{last_policy.message} (since {wire.rfc3339(last_policy.occurred_at)})"
     if last_policy is not None and last_policy.type == "POLICY_ACTED":
-        return f"automation acted: {last_policy.message} (at {_when(last_policy.occurred_at)})"
+        return f"automation acted: {last_policy.message} (at {wire.rfc3339(last_policy.occurred_at)})"
     if last_score is not None and last_score.previous_score is None:
         return f"first score: automation waits for a second reading of score {view.score} before it acts (POL-3)"
     return (f"waiting for the policy's decision on score {view.score} ({health.mode} mode, cordonBelow "

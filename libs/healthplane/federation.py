@@ -40,7 +40,7 @@ from typing import Any, Final
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 
-from healthplane import permissions, reads, subjects
+from healthplane import permissions, reads, subjects, wire
 from healthplane.cli.common import CommandFailed
 from healthplane.permissions import HUB_CONSUMER, SOURCED_STREAM
 
@@ -169,12 +169,12 @@ class Member:
         """FED-2's words for a member whose nodes show no health."""
         if self.last_heard_at is None:
             return f"cluster {self.name} has not connected to the hub yet"
-        return f"cluster {self.name} unreachable since {reads.rfc3339(self.last_heard_at)}"
+        return f"cluster {self.name} unreachable since {wire.rfc3339(self.last_heard_at)}"
 
     def to_builtins(self, now: datetime, unreachable_after_s: float = UNREACHABLE_AFTER_S) -> dict[str, Any]:
         reachable = self.reachable(now, unreachable_after_s)
         return {"cluster": self.name, "reachable": reachable,
-                "lastHeardAt": reads.rfc3339(self.last_heard_at) if self.last_heard_at else None,
+                "lastHeardAt": wire.rfc3339(self.last_heard_at) if self.last_heard_at else None,
                 "dataAgeSeconds": self.data_age_s(now), "lag": self.lag,
                 **({} if reachable else {"reason": self.why_no_health()}),
                 **({"error": self.error} if self.error else {})}

@@ -204,11 +204,6 @@ def summarize(rows: Iterable[ListRow], now: datetime) -> dict[str, Any]:
                                        "healthyPercent": round(100 * healthy / nodes, 1) if nodes else None}}
 
 
-def rfc3339(value: datetime) -> str:
-    """A moment as people read it here: RFC 3339, UTC, whole seconds, ``Z``."""
-    return value.astimezone(UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
-
-
 def unreadable(summary_clusters: Iterable[str], reason: str, since: datetime) -> dict[str, Any]:
     """A summary for clusters whose data cannot be read now: no health at all, never the
     last answer (reference 000), with why and since when."""

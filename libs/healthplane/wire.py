@@ -8,7 +8,7 @@ Decoders are strict and built once per type; a decode error names the field path
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, Final, Literal, TypeVar
 
 import msgspec
@@ -82,6 +82,12 @@ ConditionType = Literal[
 ]
 CONDITION_TYPES: Final[tuple[str, ...]] = ConditionType.__args__  # type: ignore[attr-defined]
 _ACRONYMS: Final = {"gpu": "GPU", "smart": "SMART", "ecc": "ECC", "xid": "Xid"}
+
+
+def rfc3339(value: datetime) -> str:
+    """A moment as people read it in text: RFC 3339, UTC, whole seconds, ``Z`` (JSON keeps the
+    full precision)."""
+    return value.astimezone(UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
 
 
 def condition_title(condition_type: str) -> str:

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from healthplane import federation, permissions, reads, subjects
+from healthplane import federation, permissions, reads, subjects, wire
 
 NOW = datetime(2026, 12, 3, 12, 0, tzinfo=UTC)
 
@@ -106,7 +106,7 @@ def test_fed2_an_unreachable_members_nodes_show_no_health_never_their_last_answe
     assert rows[("a", "n1")]["score"] == 40  # a is untouched
     lost = rows[("b", "n1")]
     assert (lost["status"], lost["health"], lost["score"]) == ("UNKNOWN", "UNKNOWN", None)
-    assert lost["unreachable"] == f"cluster b unreachable since {reads.rfc3339(NOW - timedelta(seconds=60))}"
+    assert lost["unreachable"] == f"cluster b unreachable since {wire.rfc3339(NOW - timedelta(seconds=60))}"
     assert [(r.cluster, r.health, r.score) for r in found.rows()][-1] == ("b", "UNKNOWN", None)
     assert found.notes() == [f"{lost['unreachable']}; its nodes show no health"]
     summary = {c["cluster"]: c for c in federation.summary(found)["clusters"]}

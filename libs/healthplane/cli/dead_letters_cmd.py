@@ -12,6 +12,7 @@ import json
 
 from nats.js.errors import NotFoundError
 
+from healthplane import wire
 from healthplane.cli.common import (
     EXIT_USAGE,
     CommandFailed,
@@ -52,7 +53,7 @@ async def _list(args: argparse.Namespace) -> int:
         return 0
     rows = [("ID", "SERVICE", "INPUT", "REASON", "RECORDED", "ERROR")]
     rows += [(str(d.id), d.service, f"{d.input_stream}:{d.input_seq}", d.reason,
-              d.recorded_at.replace(microsecond=0).isoformat().replace("+00:00", "Z") if d.recorded_at else "-",
+              wire.rfc3339(d.recorded_at) if d.recorded_at else "-",
               d.error) for d in found]
     widths = [max(len(row[i]) for row in rows) for i in range(5)]
     for row in rows:

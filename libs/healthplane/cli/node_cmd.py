@@ -191,7 +191,7 @@ def list_text(views: list[reads.ListRow], order: list[int] | None = None) -> str
 
 def _time(value: datetime | None) -> str:
     """Text shows whole seconds, as the references print them; JSON keeps full precision."""
-    return value.astimezone(UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z") if value else "-"
+    return wire.rfc3339(value) if value else "-"
 
 
 def show_text(view: wire.NodeView, now: datetime | None = None, automation: str | None = None) -> str:
