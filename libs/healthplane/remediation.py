@@ -24,6 +24,8 @@ from typing import Final, Literal
 
 AGENT_STEPS: Final = ("gpu-reset", "reboot")
 
+# draining: its work is leaving; running: a rung was sent; verifying: the agent ran it and the
+# fault's condition has until the rung's deadline to clear; stopped, succeeded: final.
 Phase = Literal["draining", "running", "verifying", "stopped", "succeeded"]
 
 
@@ -106,18 +108,21 @@ def drained(climb: Climb, now: datetime, max_attempts: int, window: timedelta) -
 def outcome(climb: Climb, now: datetime, *, ran: bool, reason: str, fault_active: bool,
             max_attempts: int, window: timedelta) -> tuple[Climb, Decision]:
     """The agent's outcome for the running rung. ``ran``: it succeeded (a reset the driver
-    took, a reboot with a new boot id). It helped only if the fault is gone: then the node
-    waits for the condition to stay clear (``verifying``); else the next rung runs."""
+    took, a reboot with a new boot id). It helped if the fault is gone; while its condition
+    is still raised the rung waits for it to clear until its deadline (``verifying``: the
+    next report decides). A step that did not run fails into the next rung at once."""
     if climb.phase != "running":
         return climb, WAIT
-    if ran and not fault_active:
+    if not ran:
+        return _climb(climb, now, max_attempts, window)
+    if not fault_active:
         return replace(climb, phase="succeeded", deadline=None), Decision("succeeded", climb.rung.action, reason)
-    return _climb(climb, now, max_attempts, window)
+    return replace(climb, phase="verifying"), WAIT
 
 
 def cleared(climb: Climb) -> tuple[Climb, Decision]:
     """The fault's condition cleared while a rung ran: that rung worked."""
-    if climb.phase not in ("running",):
+    if climb.phase not in ("running", "verifying"):
         return climb, WAIT
     return replace(climb, phase="succeeded", deadline=None), Decision("succeeded", climb.rung.action,
                                                                      "the fault's condition cleared")
@@ -125,7 +130,7 @@ def cleared(climb: Climb) -> tuple[Climb, Decision]:
 
 def timed_out(climb: Climb, now: datetime, max_attempts: int, window: timedelta) -> tuple[Climb, Decision]:
     """No outcome by the rung's deadline: it failed, and the next rung runs (never a stop)."""
-    if climb.phase != "running" or climb.deadline is None or now < climb.deadline:
+    if climb.phase not in ("running", "verifying") or climb.deadline is None or now < climb.deadline:
         return climb, WAIT
     return _climb(climb, now, max_attempts, window)
 

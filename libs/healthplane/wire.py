@@ -25,7 +25,7 @@ PolicyMode = Literal["observe", "cordon", "drain", "replace"]
 # "replace" is automation's (policy, POL-4): a passive deprovision that ends in NODE_REPLACED.
 CommandVerb = Literal[
     "cordon", "uncordon", "drain", "evict", "deprovision", "replace", "hold-release", "service",
-    "validate", "isolate",
+    "validate", "isolate", "remediate",
 ]
 CommandResult = Literal["applied", "refused", "retry"]
 # "requeued": ended by a requeue directive; the step runs again from the beginning elsewhere.

@@ -18,10 +18,11 @@ from typing import Any
 
 import msgspec
 
-from healthplane import configstore, isolation, subjects, wire
+from healthplane import configstore, isolation, remediation, subjects, wire
 from healthplane.runtime.processor import Emit, Inbound, Input, Reject
 from healthplane.subjects import node_key
 from healthplane.validation import Rule, Verdict, judge, rule_of
+from healthplane_eviction import remediating as rem
 from healthplane_eviction import rules
 from healthplane_eviction import validation as vrules
 from healthplane_eviction.validation import Gate, Isolating, Run, SeenJob
@@ -53,6 +54,7 @@ class EvictionConfig(msgspec.Struct, frozen=True):
     cluster: Limits = Limits()
     definitions: dict[str, Limits] = {}
     validation: vrules.Policy = vrules.Policy()
+    remediation: rem.RemediationPolicy = rem.RemediationPolicy()
 
     def limits(self, definition: str | None) -> Limits:
         return self.definitions.get(definition, self.cluster) if definition else self.cluster
@@ -80,6 +82,15 @@ class Node(msgspec.Struct):
     gpus: int | None = None  # from its resource report: a suite that needs more excludes it (VAL-4)
     fault_seen: bool = False  # a hardware fault since its last passed validation (VAL-2)
     gate: Gate | None = None  # a release waiting for this node to pass validation (VAL-2)
+    fault_details: dict[str, rem.Fault] = {}  # active condition type -> what picks its ladder (REM-1)
+    climb: remediation.Climb | None = None  # the remediation episode under way or ended (REM-1)
+    climb_actor: str | None = None
+    climb_ladder: rem.LadderSpec | None = None
+    climb_request: str | None = None  # the agent step whose outcome is awaited
+    climb_hold: str | None = None  # the cordon hold the episode placed
+    remediation_attempts: list[datetime] = []  # agent steps started, within the window (the bound)
+    needs_attention: str | None = None  # why it stopped at NODE_NEEDS_ATTENTION, until service
+    boot_id: str | None = None
 
 
 class EvictionState(msgspec.Struct):
@@ -88,6 +99,7 @@ class EvictionState(msgspec.Struct):
     runs: dict[str, Run] = {}  # validation job id -> the run in flight (VAL-1)
     isolations: dict[str, Isolating] = {}  # failed job's key -> its isolation (VAL-3)
     jobs: dict[str, SeenJob] = {}  # job key -> where it ran: running jobs, and failed ones kept
+    climbing: list[str] = []  # node keys with a remediation step that can time out (the tick's work)
 
 
 
@@ -103,20 +115,30 @@ def status(node: Node) -> wire.NodeStatus:
 class Out:
     """The records one input produces, with ids derived from that input (deterministic)."""
 
-    def __init__(self, inbound: Inbound) -> None:
-        self.at = inbound.at
-        self.stem = f"{SERVICE}:{inbound.stream}:{inbound.seq}"
+    def __init__(self, at: datetime, stem: str, *, tick: bool = False) -> None:
+        self.at = at
+        self.stem = stem
         self.emits: list[Emit] = []
         self.event_ids: list[str] = []
         self.hold_ids: list[str] = []
+        # A tick has no input whose position dedupes its records after a restart: its records
+        # carry their (deterministic) ids as message ids instead.
+        self.tick = tick
+
+    @classmethod
+    def of(cls, inbound: Inbound) -> Out:
+        return cls(inbound.at, f"{SERVICE}:{inbound.stream}:{inbound.seq}")
 
     def _id(self) -> str:
         return f"{self.stem}:{len(self.emits)}"
 
+    def _emit(self, subject: str, record: wire.Record, record_id: str) -> None:
+        self.emits.append(Emit(subject, wire.encode(record), msg_id=record_id if self.tick else None))
+
     def event(self, node: Node, kind: wire.EventType, message: str, actor: str, **fields: Any) -> str:
         event = wire.NodeEvent(id=self._id(), node_id=node.node_id, cluster=node.cluster, type=kind,
                                occurred_at=self.at, message=message, actor=actor, **fields)
-        self.emits.append(Emit(subjects.event(node.cluster, node.node_id, kind), wire.encode(event)))
+        self._emit(subjects.event(node.cluster, node.node_id, kind), event, event.id)
         self.event_ids.append(event.id)
         return event.id
 
@@ -124,17 +146,21 @@ class Out:
                   allocation_id: str | None = None) -> str:
         directive = wire.Directive(id=self._id(), node_id=node.node_id, cluster=node.cluster, action=action,
                                    message=message, issued_at=self.at, allocation_id=allocation_id)
-        self.emits.append(Emit(subjects.directive(node.cluster, node.node_id), wire.encode(directive)))
+        self._emit(subjects.directive(node.cluster, node.node_id), directive, directive.id)
         return directive.id
 
     def job(self, job: wire.Job) -> None:
-        self.emits.append(Emit(subjects.job(job.cluster, job.id), wire.encode(job)))
+        self._emit(subjects.job(job.cluster, job.id), job, f"{self.stem}:job:{job.id}")
+
+    def remediate(self, request: wire.RemediationRequest) -> None:
+        self._emit(subjects.remediate(request.cluster, request.node_id), request, request.id)
 
     def outcome(self, command: wire.Command, result: wire.CommandResult, message: str, **fields: Any) -> None:
         outcome = wire.CommandOutcome(command_id=command.id, node_id=command.node_id, cluster=command.cluster,
                                       verb=command.verb, result=result, message=message, decided_at=self.at,
                                       event_ids=list(self.event_ids), hold_ids=list(self.hold_ids), **fields)
-        self.emits.append(Emit(subjects.command_outcome(command.cluster, command.node_id), wire.encode(outcome)))
+        self._emit(subjects.command_outcome(command.cluster, command.node_id), outcome,
+                   f"{self.stem}:outcome:{command.id}")
 
 
 class EvictionCore:
@@ -142,7 +168,7 @@ class EvictionCore:
         return EvictionState()
 
     def step(self, state: EvictionState, inbound: Inbound) -> tuple[EvictionState, Sequence[Emit]]:
-        out = Out(inbound)
+        out = Out.of(inbound)
         if inbound.stream == "HP_COMMANDS":
             if inbound.subject.startswith(f"{subjects.PREFIX}.provision."):
                 self._termination(state, wire.decode(wire.TerminationResult, inbound.data), out)
@@ -158,6 +184,9 @@ class EvictionCore:
             node.known, node.provisioned, node.ready = True, report.provisioned, report.ready
             node.definition = report.definition
             node.gpus = sum(1 for device in report.devices if device.kind == "gpu")
+            node.boot_id = report.boot_id or node.boot_id
+            if report.remediation is not None:
+                self._remediation_outcome(state, node, report.remediation, out)
         elif inbound.stream == "HP_CONFIG":
             state.config = _config(configstore.decode_config(wire.decode(wire.ConfigEnvelope, inbound.data)))
         else:
@@ -190,6 +219,7 @@ class EvictionCore:
             "cordon": self._cordon, "uncordon": self._uncordon, "drain": self._drain, "evict": self._evict,
             "deprovision": self._deprovision, "replace": self._deprovision, "hold-release": self._release,
             "service": self._service, "validate": self._validate, "isolate": self._isolate,
+            "remediate": self._remediate,
         }
         handlers[command.verb](state, node, command, out)
 
@@ -238,8 +268,17 @@ class EvictionCore:
             out.outcome(command, "refused", rules.not_drainable(node.node_id, current))
             return
         self._hold(node, command, "cordon", out)
+        moved, stuck = self._drain_work(node, command, command.active, out)
+        message = "Cordoned 1 node(s)" + (f"; requeued {moved} allocation(s)" if command.active else "")
+        if stuck:
+            message += f"; failed {len(stuck)} that cannot be requeued"
+        out.outcome(command, "applied", message, moved=moved, failed=len(stuck) if stuck else None)
+
+    def _drain_work(self, node: Node, command: wire.Command, active: bool,
+                    out: Out) -> tuple[int, list[wire.Allocation]]:
+        """EVI-2: active requeues what may run again and fails what may not; then NODE_DRAINED."""
         moved, stuck = 0, []
-        if command.active:
+        if active:
             for alloc in list(node.running.values()):
                 if alloc.requeueable is False:  # the scheduler cannot run it again (Slurm --no-requeue)
                     stuck.append(alloc)
@@ -249,16 +288,13 @@ class EvictionCore:
                 self._end(node, alloc, "requeue", rules.drain_requeue_message(node.node_id, command.reason), out,
                           by_operator=True)
                 moved += 1
-        mode = "active" if command.active else "passive"
-        detail = f"; {moved} allocation(s) requeued" if command.active else ""
+        mode = "active" if active else "passive"
+        detail = f"; {moved} allocation(s) requeued" if active else ""
         if stuck:
             detail += f"; {len(stuck)} failed, not requeueable: job {', '.join(a.job_id for a in stuck)}"
         out.event(node, "NODE_DRAINED", f"drained ({mode}){detail}", command.actor, drain_mode=mode, moved=moved,
                   failed=len(stuck) if stuck else None, command_id=command.id)
-        message = "Cordoned 1 node(s)" + (f"; requeued {moved} allocation(s)" if command.active else "")
-        if stuck:
-            message += f"; failed {len(stuck)} that cannot be requeued"
-        out.outcome(command, "applied", message, moved=moved, failed=len(stuck) if stuck else None)
+        return moved, stuck
 
     def _evict_running(self, state: EvictionState, node: Node, reason: str, out: Out) -> tuple[int, int]:
         limit = state.config.limits(node.definition).max_eviction_restarts
@@ -339,6 +375,9 @@ class EvictionCore:
     def _service(self, state: EvictionState, node: Node, command: wire.Command, out: Out) -> None:
         out.event(node, "NODE_SERVICED", f"serviced: {command.reason or 'no reason given'}", command.actor,
                   command_id=command.id)
+        if node.climb is not None and node.climb.final:  # an operator took over: the episode is over
+            node.climb = node.climb_ladder = node.climb_actor = node.climb_request = node.climb_hold = None
+        node.needs_attention = None
         out.outcome(command, "applied", f"service recorded for {node.node_id}")
 
     # ------------------------------------------------------------------ work on the node
@@ -391,6 +430,9 @@ class EvictionCore:
         elif alloc.state == "failed" and not by_operator:
             self._isolate_automatically(state, seen, out)
         self._teardown_when_empty(node, out)
+        if node.climb is not None and node.climb.phase == "draining" and not node.running and not node.ending:
+            policy = state.config.remediation
+            self._climb(state, node, remediation.drained(node.climb, out.at, policy.max_attempts, policy.window), out)
 
     def _teardown_when_empty(self, node: Node, out: Out) -> None:
         if (node.teardown in ("deprovision", "replace") and not node.running and not node.ending
@@ -675,6 +717,157 @@ class EvictionCore:
             out.outcome(command, "applied", message, faulty=list(iso.faulty), cleared=list(iso.cleared),
                         excluded=iso.excluded or None)
 
+    # ------------------------------------------------------------------ remediation (REM)
+
+    def _remediate(self, state: EvictionState, node: Node, command: wire.Command, out: Out) -> None:
+        """REM-1: drain the node, then climb the ladder its worst fault calls for."""
+        if node.needs_attention is not None:
+            out.outcome(command, "refused", f"{node.node_id} needs attention ({node.needs_attention}): nothing "
+                        "automatic touches it until service is recorded")
+            return
+        if node.climb is not None and not node.climb.final:
+            out.outcome(command, "refused", f"{node.node_id} is being remediated already "
+                        f"({node.climb.rung.action}, step {node.climb.step + 1} of {len(node.climb.rungs)})")
+            return
+        policy = state.config.remediation
+        order = sorted(node.faults, key=lambda t: (-rules.SEVERITY_RANK.get(node.faults[t], 0),
+                                                    wire.CONDITION_TYPES.index(t) if t in wire.CONDITION_TYPES else 99))
+        ladder = rem.ladder_for(policy.ladders, node.fault_details, [t for t in order if t not in rules.NOT_A_FAULT])
+        current = status(node)
+        if current not in ("READY", "CORDONED"):
+            out.outcome(command, "refused", rules.not_drainable(node.node_id, current))
+            return
+        hold = self._hold(node, command, "cordon", out)
+        moved, stuck = self._drain_work(node, command, True, out)
+        drained = f"drained: {moved} allocation(s) requeued" + (f", {len(stuck)} failed" if stuck else "")
+        if ladder is None:
+            out.outcome(command, "applied", f"no remediation ladder for the faults of {node.node_id}; {drained}",
+                        moved=moved)
+            return
+        window = policy.window
+        recent = [at for at in node.remediation_attempts if out.at - at < window]
+        node.climb = remediation.begin(ladder.fault_class, ladder.rungs, tuple(recent))
+        node.climb_ladder, node.climb_actor, node.climb_hold = ladder, command.actor, hold.id
+        node.climb_request = None
+        out.outcome(command, "applied", f"remediating {node.node_id} for {wire.condition_title(ladder.condition)}: "
+                    f"{ladder.describe()}; {drained}", moved=moved)
+        if not node.running and not node.ending:
+            self._climb(state, node, remediation.drained(node.climb, out.at, policy.max_attempts, window), out)
+
+    def _climb(self, state: EvictionState, node: Node, moved: tuple[remediation.Climb, remediation.Decision],
+               out: Out) -> None:
+        """Keep the ladder's new state and do what it decided."""
+        node.climb, decision = moved
+        key = node_key(node.cluster, node.node_id)
+        if node.climb.final or node.climb.deadline is None:
+            state.climbing = [k for k in state.climbing if k != key]
+        elif key not in state.climbing:
+            state.climbing = [*state.climbing, key]
+        actor = node.climb_actor or SERVICE
+        attempt = len(node.climb.attempts)
+        if decision.action == "run" and decision.step is not None:
+            request = wire.RemediationRequest(
+                id=f"rem-{uuid.uuid5(HOLD_NAMESPACE, f'{out.stem}:{key}:{node.climb.step}').hex[:16]}",
+                node_id=node.node_id, cluster=node.cluster, action=decision.step,  # type: ignore[arg-type]
+                attempt=attempt, requested_at=out.at, timeout_seconds=node.climb.rung.timeout_s,
+                reason=node.climb.fault_class)
+            out.remediate(request)
+            node.climb_request = request.id
+            node.remediation_attempts = [*node.remediation_attempts[-49:], out.at]
+            out.event(node, "REMEDIATION_STARTED", rem.started(decision.step, attempt, node.climb.fault_class), actor,
+                      remediation=wire.RemediationRecord(action=decision.step, attempt=attempt,  # type: ignore[arg-type]
+                                                         reason=node.climb.fault_class, request_id=request.id))
+        elif decision.action == "succeeded" and decision.step is not None:
+            node.climb_request = None
+            out.event(node, "REMEDIATION_SUCCEEDED", rem.succeeded(decision.step, attempt, decision.why), actor,
+                      remediation=wire.RemediationRecord(action=decision.step, attempt=attempt,  # type: ignore[arg-type]
+                                                         reason=decision.why))
+            self._after_remedy(state, node, out)
+        elif decision.action == "replace":
+            out.event(node, "REMEDIATION_STARTED", rem.started("replace", attempt, node.climb.fault_class), actor,
+                      remediation=wire.RemediationRecord(action="replace", attempt=attempt,
+                                                         reason=node.climb.fault_class))
+            if node.provisioned:
+                command = wire.Command(id=f"{out.stem}:replace", node_id=node.node_id, cluster=node.cluster,
+                                       verb="replace", actor=actor, issued_at=out.at,
+                                       reason=f"remediation: {node.climb.fault_class}")
+                self._deprovision(state, node, command, out)
+            else:
+                self._needs_attention(node, f"{node.climb.fault_class}: the ladder ends in replace, but "
+                                      "Healthplane did not provision this node", actor, out)
+        elif decision.action == "needs-attention":
+            self._needs_attention(node, decision.why, actor, out)
+
+    def _needs_attention(self, node: Node, why: str, actor: str, out: Out) -> None:
+        node.needs_attention = why
+        node.climb_request = None
+        out.event(node, "NODE_NEEDS_ATTENTION", rem.needs_attention(why), actor)
+
+    def _after_remedy(self, state: EvictionState, node: Node, out: Out) -> None:
+        """A step worked: the episode's hold is released, through validation when configured
+        (the ladder's suite, or VAL-2's gate)."""
+        hold = node.holds.get(node.climb_hold or "")
+        if hold is None:
+            return
+        actor = node.climb_actor or SERVICE
+        command = wire.Command(id=f"{out.stem}:return", node_id=node.node_id, cluster=node.cluster,
+                               verb="hold-release", actor=actor, issued_at=out.at, hold_ids=[hold.id])
+        ladder = node.climb_ladder
+        policy = state.config.validation
+        suite = ladder.validate_suite if ladder is not None and ladder.validate_suite else None
+        if suite is None and policy.before_return_for(node.definition):
+            suite = policy.default_suite
+        rule = policy.rules.get(suite or "")
+        if rule is None or self._running_on(state, node) is not None:
+            self._release_holds(node, [hold], command, out)
+            return
+        run = self._start_run(state, node.cluster, rule, [node.node_id], "gate", actor, out, command_id=command.id)
+        node.gate = Gate(run=run.id, command_id=command.id, verb="hold-release", actor=actor, hold_ids=[hold.id])
+
+    def _remediation_outcome(self, state: EvictionState, node: Node, outcome: wire.RemediationOutcome,
+                             out: Out) -> None:
+        """The agent's word on the step it was sent (REM-2): a reboot counts only with a new boot id."""
+        climb = node.climb
+        if climb is None or node.climb_request != outcome.request_id or climb.phase != "running":
+            return  # an outcome already read (the report is re-sent), or of a step no longer awaited
+        node.climb_request = None
+        ran = outcome.result == "succeeded"
+        reason = outcome.reason
+        if ran and outcome.action == "reboot" and (outcome.boot_id is None or outcome.boot_id == outcome.boot_id_before):
+            ran, reason = False, f"boot id unchanged ({outcome.boot_id}): the reboot did not happen"
+        active = climb.fault_class.lower() in node.faults
+        policy = state.config.remediation
+        if not ran:
+            out.event(node, "REMEDIATION_FAILED", rem.failed(outcome.action, len(climb.attempts), reason),
+                      node.climb_actor or SERVICE, remediation=wire.RemediationRecord(
+                          action=climb.rung.action, attempt=len(climb.attempts), reason=reason,  # type: ignore[arg-type]
+                          request_id=outcome.request_id))
+        self._climb(state, node, remediation.outcome(climb, out.at, ran=ran, reason=reason, fault_active=active,
+                                                     max_attempts=policy.max_attempts, window=policy.window), out)
+
+    def tick(self, state: EvictionState, now: datetime) -> tuple[EvictionState, Sequence[Emit]]:
+        """REM-1: a step whose outcome never came, or whose fault persisted, fails at its
+        deadline into the next step; never a silent stop."""
+        emits: list[Emit] = []
+        policy = state.config.remediation
+        for key in list(state.climbing):
+            node = state.nodes.get(key)
+            climb = node.climb if node is not None else None
+            if node is None or climb is None or climb.deadline is None or now < climb.deadline:
+                continue
+            out = Out(now, f"{SERVICE}:tick:{key}:{climb.step}:{climb.deadline.isoformat()}", tick=True)
+            waited = climb.rung.timeout_s
+            reason = (f"no outcome from the agent within {waited}s" if node.climb_request is not None
+                      else f"{wire.condition_title(climb.fault_class.lower())} persisted {waited}s after it")
+            out.event(node, "REMEDIATION_FAILED", rem.failed(climb.rung.action, len(climb.attempts), reason),
+                      node.climb_actor or SERVICE, remediation=wire.RemediationRecord(
+                          action=climb.rung.action, attempt=len(climb.attempts), reason=reason,  # type: ignore[arg-type]
+                          request_id=node.climb_request))
+            node.climb_request = None
+            self._climb(state, node, remediation.timed_out(climb, now, policy.max_attempts, policy.window), out)
+            emits += out.emits
+        return state, emits
+
     # ------------------------------------------------------------------ health
 
     def _health(self, state: EvictionState, event: wire.NodeEvent, out: Out) -> None:
@@ -683,6 +876,8 @@ class EvictionCore:
         if event.type == "CONDITION_RAISED" and event.condition is not None:
             condition = event.condition
             node.faults = {**node.faults, condition.type: condition.severity}
+            node.fault_details = {**node.fault_details, condition.type: rem.Fault(
+                condition.severity, condition.reason, condition.message)}
             if condition.type not in rules.NOT_A_FAULT:
                 node.fault_seen = True
             limits = state.config.limits(node.definition)
@@ -691,6 +886,9 @@ class EvictionCore:
                 self._fault_evict(node, condition.type, limits.max_eviction_restarts, out)
         elif event.type == "CONDITION_CLEARED" and event.condition is not None:
             node.faults = {k: v for k, v in node.faults.items() if k != event.condition.type}
+            node.fault_details = {k: v for k, v in node.fault_details.items() if k != event.condition.type}
+            if node.climb is not None and node.climb.fault_class.lower() == event.condition.type:
+                self._climb(state, node, remediation.cleared(node.climb), out)
         elif event.type == "HEARTBEAT_MISSED":
             node.offline = True
             self._node_gone(state, node, out)
@@ -745,4 +943,4 @@ def _config(config: Any) -> EvictionConfig:
     return EvictionConfig(cluster=limits(config.node_health),
                           definitions={name: limits(config.node_health_for(name))
                                        for name in config.provisioner_definitions},
-                          validation=policy)
+                          validation=policy, remediation=rem.policy_of(config))

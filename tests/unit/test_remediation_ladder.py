@@ -22,11 +22,13 @@ def test_rem1_xid79_reset_then_reboot_then_needs_attention_and_nothing_after() -
     climb = rem.begin("GPU_XID_ERRORS", LADDER)
     climb, first = rem.drained(climb, T0, 4, WINDOW)
     assert (first.action, first.step) == ("run", "gpu-reset")
-    climb, second = rem.outcome(climb, T0 + timedelta(seconds=30), ran=True, reason="reset", fault_active=True,
-                                max_attempts=4, window=WINDOW)
+    climb, waiting = rem.outcome(climb, T0 + timedelta(seconds=30), ran=True, reason="reset", fault_active=True,
+                                 max_attempts=4, window=WINDOW)
+    assert waiting == rem.WAIT and climb.phase == "verifying"  # the next report may still clear it
+    climb, second = rem.timed_out(climb, T0 + timedelta(seconds=300), 4, WINDOW)  # it did not: persisted
     assert (second.action, second.step) == ("run", "reboot")
-    climb, third = rem.outcome(climb, T0 + timedelta(seconds=300), ran=True, reason="rebooted", fault_active=True,
-                               max_attempts=4, window=WINDOW)
+    climb, third = rem.outcome(climb, T0 + timedelta(seconds=330), ran=False, reason="systemctl: refused",
+                               fault_active=True, max_attempts=4, window=WINDOW)
     assert third.action == "needs-attention" and climb.final
     assert third.why == "GPU_XID_ERRORS: every step of its ladder was tried"
     # However long it runs, whatever arrives: nothing more.
@@ -46,9 +48,13 @@ def test_rem1_a_step_whose_outcome_never_arrives_times_out_into_the_next_one() -
 
 def test_rem1_a_reset_that_clears_the_fault_succeeds() -> None:
     climb, _ = rem.drained(rem.begin("GPU_XID_ERRORS", LADDER), T0, 4, WINDOW)
-    climb, decided = rem.outcome(climb, T0, ran=True, reason="reset", fault_active=False, max_attempts=4,
-                                 window=WINDOW)
-    assert decided == rem.Decision("succeeded", "gpu-reset", "reset") and climb.final
+    done, decided = rem.outcome(climb, T0, ran=True, reason="reset", fault_active=False, max_attempts=4,
+                                window=WINDOW)
+    assert decided == rem.Decision("succeeded", "gpu-reset", "reset") and done.final
+    # Or its condition clears with the next report, within the rung's time.
+    climb, _ = rem.outcome(climb, T0, ran=True, reason="reset", fault_active=True, max_attempts=4, window=WINDOW)
+    done, decided = rem.cleared(climb)
+    assert decided.action == "succeeded" and done.final
 
 
 def test_rem1_attempts_are_bounded_per_node_across_episodes() -> None:
@@ -90,7 +96,7 @@ def test_rem1_a_ladder_never_loops_and_always_ends(agent: list[str], last: str, 
     finals = [d for d in ran if d.action in ("replace", "needs-attention", "succeeded")]
     assert len(finals) <= 1 and (not finals or ran.index(finals[0]) == len(ran) - 1
                                  or all(d == rem.WAIT for d in ran[ran.index(finals[0]) + 1:]))
-    # Failing every step reaches the last rung in exactly len(agent) failures.
+    # Steps that do not run reach the last rung in exactly len(agent) failures.
     if events[:len(agent)] == ["fail"] * len(agent) and len(events) >= len(agent):
         assert finals and finals[0].action == last
 

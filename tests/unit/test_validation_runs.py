@@ -31,7 +31,7 @@ class Loop:
     """Eviction and the reference scheduler, each folding the other's records in order."""
 
     def __init__(self, nodes: Iterable[str], *, validation: dict[str, Any] | None = None, gpus: int = 8,
-                 validation_s: float = 5.0) -> None:
+                 validation_s: float = 5.0, remediation: dict[str, Any] | None = None) -> None:
         self.eviction, self.scheduler = EvictionCore(), SchedulerCore(1, validation_s)
         self.es, self.ss = self.eviction.initial_state(), self.scheduler.initial_state()
         self.now = T0
@@ -40,8 +40,10 @@ class Loop:
         self.outcomes: list[wire.CommandOutcome] = []
         self.allocations: list[wire.Allocation] = []
         self.validation_jobs: list[wire.Job] = []
+        self.remediations: list[wire.RemediationRequest] = []
         config = parse_cluster_config({"validation": validation or {
-            "suites": {"diag": SUITE}, "defaultSuite": "diag", "validateBeforeReturn": True}}).to_wire()
+            "suites": {"diag": SUITE}, "defaultSuite": "diag", "validateBeforeReturn": True},
+            "remediation": remediation or {}}).to_wire()
         envelope = wire.ConfigEnvelope(version=1, applied_at=T0, actor="test", config=config)
         self.to_eviction("HP_CONFIG", subjects.CONFIG, envelope)
         self.to_scheduler("HP_CONFIG", subjects.CONFIG, envelope)
@@ -83,12 +85,17 @@ class Loop:
             self.events.append(wire.decode(wire.NodeEvent, emit.payload))
         elif kind == "outcome":
             self.outcomes.append(wire.decode(wire.CommandOutcome, emit.payload))
+        elif kind == "remediate":
+            self.remediations.append(wire.decode(wire.RemediationRequest, emit.payload))
 
     def run(self, seconds: float) -> None:
         """The scheduler ticks once a second; its records reach both folds at once."""
         end = self.now + timedelta(seconds=seconds)
         while self.now < end:
             self.now += timedelta(seconds=1)
+            self.es, ticked = self.eviction.tick(self.es, self.now)
+            for emit in ticked:
+                self._from_eviction(emit)
             self.ss, emits = self.scheduler.tick(self.ss, self.now)
             for emit in emits:
                 self.to_scheduler("HP_ALLOCATIONS", emit.subject, emit.payload)
@@ -121,11 +128,29 @@ class Loop:
     def outcome(self, command_id: str) -> wire.CommandOutcome | None:
         return next((o for o in self.outcomes if o.command_id == command_id), None)
 
-    def raise_fault(self, node: str, kind: str = "gpu_xid_errors") -> None:
+    def raise_fault(self, node: str, kind: str = "gpu_xid_errors", message: str = "GPU 0000:18:00.0: Xid 79") -> None:
         self.to_eviction("HP_NODE_EVENTS", subjects.event(CLUSTER, node, "CONDITION_RAISED"), wire.NodeEvent(
             id=f"e{self.seq}", node_id=node, cluster=CLUSTER, type="CONDITION_RAISED", occurred_at=self.now,
             message="", actor="health-ingest", condition=wire.ConditionChange(
-                type=kind, reason="GpuXidHardware", severity="critical", message="Xid 79")))  # type: ignore[arg-type]
+                type=kind, reason="GpuXidHardware", severity="critical", message=message)))  # type: ignore[arg-type]
+
+    def clear_fault(self, node: str, kind: str = "gpu_xid_errors") -> None:
+        self.to_eviction("HP_NODE_EVENTS", subjects.event(CLUSTER, node, "CONDITION_CLEARED"), wire.NodeEvent(
+            id=f"e{self.seq}", node_id=node, cluster=CLUSTER, type="CONDITION_CLEARED", occurred_at=self.now,
+            message="", actor="health-ingest", condition=wire.ConditionChange(
+                type=kind, reason="GpuXidHardware", severity="critical", message="")))  # type: ignore[arg-type]
+
+    def agent_says(self, node: str, request: wire.RemediationRequest, result: str = "succeeded",
+                   reason: str = "done", boot_id: str = "boot-1", boot_id_before: str | None = None) -> None:
+        """The node's agent answers in its next resource report (REM-2)."""
+        outcome = wire.RemediationOutcome(request_id=request.id, action=request.action, result=result,  # type: ignore[arg-type]
+                                          reason=reason, finished_at=self.now, boot_id=boot_id,
+                                          boot_id_before=boot_id_before)
+        devices = [wire.ResourceDevice(kind="gpu", vendor="nvidia", index=i, pci_bus_id=f"0000:{i:02x}:00.0")
+                   for i in range(8)]
+        self.to_eviction("HP_RESOURCES", subjects.resource(CLUSTER, node), wire.ResourceReport(
+            node_id=node, cluster=CLUSTER, hostname=node, sent_at=self.now, ready=True, cores=64,
+            memory_bytes=1 << 30, devices=devices, boot_id=boot_id, remediation=outcome))
 
     def of(self, kind: str) -> list[wire.NodeEvent]:
         return [e for e in self.events if e.type == kind]
