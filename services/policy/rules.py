@@ -19,7 +19,7 @@ import re
 import sys
 from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
-from typing import Literal
+from typing import Final, Literal
 
 import msgspec
 
@@ -42,7 +42,9 @@ RETRY_REPLACE_CAP = timedelta(minutes=30)
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
-Action = Literal["cordon", "drain", "replace", "taint", "label"]
+Action = Literal["cordon", "drain", "replace", "taint", "label", "remediate"]
+# The modes that take work off a node: a fault with a ladder is remediated there (REM-1).
+REMEDIATING_MODES: Final = ("drain", "replace")
 Output = wire.NodeEvent | wire.Command
 
 
@@ -66,6 +68,7 @@ class PolicyConfig(msgspec.Struct, frozen=True):
     definitions: dict[str, Settings] = {}
     breaker: BreakerSettings = BreakerSettings()
     rule_sets: tuple[RuleSetSpec, ...] = ()
+    ladders: tuple[str, ...] = ()  # condition types a remediation ladder is configured for (REM-1)
 
     def settings_for(self, definition: str | None) -> Settings:
         """A definition's setting replaces the cluster's (POL-1)."""
@@ -103,7 +106,8 @@ def policy_config(config: ClusterConfig, version: int) -> PolicyConfig:
                                 max_cordoned_nodes=cb.max_cordoned_nodes,
                                 max_cordoned_percentage=cb.max_cordoned_percentage,
                                 duration_s=float(cb.duration_seconds)),
-        rule_sets=rule_sets)
+        rule_sets=rule_sets,
+        ladders=tuple(sorted({ladder.fault_class.lower() for ladder in config.remediation.ladders})))
 
 
 # ---------------------------------------------------------------------------- state
@@ -370,7 +374,8 @@ def _on_event(d: _Decision, event: wire.NodeEvent) -> None:
 
 POLICY_EVENT_TYPES = frozenset({"POLICY_RECOMMENDED", "POLICY_ACTED", "POLICY_HALTED"})
 _VERB_OF_ACTION: dict[str, wire.CommandVerb] = {
-    "ACTION_CORDON": "cordon", "ACTION_DRAIN": "drain", "ACTION_REPLACE": "replace"}
+    "ACTION_CORDON": "cordon", "ACTION_DRAIN": "drain", "ACTION_REPLACE": "replace",
+    "ACTION_REMEDIATE": "remediate"}
 
 
 def _number(output_id: str | None) -> int:
@@ -400,7 +405,7 @@ def _on_own_event(state: PolicyState, node: Node, event: wire.NodeEvent) -> None
             breaker.record(state.breakers.setdefault(node.cluster, BreakerState()), node.node_id,
                            event.occurred_at)
         node.pending = {**node.pending, event.command_id: verb}
-        node.drained = node.drained or verb == "drain"
+        node.drained = node.drained or verb in ("drain", "remediate")
     _index(state, node)
 
 
@@ -505,7 +510,7 @@ def _on_outcome(d: _Decision, outcome: wire.CommandOutcome) -> None:
         return
     _unindex(d.state, node)
     verb = node.pending.pop(outcome.command_id, None)
-    if verb == "drain":
+    if verb in ("drain", "remediate"):
         node.drained = False
     if node.replacing == outcome.command_id:
         node.replacing = None
@@ -581,6 +586,10 @@ def _evaluate(d: _Decision, node: Node) -> None:
     if not node.ready:
         return  # NOT_READY (maintenance, starting): not in service, nothing to take out
     replacing = settings.mode == "replace" and level == 2 and node.provisioned
+    if settings.mode in REMEDIATING_MODES and any(c in state.config.ladders for c in node.conditions):
+        # REM-1: its fault has a ladder: eviction drains it and climbs the ladder, whose last
+        # rung (replace or needs-attention) is the end; automation does not replace it besides.
+        action, replacing = "remediate", False
     others = sorted({h.actor for h in node.holds.values() if h.actor not in AUTOMATION})
     if others:
         # Someone took the node out of service by hand: theirs to work on (POL-4).
@@ -592,11 +601,12 @@ def _evaluate(d: _Decision, node: Node) -> None:
     if not _automation_holds(node):
         _take_out_of_service(d, node, settings, action, replacing)
         return
-    if action == "drain" and not node.drained:
+    if action in ("drain", "remediate") and not node.drained:
         node.drained = True
-        command_id = d.command(node, "drain", f"score {score} below drainBelow {settings.drain_below}")
-        message = f"drain: score {score}" + (_waiting(node) if replacing else "")
-        _conclude(d, node, "POLICY_ACTED", "drain", message, command_id)
+        verb: wire.CommandVerb = "remediate" if action == "remediate" else "drain"
+        command_id = d.command(node, verb, _why(node, settings, action))
+        message = f"{action}: score {score}" + (_waiting(node) if replacing else "")
+        _conclude(d, node, "POLICY_ACTED", action, message, command_id)
         return
     if replacing and node.drained:
         _replace(d, node, settings)
@@ -616,16 +626,23 @@ def _take_out_of_service(d: _Decision, node: Node, settings: Settings, action: A
     if halt is not None:
         _conclude(d, node, "POLICY_HALTED", action, f"{action}: score {score}; {halt[1]}")
         return
-    verb: wire.CommandVerb = "drain" if action == "drain" else "cordon"
-    threshold = settings.drain_below if verb == "drain" else settings.cordon_below
+    verb: wire.CommandVerb = action if action in ("drain", "remediate") else "cordon"
     _unindex(state, node)
-    command_id = d.command(node, verb, f"score {score} below {verb}Below {threshold}")
+    command_id = d.command(node, verb, _why(node, settings, action))
     node.pending = {**node.pending, command_id: verb}
-    node.drained = verb == "drain"
+    node.drained = verb in ("drain", "remediate")
     _index(state, node)
     breaker.record(state.breakers.setdefault(node.cluster, BreakerState()), node.node_id, now)
     message = f"{action}: score {score}" + (_waiting(node) if replacing else "")
     _conclude(d, node, "POLICY_ACTED", action, message, command_id)
+
+
+def _why(node: Node, settings: Settings, action: Action) -> str:
+    if action == "remediate":
+        return f"score {node.score}: {', '.join(sorted(node.conditions))}: remediation ladder"
+    if action == "drain":
+        return f"score {node.score} below drainBelow {settings.drain_below}"
+    return f"score {node.score} below cordonBelow {settings.cordon_below}"
 
 
 def _guardrail(d: _Decision, node: Node, settings: Settings) -> tuple[str, str] | None:

@@ -63,8 +63,8 @@ def termination(node: str, accepted: bool, when: datetime = T0, message: str = "
 
 
 def config(node_health: dict[str, Any] | None = None, definitions: dict[str, Any] | None = None,
-           version: int = 1) -> Record:
-    data: dict[str, Any] = {"cluster": CLUSTER, "nodeHealth": node_health or {}}
+           version: int = 1, remediation: dict[str, Any] | None = None) -> Record:
+    data: dict[str, Any] = {"cluster": CLUSTER, "nodeHealth": node_health or {}, "remediation": remediation or {}}
     if definitions:
         data["provisionerDefinitions"] = {k: {"nodeHealth": v} for k, v in definitions.items()}
     return policy_config(parse_cluster_config(data), version)

@@ -362,3 +362,44 @@ def test_rel1_a_refold_after_a_crash_repeats_no_decision(records: list[Any], mod
     restarted.feed(*[o for o in before.outputs if isinstance(o, wire.NodeEvent)])
     restarted.feed(*records[half:])
     assert [o.id for o in before.outputs + restarted.outputs] == [o.id for o in whole.outputs]
+
+
+# ---------------------------------------------------------------------------- REM-1
+
+LADDERS = {"ladders": [{"faultClass": "GPU_XID_ERRORS", "steps": [{"action": "gpu-reset"}, {"action": "reboot"},
+                                                                  {"action": "needs-attention"}]}]}
+
+
+@pytest.mark.parametrize(("mode", "verbs"), [
+    ("observe", []), ("cordon", ["cordon"]), ("drain", ["remediate"]), ("replace", ["remediate"])])
+def test_rem1_a_fault_with_a_ladder_is_remediated_in_the_modes_that_take_work_off(mode: str,
+                                                                                 verbs: list[str]) -> None:
+    drive = Driver(config({"mode": mode, "maxUnavailablePercent": 100}, remediation=LADDERS), *fleet(2), echo=False)
+    drive.feed(condition("n0", "CONDITION_RAISED", "gpu_xid_errors", at(1), severity="critical"),
+               score("n0", 55, 100, at(1)))
+    assert [c.verb for c in drive.commands()] == verbs
+    if verbs == ["remediate"]:
+        [acted] = drive.events("POLICY_ACTED")
+        assert acted.action == "ACTION_REMEDIATE" and acted.message == "remediate: score 55"
+        assert drive.commands()[0].reason == "score 55: gpu_xid_errors: remediation ladder"
+
+
+def test_rem1_a_fault_without_a_ladder_is_handled_as_before() -> None:
+    drive = Driver(config({"mode": "drain", "maxUnavailablePercent": 100}, remediation=LADDERS), *fleet(2),
+                   echo=False)
+    drive.feed(condition("n0", "CONDITION_RAISED", "memory_errors", at(1), severity="critical"),
+               score("n0", 55, 100, at(1)))
+    assert [c.verb for c in drive.commands()] == ["cordon"]
+
+
+def test_rem1_the_breaker_counts_remediations_like_cordons_and_halts_the_sixth_at_bound_5() -> None:
+    drive = Driver(config({"mode": "drain", "maxUnavailablePercent": 100,
+                           "circuitBreaker": {"percentage": 0, "maxNodes": 5, "duration": "5m"}},
+                          remediation=LADDERS), *fleet(10))
+    for i in range(6):
+        drive.feed(condition(f"n{i}", "CONDITION_RAISED", "gpu_xid_errors", at(0, i), severity="critical"),
+                   score(f"n{i}", 55, 100, at(0, i)))
+    assert len(drive.commands("remediate")) == 5
+    [halted] = drive.events("POLICY_HALTED")
+    assert halted.node_id == "n5" and "circuit breaker TRIPPED (5 automated cordon(s) against maxNodes 5 node(s))" \
+        in halted.message
