@@ -500,6 +500,14 @@ class AttributedFailures(Record, frozen=True, kw_only=True):
     by_fault: dict[str, int] = {}
 
 
+class NeedsAttention(Record, frozen=True, kw_only=True):
+    """REM-1: the node stopped at NODE_NEEDS_ATTENTION; nothing automatic touches it until a
+    service record."""
+
+    since: datetime
+    reason: str
+
+
 class NodeView(Record, frozen=True, kw_only=True):
     """``hp.node.{cluster}.{node}``: one folded view per node, the ``node show -o json`` shape;
     the stream keeps the latest per node, so ``node list`` reads one record per node."""
@@ -520,6 +528,7 @@ class NodeView(Record, frozen=True, kw_only=True):
     # The node's own report interval: a reader can tell a view gone stale (no report folded
     # for several intervals while the node is not OFFLINE: the pipeline is behind or down).
     report_interval_seconds: int | None = None
+    needs_attention: NeedsAttention | None = None
 
 
 # ---------------------------------------------------------------------------- commands

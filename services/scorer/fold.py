@@ -19,7 +19,7 @@ INPUTS = (
     Input("HP_ASSESSMENTS"),
     Input("HP_NODE_EVENTS", tuple(f"hp.event.*.*.{t}" for t in (
         "JOB_FAILURE_ATTRIBUTED", "HOLD_CREATED", "HOLD_RELEASED", "NODE_REGISTERED", "NODE_DEPROVISIONED",
-        "NODE_REPLACED"))),
+        "NODE_REPLACED", "NODE_NEEDS_ATTENTION", "NODE_SERVICED"))),
     Input("HP_RESOURCES"),
     Input("HP_ALLOCATIONS", ("hp.alloc.>",)),
     Input("HP_CONFIG"),
@@ -53,6 +53,7 @@ class NodeScore(msgspec.Struct):
     report_interval_s: int | None = None
     allocations: list[str] = []  # placed or started here: the view's job count
     view_digest: int = 0
+    attention: wire.NeedsAttention | None = None  # NODE_NEEDS_ATTENTION until NODE_SERVICED (REM-1)
 
 
 class ScorerState(msgspec.Struct):
@@ -110,6 +111,10 @@ class ScorerCore:
             if key in state.gone:
                 return state, []
             node = self._node(state, event.cluster, event.node_id)
+            if event.type in ("NODE_NEEDS_ATTENTION", "NODE_SERVICED"):
+                node.attention = (wire.NeedsAttention(since=event.occurred_at, reason=event.message)
+                                  if event.type == "NODE_NEEDS_ATTENTION" else None)
+                return state, self._view(state, node, inbound)
             if event.type in ("HOLD_CREATED", "HOLD_RELEASED", "NODE_REGISTERED"):
                 if event.type == "HOLD_CREATED" and event.hold is not None:
                     node.holds = {**node.holds, event.hold.id: event.hold}
@@ -231,4 +236,5 @@ def node_view(state: ScorerState, node: NodeScore) -> wire.NodeView:
                                                     by_fault=dict(node.tally.by_fault)),
         holds=sorted(node.holds.values(), key=lambda h: h.created_at), jobs=len(node.allocations),
         definition=node.definition, report_interval_seconds=node.report_interval_s,
+        needs_attention=node.attention,
     )

@@ -36,6 +36,9 @@ CONDITION_FAMILY: Final = _family("healthplane_node_condition", "gauge",
 HEALTH_FAMILY: Final = _family("healthplane_node_health", "gauge", "1 for the node's current health state")
 FAILURES_FAMILY: Final = _family("healthplane_node_attributed_failures_total", "counter",
                                  "Job failures attributed to the node")
+ATTENTION_FAMILY: Final = _family("healthplane_node_needs_attention", "gauge",
+                                  "1 while the node stopped at NODE_NEEDS_ATTENTION (REM-1), until service; "
+                                  "absent otherwise")
 
 
 def _condition_line(cluster: str, condition: str, node: str, level: int) -> str:
@@ -60,7 +63,8 @@ class NodeSeries:
         nodes = [(node, state.config.degraded_at_or_below) for state in self._states()
                  for node in list(state.nodes.values())]
         for family, block in ((SCORE_FAMILY, self._score), (CONDITION_FAMILY, self._conditions),
-                              (HEALTH_FAMILY, self._health_block), (FAILURES_FAMILY, self._failures)):
+                              (HEALTH_FAMILY, self._health_block), (FAILURES_FAMILY, self._failures),
+                              (ATTENTION_FAMILY, self._attention)):
             yield family.encode()
             for start in range(0, len(nodes), CHUNK_NODES):
                 yield "".join([block(node, threshold) for node, threshold in nodes[start:start + CHUNK_NODES]]).encode()
@@ -96,3 +100,9 @@ class NodeSeries:
     def _failures(self, node: NodeScore, _: int) -> str:
         return (f'healthplane_node_attributed_failures_total{{cluster="{label_value(node.cluster)}",'
                 f'node_id="{label_value(node.node_id)}"}} {node.tally.count}.0\n')
+
+    def _attention(self, node: NodeScore, _: int) -> str:
+        if node.attention is None:
+            return ""
+        return (f'healthplane_node_needs_attention{{cluster="{label_value(node.cluster)}",'
+                f'node_id="{label_value(node.node_id)}"}} 1.0\n')

@@ -164,3 +164,31 @@ def test_a_decommissioned_node_leaves_the_read_model_and_stays_gone() -> None:
     later = T0 + timedelta(hours=1)
     state, emits = core.step(state, Inbound("HP_RESOURCES", 5, "", resources(later), {}, later, True))
     assert [wire.decode(wire.NodeView, e.payload).node_id for e in emits] == ["n"]
+
+
+def test_rem1_needs_attention_shows_in_the_view_node_show_and_a_series_until_service() -> None:
+    from healthplane.cli.node_cmd import show_text
+    from healthplane_scorer.metrics import NodeSeries
+
+    core, state = ScorerCore(), ScorerCore().initial_state()
+    state, _ = core.step(state, Inbound("HP_ASSESSMENTS", 1, "", assessment(node="n"), {}, T0, True))
+
+    def event(seq: int, kind: str, message: str) -> wire.NodeView:
+        nonlocal state
+        record = wire.NodeEvent(id=f"e{seq}", node_id="n", cluster="c", type=kind,  # type: ignore[arg-type]
+                                occurred_at=T0, message=message, actor="eviction")
+        state, emits = core.step(state, Inbound("HP_NODE_EVENTS", seq, "", wire.encode(record), {}, T0, True))
+        return wire.decode(wire.NodeView, emits[-1].payload)
+
+    def series() -> str:
+        return b"".join(NodeSeries(lambda: [state]).render()).decode()
+
+    view = event(2, "NODE_NEEDS_ATTENTION", "needs attention: GPU_XID_ERRORS: every step of its ladder was tried")
+    assert view.needs_attention == wire.NeedsAttention(
+        since=T0, reason="needs attention: GPU_XID_ERRORS: every step of its ladder was tried")
+    assert (f"Needs attention since {wire.rfc3339(T0)}: needs attention: GPU_XID_ERRORS: every step of its ladder "
+            "was tried") in show_text(view, T0).splitlines()
+    assert 'healthplane_node_needs_attention{cluster="c",node_id="n"} 1.0' in series()
+    view = event(3, "NODE_SERVICED", "serviced: replaced GPU 0")
+    assert view.needs_attention is None and "Needs attention" not in show_text(view, T0)
+    assert "healthplane_node_needs_attention{" not in series()

@@ -198,6 +198,8 @@ def show_text(view: wire.NodeView, now: datetime | None = None, automation: str 
     now = now or datetime.now(UTC)
     lines = [f"Node:      {view.node_id} ({view.hostname or 'hostname unknown'}, cluster {view.cluster})",
              f"Status:    {_status(view.status)}"]
+    if view.needs_attention is not None:
+        lines.append(f"Needs attention since {_time(view.needs_attention.since)}: {view.needs_attention.reason}")
     health = view.health.capitalize()
     lines.append(f"Health:    {health} (last reported {_time(view.last_reported_at)})" if view.last_reported_at
                  else f"Health:    {health}")
