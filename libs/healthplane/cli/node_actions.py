@@ -39,7 +39,7 @@ from healthplane.cli.lookup import find_node, views_of
 from healthplane.runtime.publish import Publisher, PublishError
 from healthplane.runtime.replay import read_payloads
 
-ACTIONS = ("cordon", "uncordon", "drain", "evict", "deprovision", "hold", "service")
+ACTIONS = ("cordon", "uncordon", "drain", "evict", "deprovision", "hold", "service", "remediate")
 DEFAULT_TIMEOUT_S = 10.0
 
 QUESTIONS = {
@@ -81,6 +81,7 @@ def add_arguments(actions: Any) -> None:
                          node="optional", all_form=True)
     deprovision.add_argument("--evict", action="store_true", help="also take its running work off")
     deprovision.add_argument("--force", action="store_true", help="tear down now, no hold, ending its work")
+    action("remediate", "drain a node, then climb the remediation ladder its fault calls for (REM-1)")
     service = action("service", "record that a node was serviced (clears sticky conditions)")
     service.set_defaults(reason_required=True)
     hold = actions.add_parser("hold", help="holds: release")
