@@ -2,10 +2,14 @@
 
 Inputs: ``HP_NODES`` (the scorer's node views: holds, score, definition), ``HP_CONFIG``
 (``drainBelow`` per definition), ``HP_DIRECTIVES`` (eviction's requeue / fail / terminate),
-``HP_ALLOCATIONS`` (its own allocation records) and ``HP_COMMANDS`` filtered to
-``hp.provision`` (its own answers to terminations). Outputs: ``hp.alloc`` records,
-``hp.provision`` answers, and ``hp.cmd …hold-release.slurm`` when an administrator resumed
-one of our drains in Slurm.
+``HP_ALLOCATIONS`` (its own allocation records, and eviction's validation jobs on ``hp.job``)
+and ``HP_COMMANDS`` filtered to ``hp.provision`` (its own answers to terminations). Outputs:
+``hp.alloc`` records, ``hp.provision`` answers, and ``hp.cmd …hold-release.slurm`` when an
+administrator resumed one of our drains in Slurm.
+
+A validation job (VAL-1) runs as one ``sbatch`` job over its nodes inside a reservation of
+them, created first and deleted once the job has ended and our drains are back; while it is in
+flight our drain on those nodes is lifted, since a DRAIN node runs nothing, reservation or not.
 
 ``step`` only folds. ``reconcile(state, observation, now)`` is level-based: it compares what
 Slurm shows with what the state requires and returns the records to store and the Slurm
@@ -33,12 +37,19 @@ from healthplane_slurm_adapter.rules import (
     Observation,
     Open,
     OurDrain,
+    Validation,
     allocation_id,
     causes,
     confirmed,
     drain_reason,
     end_reason,
     is_ours,
+    output_path,
+    reservation_name,
+    run_end,
+    run_of_reservation,
+    sbatch_argv,
+    slurm_job_of,
 )
 from healthplane_slurm_adapter.slurm import SlurmError, SlurmJob, SlurmNode
 
@@ -48,7 +59,7 @@ INPUTS = (
     Input("HP_NODES"),
     Input("HP_CONFIG"),
     Input("HP_DIRECTIVES"),
-    Input("HP_ALLOCATIONS", ("hp.alloc.>",)),
+    Input("HP_ALLOCATIONS", ("hp.alloc.>", "hp.job.>")),
     Input("HP_COMMANDS", ("hp.provision.>",)),
 )
 OUTPUTS = ("HP_ALLOCATIONS", "HP_COMMANDS")
@@ -86,7 +97,38 @@ class PowerDown:
     directive: wire.Directive
 
 
-Action = Drain | Resume | Requeue | Cancel | PowerDown
+@dataclass(frozen=True, slots=True)
+class Reserve:
+    """A validation run's reservation of its nodes (VAL-1)."""
+
+    name: str
+    nodes: tuple[str, ...]
+    user: str
+
+
+@dataclass(frozen=True, slots=True)
+class Unreserve:
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class Submit:
+    """``sbatch`` of a validation run; the output directory is made first."""
+
+    run_id: str
+    argv: tuple[str, ...]
+    output_dir: str
+
+
+@dataclass(frozen=True, slots=True)
+class CancelRun:
+    """A second Slurm job of one validation run (an ``sbatch`` that timed out, yet landed)."""
+
+    job_id: int
+    run_id: str
+
+
+Action = Drain | Resume | Requeue | Cancel | PowerDown | Reserve | Unreserve | Submit | CancelRun
 Outcome = tuple[Action, SlurmError | None]
 
 
@@ -102,13 +144,17 @@ class Pass:
 class AdapterCore:
     def __init__(self, cluster: str = "default", names: NodeNames | None = None, *,
                  reason_prefix: str = "healthplane:", max_requeue: int = 5, confirm_s: float = 10.0,
-                 settle_s: float = 30.0) -> None:
+                 settle_s: float = 30.0, output_dir: str = "/var/lib/healthplane/slurm-adapter/validation",
+                 partition: str | None = None, user: str = "root") -> None:
         self.cluster = cluster
         self.names = names or NodeNames()
         self.prefix = reason_prefix
         self.max_requeue = max_requeue  # Slurm's MaxBatchRequeue default: the retry budget it keeps
         self.confirm_s = confirm_s
         self.settle_s = settle_s  # a directive's command is not sent again sooner than this
+        self.output_dir = output_dir  # where validation runs write their output (VAL-1)
+        self.partition = partition  # validation runs' partition; None: Slurm's default
+        self.user = user  # who submits validation runs: their reservations are for that user
         self._told: set[tuple[str, str]] = set()  # (what, whom) said once already
 
     def initial_state(self) -> AdapterState:
@@ -128,6 +174,8 @@ class AdapterCore:
             state.config_version = envelope.version
         elif inbound.stream == "HP_DIRECTIVES":
             self._on_directive(state, wire.decode(wire.Directive, inbound.data))
+        elif inbound.stream == "HP_ALLOCATIONS" and inbound.subject.startswith(f"{subjects.PREFIX}.job."):
+            self._on_job(state, wire.decode(wire.Job, inbound.data))
         elif inbound.stream == "HP_ALLOCATIONS":
             self._on_allocation(state, wire.decode(wire.Allocation, inbound.data))
         elif inbound.stream == "HP_COMMANDS":
@@ -148,8 +196,22 @@ class AdapterCore:
             return  # folded again after a snapshot
         state.pending.append(directive)
 
+    def _on_job(self, state: AdapterState, job: wire.Job) -> None:
+        """Eviction's validation jobs only: any other job is the reference scheduler's (``sim submit``)."""
+        if job.cluster != self.cluster or job.validation is None or job.id in state.validations:
+            return
+        if not job.nodes or len(job.nodes) != job.steps:
+            raise Reject(f"validation job {job.id}: {job.steps} step(s) need as many nodes (got {job.nodes})")
+        state.validations[job.id] = Validation(id=job.id, nodes=list(job.nodes), suite=job.validation)
+
     def _on_allocation(self, state: AdapterState, alloc: wire.Allocation) -> None:
-        if alloc.cluster != self.cluster or not is_ours(alloc.id):
+        if alloc.cluster != self.cluster:
+            return
+        run = state.validations.get(alloc.job_id)
+        if run is not None:
+            self._step_recorded(run, alloc.node_id, alloc.state, slurm_job_of(alloc.id), alloc.at)
+            return
+        if not is_ours(alloc.id):
             return
         if alloc.state in ("placed", "started"):
             if alloc.id not in state.ended:
@@ -163,13 +225,17 @@ class AdapterCore:
 
     def reconcile(self, state: AdapterState, seen: Observation, now: datetime) -> tuple[AdapterState, Pass]:
         out = Pass([], [], [])
-        jobs = {str(job.job_id): job for job in seen.jobs}
         down = {node.name for node in seen.nodes if node.down}
+        runs, validating = self._validations(state, seen, now, out)
+        jobs = {str(job.job_id): job for job in seen.jobs if job.job_id not in runs}
         self._allocations(state, seen, jobs, down, now, out)
         self._directives(state, {node.name: node for node in seen.nodes}, jobs, now, out)
-        self._drains(state, seen, now, out)
+        draining = self._drains(state, seen, validating, now, out)
+        self._reservations(state, seen, draining, out)
         # Tombstones of jobs Slurm no longer lists, once they are old.
         state.ended = {a: at for a, at in state.ended.items() if now - at < TOMBSTONE_TTL}
+        state.validations = {k: run for k, run in state.validations.items()
+                             if run.ended_at is None or now - run.ended_at < TOMBSTONE_TTL}
         state.job_reasons = {j: r for j, r in state.job_reasons.items() if j in jobs}
         return state, out
 
@@ -321,9 +387,140 @@ class AdapterCore:
                 out.actions.append(Cancel(job.job_id, directive.id))
         state.pending = keep
 
+    # ------------------------------------------------------------------ validation runs (VAL-1)
+
+    def _validations(self, state: AdapterState, seen: Observation, now: datetime,
+                     out: Pass) -> tuple[set[int], set[str]]:
+        """Each run in flight, one step further: its reservation, then its job (submitted once:
+        a job named after the run is found, whoever submitted it), then its records as Slurm
+        shows the job. Returns the Slurm jobs that are validation runs (no one else's
+        allocations) and the Slurm nodes whose reservation stands for a run in flight."""
+        by_name: dict[str, list[SlurmJob]] = {}
+        for listed in seen.jobs:
+            if listed.name in state.validations:
+                by_name.setdefault(listed.name, []).append(listed)
+        runs = {listed.job_id for named in by_name.values() for listed in named}
+        in_slurm = {node.name for node in seen.nodes}
+        validating: set[str] = set()
+        for run in state.validations.values():
+            if run.ended_at is not None:
+                continue
+            names = [self.names.slurm_name(node_id) for node_id in run.nodes]
+            slurm_nodes = [name for name in names if name is not None and name in in_slurm]
+            # The job Slurm runs it as: the one a record named, else the first submitted.
+            found = sorted(by_name.get(run.id, []), key=lambda j: (j.job_id != run.slurm_job, j.job_id))
+            for extra in found[1:]:
+                if extra.job_state.upper() not in ENDED:
+                    out.actions.append(CancelRun(extra.job_id, run.id))
+            job = found[0] if found else None
+            if job is None and run.slurm_job is not None:
+                self._run_left_queue(run, seen, now, out)
+                continue
+            if job is None and len(slurm_nodes) < len(run.nodes):  # it cannot run: say so, not wait forever
+                missing = [n for n, name in zip(run.nodes, names, strict=True) if name is None or name not in in_slurm]
+                self._run_ended(run, None, "failed", None, False,
+                                f"not a node of this Slurm cluster: {', '.join(missing)}", None, now, out)
+                continue
+            if job is not None and job.job_state.upper() in ENDED:
+                self._run_finished(run, job, seen, now, out)
+                continue
+            reservation = reservation_name(run.id)
+            reserved = reservation in seen.reservations
+            if not reserved:  # first, or gone since (deleted by hand): nothing may start before it
+                out.actions.append(Reserve(reservation, tuple(slurm_nodes), self.user))
+            else:
+                validating.update(slurm_nodes)
+            if job is None:
+                if reserved:
+                    argv = sbatch_argv(run, slurm_nodes, self.output_dir, self.partition)
+                    out.actions.append(Submit(run.id, tuple(argv), self.output_dir))
+                continue
+            record_state: wire.AllocationState = "started" if job.job_state.upper() in RUNNING else "placed"
+            for node_id, name in zip(run.nodes, names, strict=True):
+                if not run.recorded(node_id, record_state):
+                    self._run_record(run, job.job_id, node_id, name or node_id, record_state, now, out, job=job)
+        return runs, validating
+
+    def _run_finished(self, run: Validation, job: SlurmJob, seen: Observation, now: datetime, out: Pass) -> None:
+        end = run_end(job.job_state.upper(), job.exit_code, job.state_reason)
+        output = seen.outputs.get(run.id)
+        if output is None:
+            self._tell_once(out, "validation output not found: is the output directory shared with the nodes?",
+                            "validation_output_missing", run.id, run_id=run.id,
+                            path=output_path(self.output_dir, run.id))
+        self._run_ended(run, job.job_id, end.state, end.exit_code, end.timed_out, end.reason, output, now, out,
+                        job=job)
+
+    def _run_left_queue(self, run: Validation, seen: Observation, now: datetime, out: Pass) -> None:
+        """The run's job left Slurm's queue while we were away: accounting says how it ended; with
+        none, nothing does, and the run is submitted again rather than judged on a guess."""
+        job_id = run.slurm_job or 0
+        accounted = seen.ended.get(job_id)
+        if accounted is None:
+            out.notes.append(Note("warning", "validation job left Slurm's queue unobserved; submitted again",
+                                  "validation_resubmitted", {"run_id": run.id, "slurm_job": job_id}))
+            run.slurm_job, run.steps = None, {}
+            return
+        end = run_end(accounted, seen.exits.get(job_id, 0))
+        reason = f"{end.reason} (from Slurm accounting)" if end.reason else None
+        self._run_ended(run, job_id, end.state, end.exit_code, end.timed_out, reason, seen.outputs.get(run.id), now,
+                        out)
+
+    def _run_ended(self, run: Validation, job_id: int | None, record_state: wire.AllocationState,
+                   exit_code: int | None, timed_out: bool, reason: str | None, output: str | None, now: datetime,
+                   out: Pass, job: SlurmJob | None = None) -> None:
+        """Every step's end: one job over every node, so one exit status and output for all."""
+        for node_id in run.nodes:
+            if not run.recorded(node_id, record_state):
+                self._run_record(run, job_id, node_id, self.names.slurm_name(node_id) or node_id, record_state, now,
+                                 out, job=job, reason=reason, exit_code=exit_code, output=output, timed_out=timed_out)
+
+    def _run_record(self, run: Validation, job_id: int | None, node_id: str, slurm_node: str,
+                    record_state: wire.AllocationState, now: datetime, out: Pass, *, job: SlurmJob | None = None,
+                    reason: str | None = None, exit_code: int | None = None, output: str | None = None,
+                    timed_out: bool = False) -> None:
+        """One step's record, applied to the state now. Its id names the Slurm job, so that the
+        job is known again from the records alone after a restart."""
+        alloc_id = allocation_id(str(job_id) if job_id is not None else "none", 0, slurm_node)
+        record = wire.Allocation(
+            id=alloc_id, job_id=run.id, node_id=node_id, cluster=self.cluster, state=record_state, at=now,
+            reason=reason, requeueable=False, user=job.user_name if job else None,
+            partition=job.partition if job else None, nodes=list(run.nodes), exit_code=exit_code, output=output,
+            timed_out=timed_out)
+        out.emits.append(Emit(subjects.allocation(self.cluster, node_id, alloc_id), wire.encode(record),
+                              msg_id=f"{SERVICE}:{self.cluster}:{run.id}:{alloc_id}:{record_state}"))
+        self._step_recorded(run, node_id, record_state, job_id, now)
+
+    @staticmethod
+    def _step_recorded(run: Validation, node_id: str, record_state: wire.AllocationState, job_id: int | None,
+                       at: datetime) -> None:
+        if node_id not in run.nodes or run.recorded(node_id, record_state):
+            return
+        run.steps = {**run.steps, node_id: record_state}
+        if job_id is not None:
+            run.slurm_job = job_id
+        if all(run.recorded(n, "finished") for n in run.nodes):
+            run.ended_at = at
+
+    def _reservations(self, state: AdapterState, seen: Observation, draining: set[str], out: Pass) -> None:
+        """Our reservations no run in flight needs go, a run's only once our drains are back on
+        its nodes: between the run and the drain, user work could land on a held node."""
+        for name in sorted(seen.reservations):
+            run_id = run_of_reservation(name)
+            if run_id is None:
+                continue
+            run = state.validations.get(run_id)
+            if run is not None and run.ended_at is None:
+                continue
+            nodes = {self.names.slurm_name(node_id) for node_id in run.nodes} if run is not None else set()
+            if not nodes & draining:
+                out.actions.append(Unreserve(name))
+
     # ------------------------------------------------------------------ drains (SLU-2, SLU-5)
 
-    def _drains(self, state: AdapterState, seen: Observation, now: datetime, out: Pass) -> None:
+    def _drains(self, state: AdapterState, seen: Observation, validating: set[str], now: datetime,
+                out: Pass) -> set[str]:
+        """Our drains as the holds and the gate want them; the Slurm nodes drained this pass."""
         clock = seen.at.timestamp()
         for node in seen.nodes:
             node_id = self.names.node_id(node.name)
@@ -336,6 +533,16 @@ class AdapterCore:
                 state.overridden.pop(node.name, None)
             live = [c for c in why if c not in overridden]
             ours = node.reason.startswith(self.prefix)
+            if node.name in validating:
+                # A validation runs (or waits) here inside its reservation, which keeps user work
+                # off: a DRAIN node would run nothing, so our drain is lifted until it has ended.
+                state.our_drains.pop(node.name, None)
+                if node.drained and ours:
+                    out.actions.append(Resume(node.name))
+                elif node.drained:
+                    self._tell_once(out, "validation waits: node drained by hand", "validation_waits", node.name,
+                                    node=node.name, reason=node.reason)
+                continue
             # Someone else's reason on a drained or DOWN node (an administrator's, or Slurm's own
             # "Not responding"): draining would overwrite it, resuming would undo it.
             if node.drained or (node.down and node.reason and not ours):
@@ -368,6 +575,7 @@ class AdapterCore:
                 self._tell_once(out, "no Slurm node for a node that must be drained", "no_slurm_node", node_id,
                                 node_id=node_id,
                                 slurm_name=name, template=self.names.template)
+        return {action.node for action in out.actions if isinstance(action, Drain)}
 
     def _resumed_by_hand(self, node_id: str, want: NodeWant | None, name: str, drain: OurDrain,
                          now: datetime) -> list[Emit]:

@@ -10,8 +10,12 @@ prefix that marks a drain as ours, default ``healthplane:``),
 ``HEALTHPLANE_SLURM_COMMAND_TIMEOUT_SECONDS`` (default 15), ``HEALTHPLANE_SLURM_MAX_REQUEUE``
 (the retry budget of a requeueable job, default 5, Slurm's MaxBatchRequeue) and
 ``HEALTHPLANE_SLURM_CONFIRM_SECONDS`` (how long our drain must have stood before its
-disappearance counts as an administrator's RESUME, default 10). ``SLURM_CONF`` reaches the
-commands like any Slurm client's.
+disappearance counts as an administrator's RESUME, default 10),
+``HEALTHPLANE_SLURM_OUTPUT_DIR`` (where validation runs write their output and the adapter
+reads it: on a real site a filesystem the nodes and the adapter both see, default
+``/var/lib/healthplane/slurm-adapter/validation``) and
+``HEALTHPLANE_SLURM_VALIDATION_PARTITION`` (the partition validation runs are submitted to,
+default Slurm's default partition). ``SLURM_CONF`` reaches the commands like any Slurm client's.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import pwd
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -28,6 +33,7 @@ from typing import Any
 import pydantic
 from prometheus_client import Counter, Gauge, Histogram
 
+from healthplane import wire
 from healthplane.runtime.backoff import Backoff
 from healthplane.runtime.lease import Lease
 from healthplane.runtime.lifecycle import Runner, ServiceContext, run_service, serve_replicated
@@ -40,15 +46,19 @@ from healthplane_slurm_adapter.fold import (
     Action,
     AdapterCore,
     Cancel,
+    CancelRun,
     Drain,
     Outcome,
     Pass,
     PowerDown,
     Requeue,
+    Reserve,
     Resume,
+    Submit,
+    Unreserve,
 )
-from healthplane_slurm_adapter.rules import AdapterState, NodeNames, Observation
-from healthplane_slurm_adapter.slurm import Slurm, SlurmError
+from healthplane_slurm_adapter.rules import ENDED, AdapterState, NodeNames, Observation, output_path
+from healthplane_slurm_adapter.slurm import Slurm, SlurmError, read_tail
 
 COMMANDS = Counter("healthplane_slurm_commands_total",
                    "Slurm commands the adapter ran, by command and result (ok, retry: Slurm unreachable or "
@@ -72,12 +82,22 @@ class Settings(EnvSettings):
     command_timeout_seconds: float = pydantic.Field(15.0, ge=1, le=300, alias="COMMAND_TIMEOUT_SECONDS")
     max_requeue: int = pydantic.Field(5, ge=0, le=1000, alias="MAX_REQUEUE")
     confirm_seconds: float = pydantic.Field(10.0, ge=0, le=3600, alias="CONFIRM_SECONDS")
+    output_dir: str = pydantic.Field("/var/lib/healthplane/slurm-adapter/validation", min_length=1,
+                                     alias="OUTPUT_DIR")
+    validation_partition: str | None = pydantic.Field(None, min_length=1, alias="VALIDATION_PARTITION")
 
     @pydantic.field_validator("node_id")
     @classmethod
     def _template(cls, value: str) -> str:
         NodeNames(value)  # raises naming what is wrong
         return value
+
+    @pydantic.field_validator("output_dir")
+    @classmethod
+    def _absolute(cls, value: str) -> str:
+        if not os.path.isabs(value):  # the job's working directory on the node, and ours: one path for both
+            raise ValueError(f"must be an absolute path (got {value!r})")
+        return os.path.normpath(value)
 
 
 def settings_from(environ: Mapping[str, str]) -> Settings:
@@ -87,10 +107,21 @@ def settings_from(environ: Mapping[str, str]) -> Settings:
 
 def core_from(settings: Settings) -> AdapterCore:
     return AdapterCore(settings.cluster, NodeNames(settings.node_id), reason_prefix=settings.reason_prefix,
-                       max_requeue=settings.max_requeue, confirm_s=settings.confirm_seconds)
+                       max_requeue=settings.max_requeue, confirm_s=settings.confirm_seconds,
+                       output_dir=settings.output_dir, partition=settings.validation_partition, user=_user())
 
 
-async def obey(slurm: Slurm, action: Action) -> None:
+def _user() -> str:
+    """Who this process is, by name: validation runs are submitted as this user and their
+    reservations are for it. A uid with no passwd entry (a container's) goes by its number."""
+    try:
+        return pwd.getpwuid(os.getuid()).pw_name
+    except KeyError:
+        return "root" if os.getuid() == 0 else str(os.getuid())
+
+
+async def obey(slurm: Slurm, action: Action) -> int | None:
+    """Runs the action's Slurm command; a submission returns its Slurm job id."""
     match action:
         case Drain(node, reason):
             await slurm.drain(node, reason)
@@ -102,6 +133,23 @@ async def obey(slurm: Slurm, action: Action) -> None:
             await slurm.cancel(job_id)
         case PowerDown(node, _):
             await slurm.power_down(node)
+        case Reserve(name, nodes, user):
+            await slurm.reserve(name, nodes, user)
+        case Unreserve(name):
+            await slurm.unreserve(name)
+        case Submit(_, argv, output_dir):
+            try:  # a shared filesystem that hangs holds up a thread, never the pass
+                await asyncio.wait_for(asyncio.to_thread(os.makedirs, output_dir, exist_ok=True), slurm.timeout_s)
+            except TimeoutError:
+                raise SlurmError("sbatch", f"cannot create the output directory {output_dir}: no answer within "
+                                 f"{slurm.timeout_s:g} s", transient=True) from None
+            except OSError as exc:
+                raise SlurmError("sbatch", f"cannot create the output directory {output_dir}: "
+                                 f"{exc.strerror or exc}", transient=False) from None
+            return await slurm.submit(argv)
+        case CancelRun(job_id, _):
+            await slurm.cancel(job_id)
+    return None
 
 
 class Reconciler:
@@ -174,22 +222,46 @@ class Reconciler:
     async def _observe(self) -> Observation:
         nodes = await self.slurm.nodes()
         jobs = await self.slurm.jobs()
+        reservations = await self.slurm.reservations()
+        state = self.proc.state
         listed = {str(job.job_id) for job in jobs}
-        gone = sorted({int(a.job_id) for a in self.proc.state.open.values()
-                       if a.job_id not in listed and a.job_id.isdigit()})
-        ended = await self.slurm.ended(gone) if gone else {}
-        return Observation(nodes, jobs, ended, datetime.now(UTC))
+        runs = [run for run in state.validations.values() if run.ended_at is None]
+        gone = sorted({int(a.job_id) for a in state.open.values() if a.job_id not in listed and a.job_id.isdigit()}
+                      | {run.slurm_job for run in runs if run.slurm_job is not None and str(run.slurm_job) not in listed})
+        accounted = await self.slurm.accounted(gone) if gone else {}
+        # A run's output once its job has ended (or left the queue), read after squeue said so.
+        over = {job.name for job in jobs if job.job_state.upper() in ENDED}
+        outputs: dict[str, str] = {}
+        for run in runs:
+            if run.id in over or (run.slurm_job is not None and str(run.slurm_job) not in listed):
+                tail = await self._output(output_path(self.settings.output_dir, run.id))
+                if tail is not None:
+                    outputs[run.id] = tail
+        return Observation(nodes, jobs, {job: found.state for job, found in accounted.items()}, datetime.now(UTC),
+                           exits={job: found.status for job, found in accounted.items()},
+                           reservations=reservations, outputs=outputs)
+
+    async def _output(self, path: str) -> str | None:
+        """The tail of a run's output file, bounded in bytes and in time (a shared filesystem
+        that hangs holds up a thread, never the pass): None when it cannot be read."""
+        try:
+            async with asyncio.timeout(self.settings.command_timeout_seconds):
+                return await asyncio.to_thread(read_tail, path, wire.OUTPUT_TAIL_BYTES)
+        except (TimeoutError, OSError) as exc:
+            self.log.warning("cannot read validation output", path=path, error=str(exc) or "timed out")
+            return None
 
     async def _run(self, action: Action) -> SlurmError | None:
         command = type(action).__name__.lower()
         try:
-            await obey(self.slurm, action)
+            job_id = await obey(self.slurm, action)
         except SlurmError as exc:
             COMMANDS.labels(command, "retry" if exc.transient else "refused").inc()
             self._say_error(f"slurm {command} failed", exc, action=repr(action))
             return exc
         COMMANDS.labels(command, "ok").inc()
-        self.log.info("slurm command", command=command, action=repr(action))
+        self.log.info("slurm command", command=command, action=repr(action),
+                      **({"slurm_job": job_id} if job_id is not None else {}))
         return None
 
     def _say_error(self, event: str, exc: SlurmError, **fields: object) -> None:

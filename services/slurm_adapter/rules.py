@@ -3,11 +3,15 @@
 What the adapter folds (node views, config, directives, its own allocation records) is the
 state; what it reads from Slurm each pass is an :class:`Observation`. The rules compare the
 two: which nodes must be drained and why, which of our drains to lift, what a job's state in
-Slurm means for its allocations.
+Slurm means for its allocations, and how a validation run is submitted and read (VAL-1).
 """
 
 from __future__ import annotations
 
+import posixpath
+import re
+import shlex
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Final
@@ -27,6 +31,11 @@ ENDED: Final[dict[str, wire.AllocationState]] = {
 # The gate is a cause of a drain like a hold is, under this name (holds are ids).
 SCORE_CAUSE: Final = "score"
 MAX_REASON_CHARS: Final = 200
+# A validation run's reservation is this prefix and the run's id: a restarted adapter knows its
+# own, and deletes those no run in flight needs.
+RESERVATION_PREFIX: Final = "healthplane-"
+VALIDATION_PREFIX: Final = "val-"  # eviction's validation job ids
+_OUR_ALLOCATION: Final = re.compile(r"^slurm-(\d+)-\d+-")
 
 
 class NodeWant(msgspec.Struct, kw_only=True):
@@ -52,9 +61,29 @@ class OurDrain(msgspec.Struct, array_like=True):
     seen_at: float  # unix seconds of the observation
 
 
+class Validation(msgspec.Struct, kw_only=True):
+    """A validation job eviction asked for (VAL-1): its suite on ``nodes`` (node ids, in its
+    steps' order), as one Slurm job; what this adapter recorded of it so far."""
+
+    id: str
+    nodes: list[str]
+    suite: wire.ValidationSuite
+    slurm_job: int | None = None  # the Slurm job that runs it, once a record named it
+    steps: dict[str, wire.AllocationState] = {}  # node id -> the last state recorded for its step
+    ended_at: datetime | None = None  # every step recorded ended
+
+    def recorded(self, node_id: str, record_state: wire.AllocationState) -> bool:
+        """Whether the step's records already say ``record_state`` or a later one."""
+        return _ORDER[self.steps.get(node_id, "")] >= _ORDER[record_state]
+
+
+_ORDER: Final = {"": 0, "placed": 1, "started": 2, "finished": 3, "failed": 3, "requeued": 3}
+
+
 class AdapterState(msgspec.Struct, kw_only=True):
     nodes: dict[str, NodeWant] = {}  # node id -> its view (the adapter's cluster only)
     open: dict[str, Open] = {}  # allocation id -> started, not ended
+    validations: dict[str, Validation] = {}  # validation job id -> the run (ended ones kept a while)
     ended: dict[str, datetime] = {}  # allocation id -> when it ended: never recorded twice
     pending: list[wire.Directive] = []  # folded, not yet settled
     answered: dict[str, bool] = {}  # terminate directive id -> accepted
@@ -79,6 +108,9 @@ class Observation:
     jobs: list[SlurmJob]
     ended: dict[int, str]
     at: datetime
+    exits: dict[int, int] = field(default_factory=dict)  # job that left the queue -> its wait status (sacct)
+    reservations: frozenset[str] = frozenset()  # every reservation's name
+    outputs: dict[str, str] = field(default_factory=dict)  # validation id -> its output's tail, once it ended
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,3 +206,78 @@ def exit_status(status: int) -> str:
     if status & 0x7F:
         return f"killed by signal {status & 0x7F}"
     return f"exit code {status >> 8}"
+
+
+# ---------------------------------------------------------------------------- validation runs (VAL-1)
+
+
+def reservation_name(run_id: str) -> str:
+    return f"{RESERVATION_PREFIX}{run_id}"
+
+
+def run_of_reservation(name: str) -> str | None:
+    """The validation run a reservation of ours is for; None for anyone else's."""
+    run_id = name.removeprefix(RESERVATION_PREFIX)
+    return run_id if run_id != name and run_id.startswith(VALIDATION_PREFIX) else None
+
+
+def slurm_job_of(allocation: str) -> int | None:
+    """The Slurm job an allocation id of ours names (``slurm-<job>-<attempt>-<node>``)."""
+    found = _OUR_ALLOCATION.match(allocation)
+    return int(found[1]) if found else None
+
+
+def output_path(output_dir: str, run_id: str) -> str:
+    return posixpath.join(output_dir, f"{run_id}.out")
+
+
+def time_limit_minutes(timeout_seconds: int) -> int:
+    """Slurm's ``--time`` is whole minutes: the suite's timeout, rounded up."""
+    return max(1, -(-timeout_seconds // 60))
+
+
+def batch_script(command: Sequence[str], nodes: int) -> str:
+    """The ``--wrap`` script: the suite's argv quoted word by word (no shell reading of its
+    own), on one node as the job itself, on several once per node as one job step (a
+    collective test needs every node at once; a rank that fails ends the step)."""
+    launch = "srun --ntasks-per-node=1 --kill-on-bad-exit=1 " if nodes > 1 else ""
+    return f"exec {launch}{shlex.join(command)}"
+
+
+def sbatch_argv(run: Validation, slurm_nodes: Sequence[str], output_dir: str, partition: str | None) -> list[str]:
+    """One job over the run's nodes, named after the run (how a restarted adapter finds it),
+    inside the run's reservation, for the suite's timeout, its output where we read it."""
+    argv = ["sbatch", "--parsable", f"--job-name={run.id}", f"--nodes={len(slurm_nodes)}",
+            f"--nodelist={','.join(slurm_nodes)}", f"--reservation={reservation_name(run.id)}",
+            f"--time={time_limit_minutes(run.suite.timeout_seconds)}", "--exclusive", "--no-requeue",
+            f"--output={output_path(output_dir, run.id)}", f"--chdir={output_dir}"]
+    if partition:
+        argv.append(f"--partition={partition}")
+    if run.suite.gpus:
+        argv.append(f"--gres=gpu:{run.suite.gpus}")
+    return [*argv, "--wrap", batch_script(run.suite.command, len(slurm_nodes))]
+
+
+@dataclass(frozen=True, slots=True)
+class RunEnd:
+    """What an ended validation job's records say."""
+
+    state: wire.AllocationState
+    exit_code: int | None
+    timed_out: bool
+    reason: str | None
+
+
+def run_end(slurm_state: str, status: int, state_reason: str = "") -> RunEnd:
+    """A validation job's end, read from Slurm's state and the batch script's wait status. Only
+    COMPLETED and FAILED carry the suite's exit status; any other end (TIMEOUT, CANCELLED,
+    NODE_FAIL, …) has none, so that it is never judged as the command's own result."""
+    exit_code = None if status & 0x7F else status >> 8
+    said = f"{slurm_state}: {state_reason}" if state_reason and state_reason != "None" else slurm_state
+    if slurm_state == "COMPLETED":
+        return RunEnd("finished", 0, False, None)
+    if slurm_state == "FAILED":
+        # A FAILED job with exit status 0 failed to launch: no status of the command's own.
+        code = exit_code if exit_code else None
+        return RunEnd("failed", code, False, f"FAILED: {exit_status(status)}")
+    return RunEnd("failed", None, slurm_state == "TIMEOUT", said)

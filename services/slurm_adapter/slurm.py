@@ -1,6 +1,8 @@
 """Slurm's own interfaces, as the adapter uses them (SLU-1): ``sinfo --json`` for the nodes,
-``squeue --json`` for the jobs, ``sacct`` for the end of a job that left the queue, and
-``scontrol update`` / ``scontrol requeue`` / ``scancel`` for what the control plane decided.
+``squeue --json`` for the jobs, ``sacct`` for the end of a job that left the queue,
+``scontrol show reservation`` for our reservations, ``scontrol update`` / ``scontrol requeue`` /
+``scancel`` for what the control plane decided, and ``scontrol create|delete reservation`` with
+``sbatch`` for validation runs (VAL-1), whose output file it reads back, bounded.
 
 Why the commands and not slurmrestd: every Slurm site has the commands, with the site's own
 authentication (munge) already working; slurmrestd is an extra daemon with its own JWT or
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import signal
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -88,6 +91,16 @@ class SlurmJob(msgspec.Struct, kw_only=True):
         return [n.nodename for n in self.job_resources.allocated_nodes] if self.job_resources else []
 
 
+@dataclass(frozen=True, slots=True)
+class Accounted:
+    """How a job that left the queue ended, from accounting: its state and its wait status
+    (exit code in the high byte, the signal that killed it in the low bits, as squeue's
+    ``exit_code``)."""
+
+    state: str
+    status: int = 0
+
+
 class _Problem(msgspec.Struct):
     description: str = ""
     source: str = ""
@@ -115,6 +128,10 @@ class Ran:
     stderr: str
 
 
+_RESERVATION_NAME: Final = re.compile(r"^ReservationName=(\S+)")
+_EXIT_CODE: Final = re.compile(r"^(\d+):(\d+)$")  # sacct's ExitCode: "<exit code>:<signal>"
+
+
 def transient(message: str) -> bool:
     lowered = message.lower()
     return any(marker in lowered for marker in _TRANSIENT)
@@ -133,7 +150,7 @@ class Slurm:
     def _path(self, program: str) -> str:
         return os.path.join(self.bin_dir, program) if self.bin_dir else program
 
-    async def run(self, argv: Sequence[str]) -> Ran:
+    async def run(self, argv: Sequence[str], environ: Mapping[str, str] | None = None) -> Ran:
         """One command, bounded in time and in what it prints; killed (its process group)
         when it overruns. Raises a transient :class:`SlurmError` when it cannot run or
         overran."""
@@ -142,7 +159,7 @@ class Slurm:
             process = await asyncio.create_subprocess_exec(
                 self._path(argv[0]), *argv[1:], stdin=asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-                env=self.environ, start_new_session=True)
+                env=dict(self.environ if environ is None else environ), start_new_session=True)
         except OSError as exc:
             raise SlurmError(shown, f"cannot run {self._path(argv[0])}: {exc.strerror or exc}",
                              transient=True) from None
@@ -159,8 +176,8 @@ class Slurm:
             raise SlurmError(shown, f"no answer within {self.timeout_s:g} s", transient=True) from None
         return Ran(returncode, stdout, stderr.decode("utf-8", "replace").strip())
 
-    async def _checked(self, argv: Sequence[str]) -> Ran:
-        ran = await self.run(argv)
+    async def _checked(self, argv: Sequence[str], environ: Mapping[str, str] | None = None) -> Ran:
+        ran = await self.run(argv, environ)
         if ran.returncode != 0:
             said = ran.stderr or ran.stdout.decode("utf-8", "replace").strip() or f"exit status {ran.returncode}"
             raise SlurmError(" ".join(argv[:2]), said.splitlines()[-1], transient=transient(said))
@@ -184,27 +201,42 @@ class Slurm:
         return found.jobs
 
     async def ended(self, job_ids: Sequence[int]) -> dict[int, str]:
+        """How jobs that left the queue ended (their state), from accounting; see :meth:`accounted`."""
+        return {job: found.state for job, found in (await self.accounted(job_ids)).items()}
+
+    async def accounted(self, job_ids: Sequence[int]) -> dict[int, Accounted]:
         """How jobs that left the queue ended, from accounting (slurmdbd), else from the job
         completion log (``JobCompType=jobcomp/filetxt``, ``sacct -c``); ``{}`` when the
         site keeps neither."""
         if not job_ids:
             return {}
         ids = ",".join(str(j) for j in job_ids)
-        for argv in (["sacct", "-X", "-P", "-n", "-j", ids, "-o", "JobIDRaw,State"],
-                     ["sacct", "-c", "-P", "-n", "-j", ids, "-o", "JobID,State"]):
+        for argv in (["sacct", "-X", "-P", "-n", "-j", ids, "-o", "JobIDRaw,State,ExitCode"],
+                     ["sacct", "-c", "-P", "-n", "-j", ids, "-o", "JobID,State,ExitCode"]):
             try:
                 ran = await self._checked(argv)
             except SlurmError as exc:
                 if exc.transient:
                     raise
                 continue
-            states: dict[int, str] = {}
+            found: dict[int, Accounted] = {}
             for line in ran.stdout.decode("utf-8", "replace").splitlines():
-                job, _, state = line.partition("|")
+                job, _, rest = line.partition("|")
+                state, _, exit_code = rest.partition("|")
                 if job.strip().isdigit() and state.strip():
-                    states[int(job)] = state.split()[0]  # "CANCELLED by 0" -> CANCELLED
-            return states
+                    # "CANCELLED by 0" -> CANCELLED; ExitCode "3:0" -> exit 3, no signal
+                    code = _EXIT_CODE.match(exit_code.strip())
+                    status = (int(code[1]) << 8 | int(code[2])) if code else 0
+                    found[int(job)] = Accounted(state.split()[0], status)
+            return found
         return {}
+
+    async def reservations(self) -> frozenset[str]:
+        """The names of every reservation Slurm holds (22.05's scontrol has no ``--json``: one
+        line each with ``-o``, or "No reservations in the system")."""
+        ran = await self._checked(["scontrol", "show", "reservation", "--oneliner"])
+        lines = ran.stdout.decode("utf-8", "replace").splitlines()
+        return frozenset(m[1] for line in lines if (m := _RESERVATION_NAME.match(line.strip())))
 
     # ------------------------------------------------------------------ acting
 
@@ -224,6 +256,45 @@ class Slurm:
 
     async def cancel(self, job_id: int) -> None:
         await self._checked(["scancel", str(job_id)])
+
+    async def reserve(self, name: str, nodes: Sequence[str], user: str) -> None:
+        """A reservation of ``nodes`` for ``user`` from now on, until deleted: created over
+        running jobs (IGNORE_JOBS: they finish, nothing new lands) and over other
+        reservations (MAINT: a maintenance reservation may overlap them)."""
+        await self._checked(["scontrol", "create", "reservation", f"ReservationName={name}",
+                             f"Nodes={','.join(nodes)}", "StartTime=now", "Duration=UNLIMITED", f"Users={user}",
+                             "Flags=MAINT,IGNORE_JOBS"])
+
+    async def unreserve(self, name: str) -> None:
+        await self._checked(["scontrol", "delete", f"reservation={name}"])
+
+    async def submit(self, argv: Sequence[str]) -> int:
+        """``sbatch --parsable …``: the new job's id. The job is given the adapter's environment
+        without its own settings and credentials path (``HEALTHPLANE_*``)."""
+        environ = {key: value for key, value in self.environ.items() if not key.startswith("HEALTHPLANE_")}
+        ran = await self._checked(argv, environ)
+        said = ran.stdout.decode("utf-8", "replace").strip().split(";")[0]  # "<id>;<cluster>" on federations
+        if not said.isdigit():
+            raise SlurmError("sbatch", f"unexpected output: {said[:200]!r}", transient=False)
+        return int(said)
+
+
+def read_tail(path: str, limit: int) -> str | None:
+    """The last ``limit`` bytes of a run's output file as text (never more read, whatever its
+    size; a character cut at the start is dropped), or None when there is no such file."""
+    try:
+        with open(path, "rb") as output:
+            size = output.seek(0, os.SEEK_END)
+            output.seek(max(0, size - limit))
+            data = output.read(limit)
+    except FileNotFoundError:
+        return None
+    if size > limit:  # cut inside the file: a character's trailing bytes are no character
+        data = data.lstrip(bytes(range(0x80, 0xC0)))
+    text = data.decode("utf-8", "replace")
+    while len(text.encode()) > limit:  # a replacement character is wider than the byte it stands for
+        text = text[1:]
+    return text
 
 
 async def _read_bounded(stream: asyncio.StreamReader | None, shown: str) -> bytes:

@@ -285,3 +285,99 @@ def test_pol4_replace_mode_waits_for_the_nodes_running_slurm_job(site: Site, tmp
         assert not answer.accepted and "Slurm refused to power down sim-003" in answer.message
 
     asyncio.run(scenario())
+
+
+# ---------------------------------------------------------------------------- validation runs (VAL-1, VAL-4)
+
+# Observe mode: a failed validation raises validation_failed and nothing more, so that no
+# automation holds the nodes of the scenarios below.
+VALIDATION_CONFIG = "nodeHealth:\n  mode: observe\n" + SETTINGS + """\
+validation:
+  suites:
+    smoke: {command: [sh, -c, "echo Result: PASS"], timeoutSeconds: 60, passWhen: {exitCode: 0, outputMatches: "^Result: PASS$"}}
+    gpu-burn: {command: [sh, -c, "echo checking GPU 0; echo 'GPU 0: FAIL (row remap pending)'; exit 3"], timeoutSeconds: 60}
+  defaultSuite: smoke
+"""
+
+
+def slurm_jobs_named(site: Site, name: str) -> list[dict[str, object]]:
+    return [dict(j) for j in json.loads(site.slurm.run("squeue", "--json", "-t", "all").stdout)["jobs"]
+            if j["name"] == name]
+
+
+def our_reservations(site: Site) -> list[str]:
+    return [line.split()[0] for line in site.slurm.run("scontrol", "show", "reservation", "-o").stdout.splitlines()
+            if line.startswith("ReservationName=healthplane-")]
+
+
+async def validation_event(site: Site, kind: str, node: str) -> wire.NodeEvent:
+    [event] = [e for e in await site.stack.events(kind) if e.node_id == node]
+    assert event.validation is not None
+    return event
+
+
+def test_val1_node_validate_runs_a_real_sbatch_job_on_exactly_that_node_and_records_the_verdict(
+        site: Site, tmp_path: Path) -> None:
+    """VAL-1: `node validate NODE --suite S` → one real sbatch job, named after the validation
+    job, on exactly that node; a failing suite (exit 3) → VALIDATION_FAILED naming the exit
+    status and the output's last line, exit 1; a passing one → VALIDATION_PASSED, exit 0, and
+    validation_failed cleared; no reservation of ours left behind."""
+    async def scenario() -> None:
+        config = tmp_path / "validation.yaml"
+        config.write_text(VALIDATION_CONFIG)
+        site.ok("config", "apply", "-f", str(config))
+        failed = site.stack.cli("node", "validate", "sim-000", "--suite", "gpu-burn", "--timeout", "50")
+        assert failed.returncode == 1, failed.stdout + failed.stderr
+        event = await validation_event(site, "VALIDATION_FAILED", "sim-000")
+        assert event.validation is not None
+        assert (event.validation.suite, event.validation.reason) == (
+            "gpu-burn", "exit status 3 (passes with 0): GPU 0: FAIL (row remap pending)")
+        assert event.validation.reason in failed.stderr
+        [ran] = slurm_jobs_named(site, event.validation.job)
+        assert (ran["nodes"], ran["job_state"], ran["exit_code"]) == ("sim-000", "FAILED", 3 << 8)
+
+        passed = site.stack.cli("node", "validate", "sim-000", "--suite", "smoke", "--timeout", "50")
+        assert passed.returncode == 0, passed.stdout + passed.stderr
+        assert passed.stdout.startswith("sim-000: validation passed: suite smoke in ")
+        event = await validation_event(site, "VALIDATION_PASSED", "sim-000")
+        assert event.validation is not None
+        [ran] = slurm_jobs_named(site, event.validation.job)
+        assert (ran["nodes"], ran["job_state"], ran["exit_code"]) == ("sim-000", "COMPLETED", 0)
+
+        async def cleared() -> bool:
+            return (await site.stack.view("sim-000")).conditions == []
+
+        await until(cleared)
+        await site.wait(lambda: our_reservations(site) == [], "our reservations deleted")
+        assert not site.drained("sim-000")
+
+    asyncio.run(scenario())
+
+
+def test_val1_val4_a_held_busy_node_is_validated_once_its_job_ends_and_drained_again(site: Site) -> None:
+    """VAL-1, VAL-4, SLU-2: sim-001 runs a user job and is then cordoned (drained in Slurm with
+    our reason). `node validate` reserves it (no new user work), lifts our drain (a DRAIN node
+    runs nothing), and the run waits for the user job, which ends undisturbed; the run's
+    duration is its own, not its queued time; afterwards the node is drained again for its
+    hold and the reservation is gone."""
+    async def scenario() -> None:
+        user = site.slurm.sbatch("sleep 15", node="sim-001", requeue=False)
+        await site.wait(lambda: site.job_state(user) == "RUNNING", "the user job running")
+        site.ok("node", "cordon", "sim-001", "--reason", "suspect NVLink")
+        await site.wait(lambda: site.drained("sim-001"), "sim-001 drained in Slurm")
+        done = site.stack.cli("node", "validate", "sim-001", "--timeout", "55")
+        assert done.returncode == 0, done.stdout + done.stderr
+        event = await validation_event(site, "VALIDATION_PASSED", "sim-001")
+        assert event.validation is not None and event.validation.suite == "smoke"
+        [ran] = slurm_jobs_named(site, event.validation.job)
+        waited = site.slurm.job(user) or {}
+        assert ran["nodes"] == "sim-001" and waited["job_state"] == "COMPLETED"
+        queued = int(waited["end_time"]) - int(str(ran["submit_time"]))
+        assert queued >= 3 and int(str(ran["start_time"])) >= int(waited["end_time"])
+        assert (event.validation.duration_seconds or 0) < queued  # VAL-4: the wait is not the run's
+        await site.wait(lambda: site.drained("sim-001") and our_reservations(site) == [], "drained again, unreserved")
+        assert site.reason("sim-001").endswith("(cordon: suspect NVLink)")
+        site.ok("node", "uncordon", "sim-001")
+        await site.wait(lambda: not site.drained("sim-001"), "sim-001 resumed")
+
+    asyncio.run(scenario())

@@ -1,6 +1,7 @@
 """The Slurm adapter's pure core against a small model of Slurm: our drains follow the holds
 and the gate and converge in one pass (SLU-2, SLU-5), allocations follow squeue and are never
-recorded twice (SLU-3), directives become Slurm commands and their answers (SLU-4).
+recorded twice (SLU-3), directives become Slurm commands and their answers (SLU-4), validation
+jobs become one reserved ``sbatch`` each and their records (VAL-1, VAL-4).
 
 No Slurm and no NATS: an :class:`Observation` is what ``sinfo --json`` / ``squeue --json``
 would show, and :func:`slurmctld` plays what slurmctld does with our ``scontrol update``.
@@ -8,9 +9,11 @@ would show, and :func:`slurmctld` plays what slurmctld does with our ``scontrol 
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import msgspec
 import pytest
@@ -23,19 +26,33 @@ from healthplane_slurm_adapter.fold import (
     Action,
     AdapterCore,
     Cancel,
+    CancelRun,
     Drain,
     Pass,
     PowerDown,
     Requeue,
+    Reserve,
     Resume,
+    Submit,
+    Unreserve,
 )
-from healthplane_slurm_adapter.rules import AdapterState, NodeNames, NodeWant, Observation, OurDrain
+from healthplane_slurm_adapter.rules import (
+    AdapterState,
+    NodeNames,
+    NodeWant,
+    Observation,
+    OurDrain,
+    batch_script,
+    run_end,
+    time_limit_minutes,
+)
 from healthplane_slurm_adapter.slurm import (
     AllocatedNode,
     JobResources,
     SlurmError,
     SlurmJob,
     SlurmNode,
+    read_tail,
 )
 
 T0 = datetime(2026, 8, 11, 9, 0, tzinfo=UTC)
@@ -51,6 +68,7 @@ HAND_REASONS = ("bad PSU, ticket 4711", "healthplane maintenance", "Healthplane:
 OUR_REASONS = (f"{PREFIX} hold h-9 (cordon)", f"{PREFIX} score 3 below drainBelow 45", PREFIX)
 STALE_ONE = f"{PREFIX} hold h-1 (cordon)"
 HELD = "node hpn1 was held: GPU 2 ECC; work moved to another node"  # eviction's words (EVI-3)
+OUTPUT_DIR = "/shared/healthplane/validation"
 
 
 def at(seconds: float) -> datetime:
@@ -134,7 +152,8 @@ class Adapter:
     """The core with its state, fed the way the Processor and the Reconciler feed it."""
 
     def __init__(self, names: NodeNames | None = None, state: AdapterState | None = None) -> None:
-        self.core = AdapterCore("default", names, reason_prefix=PREFIX, confirm_s=CONFIRM_S, settle_s=SETTLE_S)
+        self.core = AdapterCore("default", names, reason_prefix=PREFIX, confirm_s=CONFIRM_S, settle_s=SETTLE_S,
+                                output_dir=OUTPUT_DIR, user="hpadm")
         self.state = state or self.core.initial_state()
         self.seq = 0
         self.emitted: list[Emit] = []
@@ -799,3 +818,345 @@ def test_slu4_a_terminate_answer_folded_back_is_not_answered_again() -> None:
     restarted.refold(adapter.emitted)
     found = restarted.reconcile(observe([node("hpn1")], when=at(2)))
     assert (found.actions, found.emits) == ([], [])
+
+
+# ---------------------------------------------------------------------------- validation runs (VAL-1, VAL-4)
+
+RUN = "val-0123456789abcdef"
+RESERVATION = f"healthplane-{RUN}"
+PASS_SUITE = wire.ValidationSuite(name="smoke", command=["sh", "-c", "echo Result: PASS"], timeout_seconds=90)
+
+
+def validation(adapter: Adapter, nodes: Sequence[str] = ("hpn1",), run_id: str = RUN,
+               suite: wire.ValidationSuite = PASS_SUITE, cluster: str = "default") -> wire.Job:
+    """Eviction's validation job (VAL-1), folded: step i on nodes[i]."""
+    record = wire.Job(id=run_id, cluster=cluster, steps=len(nodes), duration_seconds=0, submitted_at=T0,
+                      submitted_by="eviction", nodes=list(nodes), validation=suite)
+    adapter.feed("HP_ALLOCATIONS", subjects.job(cluster, run_id), wire.encode(record))
+    return record
+
+
+def run_job(job_id: int, state: str = "PENDING", nodes: Sequence[str] = ("hpn1",), exit_code: int = 0,
+            reason: str = "None", name: str = RUN) -> SlurmJob:
+    """The Slurm job of a validation run: named after it, never requeued."""
+    placed = nodes if state != "PENDING" else []
+    return msgspec.structs.replace(job(job_id, state, placed, requeue=False, exit_code=exit_code, reason=reason),
+                                   name=name, user_name="hpadm", partition="batch")
+
+
+@dataclass
+class Site:
+    """A small Slurm for validation runs: the nodes, the jobs and the reservations it shows,
+    and what it makes of the adapter's commands (each sbatch a new PENDING job)."""
+
+    nodes: list[SlurmNode]
+    jobs: list[SlurmJob] = field(default_factory=list)
+    reservations: set[str] = field(default_factory=set)
+    outputs: dict[str, str] = field(default_factory=dict)
+    submitted: list[Submit] = field(default_factory=list)
+    next_job: int = 40
+
+    def observe(self, when: datetime) -> Observation:
+        return Observation(list(self.nodes), list(self.jobs), {}, when, reservations=frozenset(self.reservations),
+                           outputs=dict(self.outputs))
+
+    def obey(self, actions: Sequence[Action], when: datetime) -> None:
+        self.nodes = slurmctld(self.nodes, actions, when)
+        for action in actions:
+            match action:
+                case Reserve(name, _, _):
+                    self.reservations.add(name)
+                case Unreserve(name):
+                    self.reservations.discard(name)
+                case Submit(run_id, _, _):
+                    self.submitted.append(action)
+                    self.jobs.append(run_job(self.next_job, name=run_id))
+                    self.next_job += 1
+
+    def move(self, job_id: int, state: str, exit_code: int = 0, reason: str = "None",
+             nodes: Sequence[str] = ("hpn1",)) -> None:
+        self.jobs = [run_job(job_id, state, nodes, exit_code, reason, j.name) if j.job_id == job_id else j
+                     for j in self.jobs]
+
+    def passes(self, adapter: Adapter, start: float, count: int = 1) -> list[Pass]:
+        """Passes ten seconds apart, each one's commands carried out."""
+        found = []
+        for k in range(count):
+            when = at(start + 10 * k)
+            found.append(adapter.reconcile(self.observe(when)))
+            self.obey(found[-1].actions, when)
+        return found
+
+
+def steps(emits: Sequence[Emit]) -> list[tuple[str, str, str, str]]:
+    return [(a.job_id, a.id, a.node_id, a.state) for a in allocations(emits)]
+
+
+def test_val1_a_validation_is_reserved_then_submitted_once_pinned_to_its_node() -> None:
+    """VAL-1: eviction's validation job → a reservation of its node first (nothing submitted
+    before it stands), then one sbatch named after the run, pinned to the node, in the
+    reservation, for the suite's timeout in minutes, its output where the adapter reads it,
+    the suite's argv quoted word by word; never submitted again while Slurm lists it."""
+    adapter, site = Adapter(), Site([node(n) for n in NAMES])
+    validation(adapter)
+    [first] = site.passes(adapter, 0)
+    assert (first.actions, first.emits) == ([Reserve(RESERVATION, ("hpn1",), "hpadm")], [])
+    [second] = site.passes(adapter, 10)
+    [submit] = second.actions
+    assert submit == Submit(RUN, (
+        "sbatch", "--parsable", f"--job-name={RUN}", "--nodes=1", "--nodelist=hpn1", f"--reservation={RESERVATION}",
+        "--time=2", "--exclusive", "--no-requeue", f"--output={OUTPUT_DIR}/{RUN}.out", f"--chdir={OUTPUT_DIR}",
+        "--wrap", "exec sh -c 'echo Result: PASS'"), OUTPUT_DIR)
+    third, fourth = site.passes(adapter, 20, 2)
+    assert steps(third.emits) == [(RUN, "slurm-40-0-hpn1", "hpn1", "placed")]
+    assert (third.actions, fourth.actions, fourth.emits) == ([], [], [])
+    assert len(site.submitted) == 1
+
+
+def test_val1_the_run_ends_with_its_exit_status_and_output_on_every_node() -> None:
+    """VAL-1: running → started; ended → one record per node with Slurm's exit code of the batch
+    job, the output's tail and no timeout; the reservation goes once the run has ended."""
+    adapter, site = Adapter(), Site([node(n) for n in NAMES])
+    validation(adapter, ("hpn1", "hpn2"))
+    site.passes(adapter, 0, 3)
+    assert site.submitted[0].argv[-1] == "exec srun --ntasks-per-node=1 --kill-on-bad-exit=1 sh -c 'echo Result: PASS'"
+    assert "--nodes=2" in site.submitted[0].argv and "--nodelist=hpn1,hpn2" in site.submitted[0].argv
+    site.move(40, "RUNNING", nodes=("hpn1", "hpn2"))
+    [running_pass] = site.passes(adapter, 30)
+    assert steps(running_pass.emits) == [(RUN, "slurm-40-0-hpn1", "hpn1", "started"),
+                                         (RUN, "slurm-40-0-hpn2", "hpn2", "started")]
+    site.move(40, "FAILED", exit_code=3 << 8, reason="NonZeroExitCode", nodes=("hpn1", "hpn2"))
+    site.outputs[RUN] = "GPU 0: ok\nGPU 1: FAIL (row remap)\n"
+    ended, after = site.passes(adapter, 40, 2)
+    records = allocations(ended.emits)
+    assert [(r.node_id, r.state, r.exit_code, r.timed_out, r.output, r.reason) for r in records] == [
+        (n, "failed", 3, False, "GPU 0: ok\nGPU 1: FAIL (row remap)\n", "FAILED: exit code 3") for n in ("hpn1", "hpn2")]
+    assert records[0].nodes == ["hpn1", "hpn2"] and records[0].requeueable is False
+    assert ended.actions == [Unreserve(RESERVATION)] and site.reservations == set()
+    assert (after.actions, after.emits) == ([], [])
+
+
+@pytest.mark.parametrize(("slurm_state", "status", "reason", "record_state", "exit_code", "timed_out", "why"), [
+    ("COMPLETED", 0, "None", "finished", 0, False, None),
+    ("FAILED", 3 << 8, "NonZeroExitCode", "failed", 3, False, "FAILED: exit code 3"),
+    ("FAILED", 9, "JobLaunchFailure", "failed", None, False, "FAILED: killed by signal 9"),
+    ("FAILED", 0, "JobLaunchFailure", "failed", None, False, "FAILED: exit code 0"),
+    ("TIMEOUT", 15, "TimeLimit", "failed", None, True, "TIMEOUT: TimeLimit"),
+    ("CANCELLED", 15, "None", "failed", None, False, "CANCELLED"),
+    ("NODE_FAIL", 0, "None", "failed", None, False, "NODE_FAIL"),
+    ("OUT_OF_MEMORY", 0, "OutOfMemory", "failed", None, False, "OUT_OF_MEMORY: OutOfMemory"),
+])
+def test_val1_slurms_end_of_a_run_is_its_verdicts_input(slurm_state: str, status: int, reason: str,
+                                                        record_state: str, exit_code: int | None, timed_out: bool,
+                                                        why: str | None) -> None:
+    """VAL-1: only COMPLETED and FAILED carry the suite's exit status (the wait status's high
+    byte); TIMEOUT is the suite's timeout; any other end has no exit status, so that it is
+    never judged as a pass."""
+    end = run_end(slurm_state, status, reason)
+    assert (end.state, end.exit_code, end.timed_out, end.reason) == (record_state, exit_code, timed_out, why)
+
+
+def test_val1_a_held_node_is_validated_without_our_drain_and_drained_again_before_its_reservation_goes() -> None:
+    """VAL-1, SLU-2: a held node is drained with our reason; a validation reserves it, and only
+    then is our drain lifted (a DRAIN node runs nothing, reservation or not); it stays undrained
+    while the run waits and runs; once it has ended the node is drained again, and the
+    reservation goes only after Slurm shows that drain, so no user job lands between."""
+    adapter, site = Adapter(), Site([node(n) for n in NAMES])
+    adapter.state.nodes["hpn1"] = NodeWant(holds=[hold("h-1")])
+    site.passes(adapter, 0)
+    assert site.nodes[0].drained
+    validation(adapter)
+    [reserving] = site.passes(adapter, 10)
+    assert reserving.actions == [Reserve(RESERVATION, ("hpn1",), "hpadm")] and site.nodes[0].drained
+    [lifting] = site.passes(adapter, 20)
+    assert [type(a) for a in lifting.actions] == [Submit, Resume] and not site.nodes[0].drained
+    site.move(40, "RUNNING")
+    waiting = site.passes(adapter, 30, 2)
+    assert [p.actions for p in waiting] == [[], []]
+    site.move(40, "COMPLETED")
+    [ended] = site.passes(adapter, 50)
+    assert [type(a) for a in ended.actions] == [Drain] and RESERVATION in site.reservations
+    assert steps(ended.emits) == [(RUN, "slurm-40-0-hpn1", "hpn1", "finished")]
+    [unreserving, after] = site.passes(adapter, 60, 2)
+    assert unreserving.actions == [Unreserve(RESERVATION)] and site.nodes[0].drained
+    assert site.nodes[0].reason == f"{PREFIX} hold h-1 (cordon)"
+    assert (after.actions, after.emits) == ([], [])
+    assert adapter.state.overridden == {}  # our own resume is no administrator's
+
+
+def test_val4_a_run_on_a_node_drained_by_hand_waits_queued_and_says_so_once() -> None:
+    """VAL-4, SLU-2: an administrator's drain is never lifted: the run waits (placed, never
+    failed) and the adapter says once why."""
+    adapter, site = Adapter(), Site([node("hpn1", reason="bad PSU, ticket 4711", drained=True)])
+    validation(adapter)
+    found = site.passes(adapter, 0, 4)
+    assert [a for p in found for a in p.actions if isinstance(a, Resume | Drain)] == []
+    assert steps([e for p in found for e in p.emits]) == [(RUN, "slurm-40-0-hpn1", "hpn1", "placed")]
+    said = [n.event for p in found for n in p.notes]
+    assert said == ["validation waits: node drained by hand"]
+
+
+def test_val1_a_restarted_adapter_finds_its_run_by_name_and_never_submits_twice() -> None:
+    """VAL-1, SLU-5: an adapter that submitted and was restarted before it wrote any record
+    finds the job by its name; one that wrote records knows it from their ids; neither submits."""
+    adapter, site = Adapter(), Site([node(n) for n in NAMES])
+    validation(adapter)
+    site.passes(adapter, 0, 2)
+    assert len(site.submitted) == 1
+    unrecorded = Adapter()
+    validation(unrecorded)
+    [found] = site.passes(unrecorded, 20)
+    assert found.actions == [] and steps(found.emits) == [(RUN, "slurm-40-0-hpn1", "hpn1", "placed")]
+    site.move(40, "RUNNING")
+    site.passes(unrecorded, 30)
+    refolded = Adapter()
+    validation(refolded)
+    refolded.refold(unrecorded.emitted)
+    assert refolded.state.validations[RUN].slurm_job == 40
+    [again] = site.passes(refolded, 40)
+    assert (again.actions, again.emits) == ([], [])
+    assert len(site.submitted) == 1
+
+
+@pytest.mark.parametrize(("accounting", "status", "submitted"), [
+    ({40: "FAILED"}, 3 << 8, 1),
+    ({}, 0, 2),
+])
+def test_val1_a_run_that_left_the_queue_unseen_ends_as_accounting_says_else_runs_again(
+        accounting: dict[int, str], status: int, submitted: int) -> None:
+    """VAL-1, VAL-4: a run whose job left squeue while the adapter was away ends as sacct says,
+    with its exit code; with no accounting its end is unknown, and it is submitted again rather
+    than judged on a guess (no verdict without an exit status)."""
+    adapter, site = Adapter(), Site([node(n) for n in NAMES])
+    validation(adapter)
+    site.passes(adapter, 0, 3)
+    site.jobs = []
+    seen = Observation(site.nodes, [], accounting, at(600), exits={40: status},
+                       reservations=frozenset(site.reservations), outputs={RUN: "FAIL\n"} if accounting else {})
+    found = adapter.reconcile(seen)
+    site.obey(found.actions, at(600))
+    if accounting:
+        [record] = allocations(found.emits)
+        assert (record.state, record.exit_code, record.reason, record.output) == (
+            "failed", 3, "FAILED: exit code 3 (from Slurm accounting)", "FAIL\n")
+    else:
+        assert found.emits == [] and [n.event for n in found.notes] == [
+            "validation job left Slurm's queue unobserved; submitted again"]
+        site.passes(adapter, 610)
+    assert len(site.submitted) == submitted
+
+
+def test_val1_a_validation_job_in_slurm_is_no_ones_allocation_but_its_own() -> None:
+    """VAL-1, SLU-3: the run's Slurm job is recorded under the run's id only, never as a user
+    job of the node (which eviction would count, drain around or attribute), also once ended."""
+    adapter, site = Adapter(), Site([node(n) for n in NAMES])
+    validation(adapter)
+    site.passes(adapter, 0, 2)
+    site.move(40, "RUNNING")
+    site.jobs.append(job(7, nodes=["hpn2"]))
+    site.passes(adapter, 20)
+    site.move(40, "COMPLETED")
+    site.passes(adapter, 30, 3)
+    assert sorted({a.job_id for a in allocations(adapter.emitted)}) == ["7", RUN]
+
+
+def test_val1_a_second_job_of_one_run_is_cancelled() -> None:
+    """VAL-1: an sbatch that timed out yet landed, then sent again: the second job is cancelled."""
+    adapter, site = Adapter(), Site([node(n) for n in NAMES], reservations={RESERVATION})
+    validation(adapter)
+    site.jobs = [run_job(40), run_job(41)]
+    [found] = site.passes(adapter, 0)
+    assert found.actions == [CancelRun(41, RUN)]
+    assert steps(found.emits) == [(RUN, "slurm-40-0-hpn1", "hpn1", "placed")]
+
+
+def test_val1_a_node_slurm_does_not_have_fails_the_run_at_once_naming_it() -> None:
+    """VAL-1, SLU-1: a run on a node this Slurm cluster does not have cannot run: its steps end
+    failed, without exit status, naming the node; nothing is reserved or submitted."""
+    adapter, site = Adapter(), Site([node("hpn1")])
+    validation(adapter, ("hpn1", "hpn9"))
+    [found] = site.passes(adapter, 0)
+    assert found.actions == []
+    assert [(r.node_id, r.state, r.exit_code, r.reason) for r in allocations(found.emits)] == [
+        (n, "failed", None, "not a node of this Slurm cluster: hpn9") for n in ("hpn1", "hpn9")]
+
+
+def test_val1_only_our_reservations_that_no_run_needs_are_deleted() -> None:
+    """VAL-1, SLU-5: a reservation of ours left by a run this adapter no longer has (a crash
+    between the end and the delete) goes; a site's own reservations stay."""
+    adapter = Adapter()
+    seen = observe([node("hpn1")])
+    seen = Observation(seen.nodes, [], {}, T0, reservations=frozenset(
+        {"healthplane-val-ffffffffffffffff", "weekly-maint", "healthplane-other"}))
+    assert adapter.reconcile(seen).actions == [Unreserve("healthplane-val-ffffffffffffffff")]
+
+
+def test_val1_other_jobs_and_other_clusters_runs_are_not_this_adapters() -> None:
+    """VAL-1: a job with no validation (``sim submit``'s) and another cluster's run are ignored."""
+    adapter = Adapter()
+    plain = wire.Job(id="job-1", cluster="default", steps=1, duration_seconds=5, submitted_at=T0, submitted_by="sim")
+    adapter.feed("HP_ALLOCATIONS", subjects.job("default", "job-1"), wire.encode(plain))
+    validation(adapter, cluster="other")
+    assert adapter.state.validations == {}
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.sampled_from(["PENDING", "RUNNING", "COMPLETED", "FAILED", "TIMEOUT", "gone"]), min_size=1,
+                max_size=6), st.booleans())
+def test_val1_no_run_record_is_written_twice_even_after_a_restart(lives: list[str], drained: bool) -> None:
+    """VAL-1, SLU-5: whatever Slurm shows of a run pass after pass, each step is placed,
+    started and ended at most once, never after its end; a restarted adapter that folds its
+    records back writes nothing again and submits nothing."""
+    adapter, site = Adapter(), Site([node(n) for n in NAMES])
+    if drained:
+        adapter.state.nodes["hpn1"] = NodeWant(holds=[hold("h-1")])
+    validation(adapter)
+    site.passes(adapter, 0, 3)
+    for k, life in enumerate(lives):
+        if life == "gone":
+            site.jobs = []
+        elif site.jobs and site.jobs[0].job_state not in ("COMPLETED", "FAILED", "TIMEOUT"):
+            site.move(site.jobs[0].job_id, life, exit_code=256 if life == "FAILED" else 0)
+        site.passes(adapter, 30 + 10 * k)
+    ids = [e.msg_id for e in adapter.emitted]
+    assert len(ids) == len(set(ids))
+    order = {"placed": 0, "started": 1, "finished": 2, "failed": 2}
+    for alloc_id in {a.id for a in allocations(adapter.emitted)}:
+        seen = [order[s] for i, s in states(adapter.emitted) if i == alloc_id]
+        assert seen == sorted(seen) and seen.count(2) <= 1
+    restarted = Adapter(state=AdapterState(nodes=dict(adapter.state.nodes)))
+    validation(restarted)
+    restarted.refold(adapter.emitted)
+    found = restarted.reconcile(site.observe(at(500)))
+    assert found.emits == [] and not [a for a in found.actions if isinstance(a, Submit)]
+
+
+@pytest.mark.parametrize(("seconds", "minutes"), [(1, 1), (60, 1), (61, 2), (600, 10), (86400, 1440)])
+def test_val1_the_suites_timeout_is_slurms_time_limit_rounded_up(seconds: int, minutes: int) -> None:
+    assert time_limit_minutes(seconds) == minutes
+
+
+@pytest.mark.parametrize("command", [
+    ["dcgmi", "diag", "-r", "2"],
+    ["sh", "-c", "echo 'it''s' \"$HOME\"; exit 3"],
+    ["burn", "--label", "a b;c|d`e`$(f)"],
+])
+def test_val1_the_suites_argv_reaches_the_node_word_for_word(command: list[str]) -> None:
+    """VAL-1: no shell reading of the suite's own: the batch script's words are its argv."""
+    script = batch_script(command, 1)
+    assert shlex.split(script) == ["exec", *command]
+    assert shlex.split(batch_script(command, 3))[:4] == ["exec", "srun", "--ntasks-per-node=1", "--kill-on-bad-exit=1"]
+
+
+def test_val1_the_output_is_read_from_its_end_never_more_than_the_bound(tmp_path: Path) -> None:
+    """VAL-1: the tail of a large output, at most the bound in bytes, a character cut by the
+    bound dropped; a short one whole; a missing file is no output."""
+    big = tmp_path / "big.out"
+    big.write_bytes(("é" * 5000 + "\nResult: FAIL\n").encode())
+    tail = read_tail(str(big), wire.OUTPUT_TAIL_BYTES)
+    assert tail is not None and tail.endswith("\nResult: FAIL\n") and "\ufffd" not in tail
+    assert len(tail.encode()) <= wire.OUTPUT_TAIL_BYTES
+    small = tmp_path / "small.out"
+    small.write_text("Result: PASS\n")
+    assert read_tail(str(small), wire.OUTPUT_TAIL_BYTES) == "Result: PASS\n"
+    assert read_tail(str(tmp_path / "none.out"), wire.OUTPUT_TAIL_BYTES) is None

@@ -102,6 +102,8 @@ def run(args: argparse.Namespace) -> int:
         return _fail(str(exc))
     data_dir = Path(args.data_dir).resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
+    # The Slurm adapter's validation output (VAL-1) stays with the stack, like everything `up` keeps.
+    os.environ.setdefault("HEALTHPLANE_SLURM_OUTPUT_DIR", str(data_dir / "slurm-validation"))
 
     nats: NatsServer | NatsCluster | None = None
     children: list[Child] = []
