@@ -32,7 +32,8 @@ validation:
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    env = {**os.environ, "HEALTHPLANE_SCHEDULER_VALIDATION_SECONDS": "1"}
+    # Fast simulated runs and placement: an isolation is rounds of them.
+    env = {**os.environ, "HEALTHPLANE_SCHEDULER_VALIDATION_SECONDS": "0.5", "HEALTHPLANE_SCHEDULER_TICK_SECONDS": "0.2"}
     yield from _stack(tmp_path_factory.mktemp("validation"), CONFIG, env=env, nodes=NODES, provisioned=0)
 
 
