@@ -190,8 +190,8 @@ def _extra_publish(role: str) -> tuple[str, ...]:
 
 
 def _extra_subscribe(role: str) -> tuple[str, ...]:
-    if role == SIM:  # the simulator's injected faults and the provisioner's answers
-        return (f"hp.sim.{CLUSTER}.inject", f"hp.provision.{CLUSTER}.*")
+    if role == SIM:  # the simulator's injected faults, the provisioner's answers, its nodes' remediation (REM-2)
+        return (f"hp.sim.{CLUSTER}.inject", f"hp.provision.{CLUSTER}.*", f"hp.remediate.{CLUSTER}.*")
     if role == NODE:  # its own remediation subject (REM)
         return (f"hp.remediate.{CLUSTER}.{NODE_ID}",)
     if role in USER_ROLES:  # people read every record live too (the CLI waits for outcomes)

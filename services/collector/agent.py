@@ -106,14 +106,17 @@ def build_report(settings: Settings, hostname: str, signals: Mapping[str, Any], 
 
 
 def build_resource_report(settings: Settings, inventory: Inventory, ready: bool, sent_at: datetime,
-                          gpu: wire.GpuSignal | None = None) -> wire.ResourceReport:
-    """The resource report; its GPUs carry what ``gpu`` (the latest GPU signal) read of them."""
+                          gpu: wire.GpuSignal | None = None,
+                          remediation: wire.RemediationOutcome | None = None) -> wire.ResourceReport:
+    """The resource report; its GPUs carry what ``gpu`` (the latest GPU signal) read of them,
+    ``boot_id`` the inventory's and ``remediation`` the latest remediation outcome (REM-2)."""
     devices = merge_gpus(inventory.gpus, gpu.devices if gpu is not None else ())
     return wire.ResourceReport(
         node_id=settings.node_id, cluster=settings.cluster, hostname=inventory.hostname, sent_at=sent_at,
         ready=ready and not settings.maintenance, cores=inventory.cores, memory_bytes=inventory.memory_bytes,
         devices=list(devices), annotations=dict(settings.annotations), definition=settings.definition,
         provisioned=settings.provisioned, health_reporting=not settings.health_disabled,
+        boot_id=inventory.boot_id, remediation=remediation,
     )
 
 
@@ -354,6 +357,10 @@ class Collector:
         self.last: dict[str, Any] = {}
         self.inventory: Inventory | None = None
         self.inventory_error: str | None = None
+        # REM-2: the latest remediation outcome, in every resource report from now on;
+        # ``remediated`` asks the agent to send one at once.
+        self.remediation: wire.RemediationOutcome | None = None
+        self.remediated = asyncio.Event()
 
     def refresh_inventory(self) -> Inventory | None:
         try:
@@ -385,7 +392,21 @@ class Collector:
         """From the last inventory and GPU reading; None while the inventory is unreadable."""
         if self.inventory is None:
             return None
-        return build_resource_report(self.settings, self.inventory, ready, sent_at, self.last.get("gpu"))
+        return build_resource_report(self.settings, self.inventory, ready, sent_at, self.last.get("gpu"),
+                                     self.remediation)
+
+    def report_outcome(self, outcome: wire.RemediationOutcome) -> None:
+        """A remediation outcome for the next resource report, which goes out at once."""
+        self.remediation = outcome
+        self.remediated.set()
+
+    def nvidia_gpus(self) -> tuple[int, ...]:
+        """The NVIDIA GPU indices the resource report lists (``nvidia-smi -i``'s numbers)."""
+        if self.inventory is None:
+            return ()
+        gpu = self.last.get("gpu")
+        merged = merge_gpus(self.inventory.gpus, gpu.devices if gpu is not None else ())
+        return tuple(d.index for d in merged if d.vendor == "nvidia")
 
     async def collect(self, trigger: wire.ReportTrigger, now: datetime | None = None) -> wire.HealthReport:
         names = self.FAST if trigger == "kmsg" and all(n in self.last for n in self.SLOW) else self.FAST + self.SLOW
@@ -452,7 +473,8 @@ async def report_once(collector: Collector, publish: Callable[[str, bytes], Awai
 async def run_agent(collector: Collector, publish: Callable[[str, bytes], Awaitable[None]],
                     stopping: asyncio.Event, out_of_band: asyncio.Event, log: Any,
                     hotplug: Hotplug | None = None) -> None:
-    """Resource report at start (not ready), on change and on hotplug; health reports on the
+    """Resource report at start (not ready), on change, on hotplug and at once when a
+    remediation outcome is ready (``Collector.report_outcome``); health reports on the
     interval and out of band. Publishing failures are logged; the next report supersedes."""
     settings = collector.settings
 
@@ -468,6 +490,7 @@ async def run_agent(collector: Collector, publish: Callable[[str, bytes], Awaita
     resource_subject = subjects.resource(settings.cluster, settings.node_id)
     collector.refresh_inventory()
     await collector.probe(("gpu",))  # so that the first resource report names the GPUs' models
+    collector.remediated.clear()  # an outcome settled before the start goes in the start's report
     resources = collector.resource_report(False, datetime.now(UTC))
     if resources is None:
         log.error("inventory unreadable; resource report withheld", reason=collector.inventory_error)
@@ -483,13 +506,23 @@ async def run_agent(collector: Collector, publish: Callable[[str, bytes], Awaita
             if reprobe is not None:
                 await collector.probe(sorted(reprobe.signals))
                 collector.refresh_inventory()
+                collector.remediated.clear()  # this report carries the latest outcome too
                 resources = collector.resource_report(True, datetime.now(UTC))
                 log.info("device added or removed; resource report sent", devices=list(reprobe.devices),
                          reprobed=sorted(reprobe.signals), sent=resources is not None)
                 if resources is not None:  # at once, changed or not (COL-11)
                     await send(resource_subject, resources)
                     last_resources = resources
+        elif not first and collector.remediated.is_set():
+            collector.remediated.clear()
+            resources = collector.resource_report(True, datetime.now(UTC))
+            if resources is not None:  # at once (REM-2): eviction waits on it
+                await send(resource_subject, resources)
+                last_resources = resources
+            else:
+                log.error("inventory unreadable; remediation outcome withheld", reason=collector.inventory_error)
         else:
+            collector.remediated.clear()  # a changed resource report, carrying the outcome, goes out in this cycle
             trigger: wire.ReportTrigger = "start" if first else "scheduled"
             if not first and out_of_band.is_set():
                 await asyncio.sleep(OUT_OF_BAND_COALESCE_S)
@@ -499,7 +532,7 @@ async def run_agent(collector: Collector, publish: Callable[[str, bytes], Awaita
                 next_due = time.monotonic() + settings.interval_s
             last_resources = await report_cycle(collector, send, trigger, last_resources)
             first = False
-        await _wait_any(stopping, out_of_band, hotplug.pending if hotplug else None,
+        await _wait_any(stopping, out_of_band, hotplug.pending if hotplug else None, collector.remediated,
                         within_s=max(0.0, next_due - time.monotonic()))
 
 

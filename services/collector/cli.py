@@ -24,7 +24,7 @@ DEADLINE_MAX_S: Final = 55.0
 def add_collector_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", help="collector config file (the reference's extension config shape)")
     parser.add_argument("--root", default="/", help="prefix of every host path read (a fixture tree stands in for a machine)")
-    parser.add_argument("--state-dir", default="/var/lib/healthplane/collector", help="keeps the kmsg cursor")
+    parser.add_argument("--state-dir", default="/var/lib/healthplane/collector", help="keeps the kmsg cursor and the remediation state (handled request ids, a pending reboot)")
     parser.add_argument("--node-id", help="node id (default: config node-id, else the hostname)")
     parser.add_argument("--cluster", help="cluster (default: config cluster, else 'default')")
     parser.add_argument("--gpu-source", **one_of(["auto", "nvml", "nvidia-smi"]), default="auto")

@@ -10,15 +10,17 @@ import dataclasses
 import signal
 import socket
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Final, Literal
+from typing import Any, Final, Literal
 
 import msgspec
 import nats.errors
 from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
 
 from healthplane import creds as credentials
-from healthplane import wire
+from healthplane import subjects, wire
 from healthplane.config import CollectorConfig, ConfigError, load_collector_config
 from healthplane.runtime import logs, metrics
 from healthplane.runtime.connect import (
@@ -39,7 +41,9 @@ from healthplane_collector.agent import (
 )
 from healthplane_collector.cli import DEADLINE_DEFAULT_S, DEADLINE_MAX_S, DEADLINE_MIN_S
 from healthplane_collector.inventory import InventoryError
+from healthplane_collector.metrics import count_remediation, rejecter
 from healthplane_collector.probe import read_inventory
+from healthplane_collector.remediation import HostActions, NodeFacts, Remediator
 
 SERVICE = "collector"
 EXIT_NOT_PUBLISHED, EXIT_USAGE = 1, 2
@@ -119,6 +123,8 @@ async def _serve(settings: Settings, nats_url: str | None, creds: str | None, me
     kmsg_task = asyncio.create_task(kmsg.run(stopping))
     hotplug = Hotplug()
     watcher = udev.watch(settings.root, hotplug.add, log)
+    remediator = _remediator(settings, collector, log)
+    remediator.settle_pending(inventory.boot_id if inventory else None, datetime.now(UTC))
     nc = await connect(nats_url, name=f"healthplane-collector-{settings.node_id}", creds=creds, log=log,
                        ping_interval_s=COLLECTOR_PING_INTERVAL_S)
     js = nc.jetstream()
@@ -126,6 +132,12 @@ async def _serve(settings: Settings, nats_url: str | None, creds: str | None, me
     async def publish(subject: str, payload: bytes) -> None:
         await js.publish(subject, payload, timeout=5)
 
+    async def on_remediation(msg: Msg) -> None:
+        remediator.take(msg.data, datetime.now(UTC))
+
+    # Core NATS, not a consumer: the node reads nothing from streams (SEC-1), and a request
+    # is for the agent that is up when it is sent; eviction's timeout covers one that is not.
+    await nc.subscribe(subjects.remediate(settings.cluster, settings.node_id), cb=on_remediation)
     log.info("collector started", interval_s=settings.interval_s, health_disabled=settings.health_disabled,
              backlog_skipped=kmsg.backlog_skipped)
     try:
@@ -134,9 +146,22 @@ async def _serve(settings: Settings, nats_url: str | None, creds: str | None, me
         stopping.set()
         if watcher is not None:
             watcher.detach()
+        await remediator.close()
         await kmsg_task
         await nc.drain()
     return 0
+
+
+def _remediator(settings: Settings, collector: Collector, log: Any) -> Remediator:
+    """REM-2 on this machine: ``nvidia-smi -r`` and ``systemctl reboot``, handled ids and a
+    pending reboot kept in the state dir, outcomes into the next resource report."""
+
+    def facts() -> NodeFacts:
+        inventory = collector.inventory
+        return NodeFacts(gpus=collector.nvidia_gpus(), boot_id=inventory.boot_id if inventory else None)
+
+    return Remediator(settings.node_id, settings.cluster, HostActions(settings.state_dir), facts,
+                      collector.report_outcome, log, count_remediation, rejecter(SERVICE), settings.state_dir)
 
 
 def _bounded_by(settings: Settings, deadline_s: float) -> Settings:

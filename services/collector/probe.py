@@ -34,6 +34,9 @@ from healthplane_collector.sysfs import SysfsError
 # Disks probed at once: enough for a JBOD to finish in a report interval, few enough not to
 # queue dozens of pass-through commands on one HBA.
 MAX_CONCURRENT_PROBES: Final = 8
+# What ``run_bounded`` keeps of each output stream, and the size of its reads.
+OUTPUT_KEPT_BYTES: Final = 64 * 1024
+READ_CHUNK: Final = 64 * 1024
 
 
 # ---------------------------------------------------------------------------- processes
@@ -71,6 +74,42 @@ async def run_probe(argv: Sequence[str], timeout_s: float) -> Completed:
     )
     try:
         stdout, stderr = await asyncio.wait_for(proc.communicate(), timeout_s)
+    except TimeoutError:
+        _kill_group(proc)
+        await proc.wait()
+        raise TimedOut from None
+    except BaseException:
+        _kill_group(proc)
+        await proc.wait()
+        raise
+    return Completed(proc.returncode if proc.returncode is not None else -1, stdout, stderr)
+
+
+async def _tail(stream: asyncio.StreamReader | None, keep: int) -> bytes:
+    """Read ``stream`` to its end, keeping only its last ``keep`` bytes: the pipe is drained
+    (a child never blocks on it) while a tool that floods it costs us ``keep`` bytes."""
+    kept = bytearray()
+    if stream is None:
+        return b""
+    while chunk := await stream.read(READ_CHUNK):
+        kept += chunk
+        if len(kept) > keep:
+            del kept[:-keep]
+    return bytes(kept)
+
+
+async def run_bounded(argv: Sequence[str], timeout_s: float, keep_bytes: int = OUTPUT_KEPT_BYTES) -> Completed:
+    """``run_probe`` for a command whose output only explains a failure (a GPU reset, a
+    reboot): the last ``keep_bytes`` of stdout and of stderr are kept, the rest read and
+    dropped. At ``timeout_s`` its process group is killed and ``TimedOut`` raised."""
+    proc = await asyncio.create_subprocess_exec(
+        *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        start_new_session=True, env={**os.environ, "LC_ALL": "C"},
+    )
+    try:
+        async with asyncio.timeout(timeout_s):
+            stdout, stderr = await asyncio.gather(_tail(proc.stdout, keep_bytes), _tail(proc.stderr, keep_bytes))
+            await proc.wait()
     except TimeoutError:
         _kill_group(proc)
         await proc.wait()

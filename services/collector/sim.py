@@ -6,6 +6,12 @@ development channel, not a stream: nothing durable depends on it). Every fault l
 real collector would see it: counters in the synthetic EDAC, SMART, SCSI and GPU readings,
 and kernel ring-buffer findings folded into the node's own :class:`KmsgTally`, which also
 triggers an out-of-band report exactly as a real ``/dev/kmsg`` record would.
+
+Remediation requests (REM-2) for the fleet's nodes are answered by the agent's own
+:class:`Remediator`, with :class:`SimActions` in place of ``nvidia-smi`` and ``systemctl``: a
+GPU reset clears what a reset clears on the card (:meth:`SimNode.reset_gpus`), a reboot
+restarts the node's agent on a new boot (:meth:`SimNode.boot`), and the outcome goes in the
+next resource report as the real agent's does.
 """
 
 from __future__ import annotations
@@ -13,14 +19,14 @@ from __future__ import annotations
 import asyncio
 import random
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Final
 
 import msgspec
 
-from healthplane import wire
+from healthplane import subjects, wire
 from healthplane_collector.agent import Collector, Settings, run_agent
 from healthplane_collector.cli import FAULTS
 from healthplane_collector.gpu_nvml import throttle_from_reasons
@@ -32,6 +38,14 @@ from healthplane_collector.kmsg import (
     MachineCheckFinding,
     RemountReadOnlyFinding,
     XidFinding,
+)
+from healthplane_collector.metrics import count_remediation, rejecter
+from healthplane_collector.remediation import (
+    NodeFacts,
+    PendingReboot,
+    Remediator,
+    gpu_reset_argv,
+    settle,
 )
 
 SIGNALS: Final = ("edac", "smart", "ioerr", "kmsg", "mounts", "gpu")
@@ -94,6 +108,12 @@ class SimNode:
         self.out_of_band = asyncio.Event()
         self._readings: dict[str, Any] = {}
         self._inventory: Inventory | None = None
+        # REM-2: a reboot asked for (the agent of this boot stops; the next settles it), the
+        # agent of this boot, and the latest remediation outcome for its resource reports.
+        self.rebooting = asyncio.Event()
+        self.pending_reboot: PendingReboot | None = None
+        self.collector: Collector | None = None
+        self.remediation: wire.RemediationOutcome | None = None
 
     def inventory(self) -> Inventory:
         if self._inventory is None:
@@ -159,6 +179,48 @@ class SimNode:
         if not 0 <= index < len(self.hardware.gpus):
             raise FaultError(f"{self.node_id} has no GPU {index} (it has {len(self.hardware.gpus)})")
         return self.hardware.gpus[index]
+
+    def reset_gpus(self, gpus: Sequence[int]) -> str | None:
+        """``nvidia-smi -r`` on each of ``gpus`` in turn: a reset clears the card's volatile
+        state (volatile ECC counts, throttling). It keeps what the card stores (aggregate ECC
+        counts, a failed row remap), what the kernel logged (an Xid stays in the ring buffer),
+        and a silently bad GPU, a defect of the part. A GPU that fell off the bus cannot be
+        reset (the first such ends the step; the GPUs before it were reset). None: all reset."""
+        for index in gpus:
+            gpu = self._gpu(index)
+            if gpu.lost:
+                self._readings.clear()
+                return (f"{' '.join(gpu_reset_argv(index))} exited with 15: Unable to determine the device handle "
+                        f"for GPU {gpu.pci_bus_id}: GPU is lost. Reboot the system to recover this GPU")
+            gpu.ecc_volatile = [0, 0]
+            gpu.throttle = []
+        self._readings.clear()
+        return None
+
+    def boot(self) -> None:
+        """The node comes back from a reboot: a new boot id and a fresh kernel ring buffer;
+        the GPUs' volatile state is gone and a GPU that fell off the bus is back, the kernel's
+        per-boot counters (EDAC, SCSI I/O errors) start at zero and a filesystem remounted
+        read-only is mounted read-write again. What the hardware keeps stays: aggregate ECC
+        counts, a failed row remap, a silently bad GPU, a failing disk; so do injected collector
+        failures. Health-ingest decides which of its held conditions a reboot clears."""
+        hw = self.hardware
+        self.boot_id = str(uuid.uuid4())
+        self.kmsg = SimKmsg()
+        for gpu in hw.gpus:
+            gpu.ecc_volatile = [0, 0]
+            gpu.throttle = []
+            gpu.lost = False
+        hw.edac_ce = hw.edac_ue = hw.io_errors = 0
+        hw.readonly_mount = False
+        self._inventory = None
+        self._readings.clear()
+
+    def report_outcome(self, outcome: wire.RemediationOutcome) -> None:
+        """To the agent of this boot, at once; kept for the next boot's reports too."""
+        self.remediation = outcome
+        if self.collector is not None:
+            self.collector.report_outcome(outcome)
 
     def inject(self, fault: str, gpu: int | None, now: datetime) -> str:
         """Apply ``fault``; returns what happened, in words. Raises :class:`FaultError`."""
@@ -228,6 +290,34 @@ class SimNode:
         return f"{fault} injected on {self.node_id}" + (f" GPU {gpu}" if gpu is not None else "")
 
 
+class SimActions:
+    """The vocabulary on a simulated node (:class:`remediation.Actions`)."""
+
+    def __init__(self, node: SimNode) -> None:
+        self.node = node
+
+    async def gpu_reset(self, gpus: Sequence[int], within_s: float) -> str | None:
+        return self.node.reset_gpus(gpus)
+
+    async def reboot(self, pending: PendingReboot, within_s: float) -> str | None:
+        self.node.pending_reboot = pending
+        self.node.rebooting.set()  # the node's agent stops; its next boot settles the request
+        return None
+
+
+def remediator_of(node: SimNode, cluster: str, log: Any) -> Remediator:
+    def facts() -> NodeFacts:
+        return NodeFacts(gpus=tuple(g.index for g in node.hardware.gpus), boot_id=node.boot_id)
+
+    return Remediator(node.node_id, cluster, SimActions(node), facts, node.report_outcome, log,
+                      count_remediation, rejecter("sim"))
+
+
+def remediation_subjects(cluster: str) -> str:
+    """Every node's remediation subject of ``cluster``: the simulator reads them all."""
+    return f"{subjects.PREFIX}.remediate.{subjects.encode_token(cluster)}.*"
+
+
 class InjectRequest(msgspec.Struct, rename="camel"):
     node_id: str
     fault: str
@@ -290,6 +380,17 @@ async def serve_injections(nc: Any, cluster: str, inject: Callable[[InjectReques
 STOP_S = 1.0  # what a stopping fleet gets to finish the round in hand
 
 
+async def _either(first: asyncio.Event, second: asyncio.Event, then: asyncio.Event) -> None:
+    """Set ``then`` when ``first`` or ``second`` is set."""
+    waits = [asyncio.create_task(first.wait()), asyncio.create_task(second.wait())]
+    try:
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for wait in waits:
+            wait.cancel()
+    then.set()
+
+
 class Fleet:
     def __init__(self, count: int, cluster: str = "default", interval_s: int = 30, prefix: str = "sim-",
                  gpus: int = 8, provisioned: int = 0) -> None:
@@ -332,11 +433,27 @@ class Fleet:
 
         await nc.subscribe(terminations_subject(self.cluster), cb=on_terminated)
 
+        remediators = {subjects.remediate(self.cluster, node_id): remediator_of(node, self.cluster,
+                                                                                log.bind(node_id=node_id))
+                       for node_id, node in self.nodes.items()}
+
+        async def on_remediation(msg: Any) -> None:
+            remediator = remediators.get(msg.subject)
+            if remediator is None:
+                return  # not a node of this fleet
+            node = self.nodes[remediator.node_id]
+            if node.silent:  # hung or terminated: nothing on it answers
+                log.info("remediation request for a silent node; ignored", node_id=node.node_id)
+                return
+            remediator.take(msg.data, datetime.now(UTC))
+
+        await nc.subscribe(remediation_subjects(self.cluster), cb=on_remediation)
+
         async def node_main(node: SimNode, delay: float) -> None:
             await asyncio.sleep(delay)
             settings = Settings(node_id=node.node_id, cluster=self.cluster, interval_s=self.interval_s,
                                 definition="gpu-pool", provisioned=node.node_id in self.provisioned)
-            collector = Collector(settings, node, node.kmsg)
+            remediator = remediators[subjects.remediate(self.cluster, node.node_id)]
 
             async def publish(subject: str, payload: bytes) -> None:
                 if node.silent:
@@ -349,8 +466,22 @@ class Fleet:
                 def signal(self, gpus_by_pci: Mapping[str, int]) -> wire.KmsgSignal:
                     return node.kmsg.signal(gpus_by_pci)
 
-            collector.kmsg = LiveKmsg()
-            await run_agent(collector, publish, stopping, node.out_of_band, log.bind(node_id=node.node_id))
+            while not stopping.is_set():  # one agent per boot of the node
+                node.collector = collector = Collector(settings, node, LiveKmsg())
+                collector.remediation = node.remediation
+                if node.pending_reboot is not None:  # back from a reboot: the new boot id proves it
+                    pending, node.pending_reboot = node.pending_reboot, None
+                    remediator.report(settle(pending, node.boot_id, datetime.now(UTC)))
+                this_boot = asyncio.Event()
+                ends = asyncio.create_task(_either(stopping, node.rebooting, this_boot))
+                try:
+                    await run_agent(collector, publish, this_boot, node.out_of_band, log.bind(node_id=node.node_id))
+                finally:
+                    ends.cancel()
+                if node.rebooting.is_set() and not stopping.is_set():
+                    node.rebooting.clear()
+                    node.boot()
+                    log.info("simulated node rebooted", node_id=node.node_id, boot_id=node.boot_id)
 
         # Spread the fleet's first reports over one interval, as real agents would be.
         spread = min(float(self.interval_s), 5.0)

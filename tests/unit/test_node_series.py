@@ -35,6 +35,9 @@ class Reference:
                                    labels=["node_id", "cluster", "state"])
         failures = CounterMetricFamily("healthplane_node_attributed_failures",
                                        "Job failures attributed to the node", labels=["node_id", "cluster"])
+        attention = GaugeMetricFamily("healthplane_node_needs_attention",
+                                      "1 while the node stopped at NODE_NEEDS_ATTENTION (REM-1), until service; "
+                                      "absent otherwise", labels=["node_id", "cluster"])
         for node in self._state.nodes.values():
             labels = [node.node_id, node.cluster]
             if node.score is not None:
@@ -47,7 +50,9 @@ class Reference:
             for state_name in HEALTH_STATES:
                 health.add_metric([*labels, state_name], 1 if state_name == current else 0)
             failures.add_metric(labels, node.tally.count)
-        yield from (score, condition, health, failures)
+            if node.attention is not None:
+                attention.add_metric(labels, 1)
+        yield from (score, condition, health, failures, attention)
 
 
 def samples(text: str) -> dict[str, tuple[str, set[tuple[str, tuple[tuple[str, str], ...], float]]]]:
@@ -61,11 +66,12 @@ conditions = st.lists(st.builds(
     st.sampled_from(wire.CONDITION_TYPES), st.sampled_from(["info", "warning", "critical"])),
     max_size=3, unique_by=lambda c: c.type)
 nodes = st.builds(
-    lambda node_id, cluster, conds, score, assessed, health, failures: NodeScore(
+    lambda node_id, cluster, conds, score, assessed, health, failures, attention: NodeScore(
         cluster=cluster, node_id=node_id, conditions=conds, score=score, assessed=assessed, health=health,
-        tally=Tally(count=failures)),
+        tally=Tally(count=failures),
+        attention=wire.NeedsAttention(since=T0, reason="every step of its ladder was tried") if attention else None),
     ids, st.sampled_from(["default", "lab", 'we"ird\\c']), conditions, st.none() | st.integers(0, 100),
-    st.booleans(), st.sampled_from(["HEALTHY", "DEGRADED", "UNKNOWN"]), st.integers(0, 5))
+    st.booleans(), st.sampled_from(["HEALTHY", "DEGRADED", "UNKNOWN"]), st.integers(0, 5), st.booleans())
 
 
 @settings(max_examples=60, deadline=None)
