@@ -326,6 +326,10 @@ class RemediationStep(_Camel):
 
     action: wire.RemediationAction
     timeout_seconds: Annotated[int, Field(ge=10, le=86400)] = 600
+    # A step the host or provider refused (the agent could not run it) runs again after
+    # retryBackoffSeconds, doubling, up to `retries` times, before the next step.
+    retries: Annotated[int, Field(ge=0, le=5)] = 2
+    retry_backoff_seconds: Annotated[int, Field(ge=1, le=3600)] = 30
 
 
 TERMINAL_STEPS: Final = ("replace", "needs-attention")

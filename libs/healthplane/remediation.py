@@ -8,7 +8,8 @@ again, repairs that silently stop retrying, remediation that assumes a reboot ha
   (``replace`` or ``needs-attention``) nothing automatic touches the node again until an
   operator records service (the caller then forgets the episode);
 - every step **ends**: with the agent's outcome, or at its timeout, which moves to the next
-  step like a failure — never a silent stop;
+  step like a failure — never a silent stop; a step the host refused runs again after a
+  doubling backoff, up to its ``retries``, then the next step;
 - a reboot **counts only when proven**: the agent reports a new boot id, else it failed;
 - attempts per node are bounded over a window, whatever the ladders say.
 
@@ -25,14 +26,17 @@ from typing import Final, Literal
 AGENT_STEPS: Final = ("gpu-reset", "reboot")
 
 # draining: its work is leaving; running: a rung was sent; verifying: the agent ran it and the
-# fault's condition has until the rung's deadline to clear; stopped, succeeded: final.
-Phase = Literal["draining", "running", "verifying", "stopped", "succeeded"]
+# fault's condition has until the rung's deadline to clear; backoff: the host or provider
+# refused the rung, which runs again at the deadline; stopped, succeeded: final.
+Phase = Literal["draining", "running", "verifying", "backoff", "stopped", "succeeded"]
 
 
 @dataclass(frozen=True, slots=True)
 class Rung:
     action: str
     timeout_s: int
+    retries: int = 0  # how often a refused step runs again before the next rung
+    backoff_s: int = 30  # before the first retry; doubled for each one after
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +49,7 @@ class Climb:
     phase: Phase = "draining"
     deadline: datetime | None = None  # the current rung's timeout
     attempts: tuple[datetime, ...] = ()  # when each agent step started (the window's bound)
+    tries: int = 0  # retries of the current rung so far
 
     @property
     def rung(self) -> Rung:
@@ -60,7 +65,7 @@ class Climb:
 class Decision:
     """What to do now: run ``action`` (an agent step, ``replace``), or stop with ``why``."""
 
-    action: Literal["run", "replace", "needs-attention", "succeeded", "wait"]
+    action: Literal["run", "retry", "replace", "needs-attention", "succeeded", "wait"]
     step: str | None = None
     why: str = ""
 
@@ -114,6 +119,11 @@ def outcome(climb: Climb, now: datetime, *, ran: bool, reason: str, fault_active
     if climb.phase != "running":
         return climb, WAIT
     if not ran:
+        rung = climb.rung
+        if climb.tries < rung.retries:
+            delay = rung.backoff_s * 2 ** climb.tries
+            waiting = replace(climb, phase="backoff", tries=climb.tries + 1, deadline=now + timedelta(seconds=delay))
+            return waiting, Decision("retry", rung.action, f"retry {climb.tries + 1} of {rung.retries} in {delay}s")
         return _climb(climb, now, max_attempts, window)
     if not fault_active:
         return replace(climb, phase="succeeded", deadline=None), Decision("succeeded", climb.rung.action, reason)
@@ -129,14 +139,17 @@ def cleared(climb: Climb) -> tuple[Climb, Decision]:
 
 
 def timed_out(climb: Climb, now: datetime, max_attempts: int, window: timedelta) -> tuple[Climb, Decision]:
-    """No outcome by the rung's deadline: it failed, and the next rung runs (never a stop)."""
-    if climb.phase not in ("running", "verifying") or climb.deadline is None or now < climb.deadline:
+    """The deadline passed: a backoff ends and its rung runs again; a rung without an outcome
+    (or whose fault persisted) failed, and the next rung runs (never a stop)."""
+    if climb.phase not in ("running", "verifying", "backoff") or climb.deadline is None or now < climb.deadline:
         return climb, WAIT
+    if climb.phase == "backoff":
+        return next_step(climb, now, max_attempts, window)
     return _climb(climb, now, max_attempts, window)
 
 
 def _climb(climb: Climb, now: datetime, max_attempts: int, window: timedelta) -> tuple[Climb, Decision]:
-    return next_step(replace(climb, step=climb.step + 1, deadline=None), now, max_attempts, window)
+    return next_step(replace(climb, step=climb.step + 1, deadline=None, tries=0), now, max_attempts, window)
 
 
 def _span(window: timedelta) -> str:

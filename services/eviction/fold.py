@@ -186,7 +186,7 @@ class EvictionCore:
             node.gpus = sum(1 for device in report.devices if device.kind == "gpu")
             node.boot_id = report.boot_id or node.boot_id
             if report.remediation is not None:
-                self._remediation_outcome(state, node, report.remediation, out)
+                self._remediation_outcome(state, node, report.remediation, out, inbound)
         elif inbound.stream == "HP_CONFIG":
             state.config = _config(configstore.decode_config(wire.decode(wire.ConfigEnvelope, inbound.data)))
         else:
@@ -825,8 +825,9 @@ class EvictionCore:
         node.gate = Gate(run=run.id, command_id=command.id, verb="hold-release", actor=actor, hold_ids=[hold.id])
 
     def _remediation_outcome(self, state: EvictionState, node: Node, outcome: wire.RemediationOutcome,
-                             out: Out) -> None:
-        """The agent's word on the step it was sent (REM-2): a reboot counts only with a new boot id."""
+                             out: Out, inbound: Inbound) -> None:
+        """The agent's word on the step it was sent (REM-2): a reboot counts only with a new boot
+        id; a step the host refused runs again after a backoff, up to its retries (REM-4)."""
         climb = node.climb
         if climb is None or node.climb_request != outcome.request_id or climb.phase != "running":
             return  # an outcome already read (the report is re-sent), or of a step no longer awaited
@@ -837,13 +838,18 @@ class EvictionCore:
             ran, reason = False, f"boot id unchanged ({outcome.boot_id}): the reboot did not happen"
         active = climb.fault_class.lower() in node.faults
         policy = state.config.remediation
+        moved = remediation.outcome(climb, out.at, ran=ran, reason=reason, fault_active=active,
+                                    max_attempts=policy.max_attempts, window=policy.window)
         if not ran:
-            out.event(node, "REMEDIATION_FAILED", rem.failed(outcome.action, len(climb.attempts), reason),
+            said = reason + (f"; {moved[1].why}" if moved[1].action == "retry" else "")
+            out.event(node, "REMEDIATION_FAILED", rem.failed(outcome.action, len(climb.attempts), said),
                       node.climb_actor or SERVICE, remediation=wire.RemediationRecord(
-                          action=climb.rung.action, attempt=len(climb.attempts), reason=reason,  # type: ignore[arg-type]
+                          action=climb.rung.action, attempt=len(climb.attempts), reason=said,  # type: ignore[arg-type]
                           request_id=outcome.request_id))
-        self._climb(state, node, remediation.outcome(climb, out.at, ran=ran, reason=reason, fault_active=active,
-                                                     max_attempts=policy.max_attempts, window=policy.window), out)
+            inbound.note("warning", "remediation step refused", counter=f"remediation_{outcome.result}",
+                         node_id=node.node_id, action=outcome.action, reason=reason,
+                         retry=moved[1].why if moved[1].action == "retry" else None)
+        self._climb(state, node, moved, out)
 
     def tick(self, state: EvictionState, now: datetime) -> tuple[EvictionState, Sequence[Emit]]:
         """REM-1: a step whose outcome never came, or whose fault persisted, fails at its
@@ -856,6 +862,10 @@ class EvictionCore:
             if node is None or climb is None or climb.deadline is None or now < climb.deadline:
                 continue
             out = Out(now, f"{SERVICE}:tick:{key}:{climb.step}:{climb.deadline.isoformat()}", tick=True)
+            if climb.phase == "backoff":  # its refusal was told when it came: the rung runs again
+                self._climb(state, node, remediation.timed_out(climb, now, policy.max_attempts, policy.window), out)
+                emits += out.emits
+                continue
             waited = climb.rung.timeout_s
             reason = (f"no outcome from the agent within {waited}s" if node.climb_request is not None
                       else f"{wire.condition_title(climb.fault_class.lower())} persisted {waited}s after it")

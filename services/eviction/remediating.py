@@ -51,7 +51,8 @@ def policy_of(config: ClusterConfig) -> RemediationPolicy:
     found = config.remediation
     return RemediationPolicy(
         ladders=[LadderSpec(fault_class=ladder.fault_class, xids=list(ladder.xids), reasons=list(ladder.reasons),
-                            rungs=tuple(remediation.Rung(step.action, step.timeout_seconds) for step in ladder.steps),
+                            rungs=tuple(remediation.Rung(step.action, step.timeout_seconds, step.retries,
+                                                          step.retry_backoff_seconds) for step in ladder.steps),
                             validate_suite=ladder.validate_suite)
                  for ladder in found.ladders],
         max_attempts=found.max_attempts_per_node, window_s=found.window_minutes * 60)

@@ -71,13 +71,16 @@ EVENTS = st.lists(st.sampled_from(["fail", "ok-but-fault", "ok", "timeout", "cle
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(st.sampled_from(["gpu-reset", "reboot"]), min_size=0, max_size=4),
+@given(st.lists(st.tuples(st.sampled_from(["gpu-reset", "reboot"]), st.integers(0, 2)), min_size=0, max_size=4),
        st.sampled_from(["replace", "needs-attention"]), EVENTS)
-def test_rem1_a_ladder_never_loops_and_always_ends(agent: list[str], last: str, events: list[str]) -> None:
-    """Whatever happens, each rung runs at most once and in order, and once final nothing runs."""
-    rungs = (*(rem.Rung(a, 60) for a in agent), rem.Rung(last, 60))
+def test_rem1_a_ladder_never_loops_and_always_ends(agent: list[tuple[str, int]], last: str,
+                                                   events: list[str]) -> None:
+    """Whatever happens, the rungs run in order, each at most once plus its retries, and once
+    final nothing runs."""
+    rungs = (*(rem.Rung(a, 60, retries=r, backoff_s=30) for a, r in agent), rem.Rung(last, 60))
     climb, decided = rem.drained(rem.begin("GPU_XID_ERRORS", rungs), T0, 100, WINDOW)
     ran = [decided]
+    runs = [climb.step] if decided.action == "run" else []
     now = T0
     for event in events:
         now += timedelta(seconds=61)
@@ -91,13 +94,16 @@ def test_rem1_a_ladder_never_loops_and_always_ends(agent: list[str], last: str, 
             climb, decided = rem.outcome(climb, now, ran=event != "fail", reason=event,
                                          fault_active=event != "ok", max_attempts=100, window=WINDOW)
         ran.append(decided)
-    steps = [d.step for d in ran if d.action == "run"]
-    assert steps == [r.action for r in rungs[:len(steps)]]  # in order, each once
+        if decided.action == "run":
+            runs.append(climb.step)
+    assert runs == sorted(runs)  # it only climbs
+    for index, rung in enumerate(rungs):
+        assert runs.count(index) <= 1 + rung.retries
     finals = [d for d in ran if d.action in ("replace", "needs-attention", "succeeded")]
     assert len(finals) <= 1 and (not finals or ran.index(finals[0]) == len(ran) - 1
                                  or all(d == rem.WAIT for d in ran[ran.index(finals[0]) + 1:]))
-    # Steps that do not run reach the last rung in exactly len(agent) failures.
-    if events[:len(agent)] == ["fail"] * len(agent) and len(events) >= len(agent):
+    # Without retries, steps that do not run reach the last rung in exactly len(agent) failures.
+    if all(r == 0 for _, r in agent) and events[:len(agent)] == ["fail"] * len(agent) and len(events) >= len(agent):
         assert finals and finals[0].action == last
 
 

@@ -10,7 +10,7 @@ from healthplane import subjects
 from tests.unit.test_validation_runs import SUITE, Loop
 
 LADDER = {"ladders": [{"faultClass": "GPU_XID_ERRORS", "xids": [79], "steps": [
-    {"action": "gpu-reset", "timeoutSeconds": 10}, {"action": "reboot", "timeoutSeconds": 20},
+    {"action": "gpu-reset", "timeoutSeconds": 10, "retries": 0}, {"action": "reboot", "timeoutSeconds": 20, "retries": 0},
     {"action": "needs-attention"}]}]}
 NODE = "gpu-00"
 
@@ -122,3 +122,25 @@ def test_rem1_the_ladders_validation_suite_must_pass_too() -> None:
     run.agent_says(NODE, run.remediations[0])
     run.clear_fault(NODE)
     assert [j.validation.name for j in run.validation_jobs if j.validation] == ["diag"]
+
+
+def test_rem4_a_refused_step_is_retried_with_backoff_up_to_its_bound_then_the_next_runs() -> None:
+    ladder = {"ladders": [{"faultClass": "GPU_XID_ERRORS", "steps": [
+        {"action": "gpu-reset", "timeoutSeconds": 10, "retries": 2, "retryBackoffSeconds": 2},
+        {"action": "reboot", "timeoutSeconds": 20, "retries": 0}, {"action": "needs-attention"}]}]}
+    run = remediating(ladder)
+    run.command("remediate", NODE)
+    run.until(lambda: bool(run.remediations))
+    started = run.now
+    for tries in (1, 2, 3):
+        request = run.remediations[-1]
+        assert (request.action, request.attempt) == ("gpu-reset", tries)
+        run.agent_says(NODE, request, result="refused", reason="busy: another remediation is running")
+        run.until(lambda n=tries: len(run.remediations) == n + 1, limit_s=10)
+    assert run.remediations[-1].action == "reboot"
+    assert (run.now - started).total_seconds() >= 2 + 4  # backoff 2 s, then 4 s
+    failed = [e.message for e in run.events if e.type == "REMEDIATION_FAILED"]
+    assert failed == [
+        "remediation failed: gpu-reset (attempt 1): busy: another remediation is running; retry 1 of 2 in 2s",
+        "remediation failed: gpu-reset (attempt 2): busy: another remediation is running; retry 2 of 2 in 4s",
+        "remediation failed: gpu-reset (attempt 3): busy: another remediation is running"]
