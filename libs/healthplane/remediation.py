@@ -23,8 +23,6 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Final, Literal
 
-AGENT_STEPS: Final = ("gpu-reset", "reboot")
-
 # draining: its work is leaving; running: a rung was sent; verifying: the agent ran it and the
 # fault's condition has until the rung's deadline to clear; backoff: the host or provider
 # refused the rung, which runs again at the deadline; stopped, succeeded: final.

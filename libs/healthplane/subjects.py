@@ -160,6 +160,11 @@ def snapshot(service: str, partition: int = 0, partitions: int = 1) -> str:
     return f"{PREFIX}.snapshot.{encode_token(service)}.{partition_label(partition, partitions)}"
 
 
+def job_key(cluster: str, job_id: str) -> str:
+    """A job's key in a service's state (job ids are unique per cluster)."""
+    return f"{cluster}\x00{job_id}"
+
+
 def node_key(cluster: str, node_id: str) -> str:
     """A node's key in a service's folded state (a dict key, never a subject): NUL cannot
     occur in a cluster name or node id, so the pair is unambiguous. Interned: a fold keeps a

@@ -34,7 +34,7 @@ from healthplane_collector.sysfs import SysfsError
 # Disks probed at once: enough for a JBOD to finish in a report interval, few enough not to
 # queue dozens of pass-through commands on one HBA.
 MAX_CONCURRENT_PROBES: Final = 8
-# What ``run_bounded`` keeps of each output stream, and the size of its reads.
+# What a remediation command's run (``run_probe(keep_bytes=…)``) keeps of each output stream, and the size of its reads.
 OUTPUT_KEPT_BYTES: Final = 64 * 1024
 READ_CHUNK: Final = 64 * 1024
 
@@ -62,8 +62,11 @@ def _kill_group(proc: asyncio.subprocess.Process) -> None:
         pass
 
 
-async def run_probe(argv: Sequence[str], timeout_s: float) -> Completed:
-    """Run ``argv``; at ``timeout_s`` kill its whole process group and raise ``TimedOut``."""
+async def run_probe(argv: Sequence[str], timeout_s: float, keep_bytes: int | None = None) -> Completed:
+    """Run ``argv``; at ``timeout_s`` kill its whole process group and raise ``TimedOut``.
+    With ``keep_bytes`` (a command whose output only explains a failure: a GPU reset, a
+    reboot) only the last ``keep_bytes`` of stdout and of stderr are kept, the rest read and
+    dropped."""
     proc = await asyncio.create_subprocess_exec(
         *argv,
         stdin=asyncio.subprocess.DEVNULL,
@@ -73,7 +76,12 @@ async def run_probe(argv: Sequence[str], timeout_s: float) -> Completed:
         env={**os.environ, "LC_ALL": "C"},
     )
     try:
-        stdout, stderr = await asyncio.wait_for(proc.communicate(), timeout_s)
+        async with asyncio.timeout(timeout_s):
+            if keep_bytes is None:
+                stdout, stderr = await proc.communicate()
+            else:
+                stdout, stderr = await asyncio.gather(_tail(proc.stdout, keep_bytes), _tail(proc.stderr, keep_bytes))
+                await proc.wait()
     except TimeoutError:
         _kill_group(proc)
         await proc.wait()
@@ -96,29 +104,6 @@ async def _tail(stream: asyncio.StreamReader | None, keep: int) -> bytes:
         if len(kept) > keep:
             del kept[:-keep]
     return bytes(kept)
-
-
-async def run_bounded(argv: Sequence[str], timeout_s: float, keep_bytes: int = OUTPUT_KEPT_BYTES) -> Completed:
-    """``run_probe`` for a command whose output only explains a failure (a GPU reset, a
-    reboot): the last ``keep_bytes`` of stdout and of stderr are kept, the rest read and
-    dropped. At ``timeout_s`` its process group is killed and ``TimedOut`` raised."""
-    proc = await asyncio.create_subprocess_exec(
-        *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-        start_new_session=True, env={**os.environ, "LC_ALL": "C"},
-    )
-    try:
-        async with asyncio.timeout(timeout_s):
-            stdout, stderr = await asyncio.gather(_tail(proc.stdout, keep_bytes), _tail(proc.stderr, keep_bytes))
-            await proc.wait()
-    except TimeoutError:
-        _kill_group(proc)
-        await proc.wait()
-        raise TimedOut from None
-    except BaseException:
-        _kill_group(proc)
-        await proc.wait()
-        raise
-    return Completed(proc.returncode if proc.returncode is not None else -1, stdout, stderr)
 
 
 async def read_smart(smartctl: str | None = None, timeout_s: float = 10.0) -> wire.SmartSignal:

@@ -300,7 +300,7 @@ async def run_command(argv: Sequence[str], timeout_s: float) -> str | None:
     if timeout_s <= 0:
         return f"no time left to run {shown}"
     try:
-        done = await probe.run_bounded([binary, *argv[1:]], timeout_s)
+        done = await probe.run_probe([binary, *argv[1:]], timeout_s, probe.OUTPUT_KEPT_BYTES)
     except probe.TimedOut:
         return f"{shown} timed out after {timeout_s:.3g} s and was killed"
     except OSError as exc:

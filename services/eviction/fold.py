@@ -20,7 +20,7 @@ import msgspec
 
 from healthplane import configstore, isolation, remediation, subjects, wire
 from healthplane.runtime.processor import Emit, Inbound, Input, Reject
-from healthplane.subjects import node_key
+from healthplane.subjects import job_key, node_key
 from healthplane.validation import Rule, Verdict, judge, rule_of
 from healthplane_eviction import remediating as rem
 from healthplane_eviction import rules
@@ -90,7 +90,6 @@ class Node(msgspec.Struct):
     climb_hold: str | None = None  # the cordon hold the episode placed
     remediation_attempts: list[datetime] = []  # agent steps started, within the window (the bound)
     needs_attention: str | None = None  # why it stopped at NODE_NEEDS_ATTENTION, until service
-    boot_id: str | None = None
 
 
 class EvictionState(msgspec.Struct):
@@ -184,7 +183,6 @@ class EvictionCore:
             node.known, node.provisioned, node.ready = True, report.provisioned, report.ready
             node.definition = report.definition
             node.gpus = sum(1 for device in report.devices if device.kind == "gpu")
-            node.boot_id = report.boot_id or node.boot_id
             if report.remediation is not None:
                 self._remediation_outcome(state, node, report.remediation, out, inbound)
         elif inbound.stream == "HP_CONFIG":
@@ -928,10 +926,6 @@ class EvictionCore:
         self._release_work(node, lambda a: rules.fault_fate(a, limit),
                            lambda fate, a: rules.offline_message(node.node_id, fault, fate, a.node_fault_restarts),
                            out, by_operator=False)
-
-
-def job_key(cluster: str, job_id: str) -> str:
-    return f"{cluster}\x00{job_id}"
 
 
 def _reason(command: wire.Command) -> str:

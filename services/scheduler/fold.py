@@ -25,7 +25,7 @@ from typing import Any, Final
 
 from healthplane import gating, subjects, wire
 from healthplane.runtime.processor import Emit, Inbound, Input, Note, Reject
-from healthplane.subjects import node_key
+from healthplane.subjects import job_key, node_key
 from healthplane_scheduler.rules import (
     ACTIVE,
     TERMINAL,
@@ -37,7 +37,6 @@ from healthplane_scheduler.rules import (
     allocation_id,
     check_job,
     default_rejection,
-    job_key,
     parse_allocation_id,
     pinnable,
     run_seconds,

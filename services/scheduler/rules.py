@@ -74,10 +74,6 @@ class SchedulerState(msgspec.Struct, kw_only=True, dict=True):
 
 
 
-def job_key(cluster: str, job_id: str) -> str:
-    return f"{cluster}\x00{job_id}"
-
-
 _ALLOCATION_ID: Final = re.compile(r"(.+)\.(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)")
 
 

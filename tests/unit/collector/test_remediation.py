@@ -260,7 +260,7 @@ async def test_rem2_a_flooding_command_costs_a_bounded_read(tmp_path: Path) -> N
     # 4 MiB of output, then a last line: kept is the tail, at most the bound.
     flood = fake(tmp_path, "flood", "/usr/bin/head -c 4194304 /dev/zero | /usr/bin/tr '\\0' x; echo; "
                                     "echo 'the last line' >&2; exit 7\n")
-    done = await probe.run_bounded([str(flood)], 10, keep_bytes=4096)
+    done = await probe.run_probe([str(flood)], 10, keep_bytes=4096)
     assert done.returncode == 7 and len(done.stdout) <= 4096 and done.stderr == b"the last line\n"
     assert command_failure(["flood"], done.returncode, done.stdout, done.stderr) == "flood exited with 7: the last line"
 
