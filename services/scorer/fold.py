@@ -10,7 +10,7 @@ from datetime import datetime
 
 import msgspec
 
-from healthplane import configstore, subjects, wire
+from healthplane import configstore, reads, subjects, wire
 from healthplane.runtime.processor import Emit, Inbound, Input, Reject
 from healthplane_scorer.rules import PenaltyTable, Tally, score
 
@@ -52,7 +52,8 @@ class NodeScore(msgspec.Struct):
     last_report_at: datetime | None = None
     report_interval_s: int | None = None
     allocations: list[str] = []  # placed or started here: the view's job count
-    view_digest: int = 0
+    view_digest: int = 0  # of the last view written, less its lastReportedAt
+    view_reported_at: datetime | None = None  # the lastReportedAt of the last view written
     attention: wire.NeedsAttention | None = None  # NODE_NEEDS_ATTENTION until NODE_SERVICED (REM-1)
 
 
@@ -192,14 +193,28 @@ class ScorerCore:
 
 
     def _view(self, state: ScorerState, node: NodeScore, inbound: Inbound) -> list[Emit]:
-        """The node's folded view, appended only when it changed."""
+        """The node's folded view, appended when it changed; a newer report alone rewrites it
+        only for a node policy watches, or when the refresh is due (reads.VIEW_REFRESH_INTERVALS)."""
         view = node_view(state, node)
-        encoded = wire.encode(view)
-        digest = zlib.crc32(encoded)  # stable across processes, unlike hash()
-        if digest == node.view_digest:
+        reported_at = view.last_reported_at
+        digest = zlib.crc32(wire.encode(msgspec.structs.replace(view, last_reported_at=None)))  # unlike hash(), stable
+        if digest == node.view_digest and not (reported_at != node.view_reported_at and (
+                _watched(node) or _refresh_due(node, reported_at))):
             return []
-        node.view_digest = digest
-        return [Emit(subjects.node_view(node.cluster, node.node_id), encoded)]
+        node.view_digest, node.view_reported_at = digest, reported_at
+        return [Emit(subjects.node_view(node.cluster, node.node_id), wire.encode(view))]
+
+
+def _watched(node: NodeScore) -> bool:
+    """A node policy re-checks on every report (POL-3's second reading, its guardrails)."""
+    return bool(node.conditions) or (node.score is not None and node.score < 100)
+
+
+def _refresh_due(node: NodeScore, reported_at: datetime | None) -> bool:
+    if reported_at is None or node.view_reported_at is None:
+        return True
+    interval = node.report_interval_s or 30
+    return (reported_at - node.view_reported_at).total_seconds() >= reads.VIEW_REFRESH_INTERVALS * interval
 
 
 def node_status(node: NodeScore) -> wire.NodeStatus:

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 from collections import defaultdict
+from collections.abc import Sequence
 from pathlib import Path
 
 import msgspec
@@ -21,6 +22,7 @@ from nats.js import JetStreamContext
 from healthplane import streams
 from healthplane.natsserver import NatsServer
 from healthplane.runtime.connect import connect
+from healthplane.runtime.processor import Emit, Inbound
 from tests.support import toy
 
 # The runtime on streams of the test's own, outside the product's stream table: no product
@@ -218,3 +220,39 @@ async def test_a_write_cut_short_by_a_crash_is_completed_on_restart(nats_server:
     outputs = [(out["cause"], bool(out.get("echo"))) for out in await _outputs(js, suffix)]
     assert sorted(outputs) == sorted((seq, echo) for seq in range(1, len(inputs) + 1) for echo in (False, True))
     await nc.close()
+
+
+class _Watching(toy.ToyCore):
+    """The toy core, noting whether each input reached it as caught up."""
+
+    def __init__(self, suffix: str) -> None:
+        super().__init__(f"toy{suffix}.out")
+        self.seen: list[bool] = []
+
+    def step(self, state: toy.ToyState, inbound: Inbound) -> tuple[toy.ToyState, Sequence[Emit]]:
+        self.seen.append(inbound.caught_up)
+        return super().step(state, inbound)
+
+
+async def test_issue25_a_live_burst_is_caught_up_though_records_are_pending(nats_server: NatsServer) -> None:
+    # Issue 25: under a fleet's steady flow something is always pending; a fold of records
+    # stored a moment ago is caught up (its /readyz says so, its ticks run), not "replaying".
+    nc = await connect(nats_server.url, name="test", give_up_after=5)
+    js = nc.jetstream()
+    await streams.ensure(js)
+    await toy.ensure_toy_streams(js, suffix="burst")
+    core = _Watching("burst")
+    proc = toy.processor(nc, js, "burst", snapshot_every=10**9, batch=20, core=core)
+    await proc.start()
+    task = asyncio.create_task(proc.run())
+    try:
+        await _publish(js, [msgspec.json.encode({"key": f"k{i % 5}"}) for i in range(2000)], "burst")
+        async with asyncio.timeout(30):
+            while len(core.seen) < 2000:
+                await asyncio.sleep(0.01)
+        assert proc.caught_up
+        assert all(core.seen), f"{core.seen.count(False)} of 2000 live inputs folded as if replaying"
+    finally:
+        proc.stop()
+        await task
+        await nc.close()

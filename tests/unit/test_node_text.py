@@ -66,13 +66,13 @@ def test_events_detail_is_worded_like_the_reference() -> None:
 
 
 @pytest.mark.parametrize(("age_s", "status", "interval", "stale"), [
-    (60, "READY", 30, False),        # within three intervals
-    (91, "READY", 30, True),         # three intervals passed and nobody made it OFFLINE
-    (91, "CORDONED", 30, True),
+    (95, "READY", 30, False),        # a quiet node's view is rewritten every third report
+    (121, "READY", 30, True),        # four intervals passed and nobody made it OFFLINE
+    (121, "CORDONED", 30, True),
     (3600, "OFFLINE", 30, False),    # the heartbeat rule already says so
-    (500, "READY", 300, False),
+    (1000, "READY", 300, False),
     (10, "READY", 2, False),         # the 15 s floor
-    (120, "READY", None, True),      # an old view without the interval: the default 30 s
+    (150, "READY", None, True),      # an old view without the interval: the default 30 s
 ])
 def test_a_stale_view_says_so(age_s: int, status: wire.NodeStatus, interval: int | None, stale: bool) -> None:
     # Issue 15.6: health-ingest down under `up`: `node show` must not keep saying Healthy quietly.

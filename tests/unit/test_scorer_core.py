@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
+import msgspec
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from healthplane import subjects, wire
+from healthplane import reads, subjects, wire
 from healthplane.runtime.processor import Inbound
-from healthplane_scorer.fold import ScorerCore
+from healthplane_scorer.fold import ScorerCore, node_view
 from healthplane_scorer.rules import DEFAULT_PENALTIES, PenaltyTable, Tally, score, tally_deduction
 
 T0 = datetime(2026, 8, 11, 9, 14, 2, tzinfo=UTC)
@@ -192,3 +193,44 @@ def test_rem1_needs_attention_shows_in_the_view_node_show_and_a_series_until_ser
     view = event(3, "NODE_SERVICED", "serviced: replaced GPU 0")
     assert view.needs_attention is None and "Needs attention" not in show_text(view, T0)
     assert "healthplane_node_needs_attention{" not in series()
+
+
+def _report(seq: int, at: datetime, *conditions: wire.Condition) -> Inbound:
+    record = wire.Assessment(node_id="n", cluster="c", assessed_at=at, report_sent_at=at, last_report_at=at,
+                             interval_seconds=30, health="DEGRADED" if conditions else "HEALTHY",
+                             conditions=list(conditions))
+    return Inbound("HP_ASSESSMENTS", seq, subjects.assessment("c", "n"), wire.encode(record), {}, at, True)
+
+
+def test_issue25_a_quiet_nodes_view_is_rewritten_every_third_report_a_watched_nodes_at_each() -> None:
+    core, state = ScorerCore(), ScorerCore().initial_state()
+    written = []
+    for seq in range(1, 31):  # 15 minutes of a quiet node at a 30 s interval
+        state, emits = core.step(state, _report(seq, T0 + timedelta(seconds=30 * seq)))
+        written += [seq for e in emits if e.subject.startswith("hp.node.")]
+    assert written == [1, 4, 7, 10, 13, 16, 19, 22, 25, 28]
+    ecc = cond("gpu_ecc_errors", "GpuEccCorrectable")
+    for seq in range(31, 36):  # a condition: policy re-checks on every report (POL-3's second reading)
+        state, emits = core.step(state, _report(seq, T0 + timedelta(seconds=30 * seq), ecc))
+        assert [e for e in emits if e.subject.startswith("hp.node.")], seq
+
+
+@given(jitters=st.lists(st.floats(min_value=0, max_value=10), min_size=2, max_size=40),
+       faulty=st.sets(st.integers(min_value=0, max_value=39)))
+def test_issue25_the_view_written_is_current_and_never_stale_between_reports(
+        jitters: list[float], faulty: set[int]) -> None:
+    """Whatever the reports carry, the newest view written says what the scorer folded (all but
+    ``lastReportedAt``), and is never old enough for ``node show`` to call the pipeline stalled."""
+    core, state = ScorerCore(), ScorerCore().initial_state()
+    latest: wire.NodeView | None = None
+    ecc = cond("gpu_ecc_errors", "GpuEccCorrectable")
+    times = [T0 + timedelta(seconds=30 * i + jitter) for i, jitter in enumerate(jitters)]
+    for seq, at in enumerate(times, start=1):
+        state, emits = core.step(state, _report(seq, at, *([ecc] if seq - 1 in faulty else [])))
+        latest = next((wire.decode(wire.NodeView, e.payload) for e in emits if e.subject.startswith("hp.node.")), latest)
+        assert latest is not None
+        folded = node_view(state, state.nodes[subjects.node_key("c", "n")])
+        assert msgspec.structs.replace(latest, last_reported_at=None) == msgspec.structs.replace(
+            folded, last_reported_at=None)
+        next_report = times[seq] if seq < len(times) else at + timedelta(seconds=40)
+        assert reads.stale_for(latest, next_report - timedelta(microseconds=1)) is None

@@ -17,7 +17,9 @@ A service supplies a :class:`Core` — ``initial_state()`` and a pure
    out as one write and their acks are read together (``Publisher.store_all``), in order.
 5. **Ack.** Inputs are acked only after every output of their batch is stored (the batch's
    acks, too, go out as one write).
-6. **Snapshot** every ``snapshot_every`` inputs or seconds, and on a clean stop.
+6. **Snapshot** every ``snapshot_every`` inputs or seconds, and on a clean stop; never so
+   often that taking them costs more than ``SNAPSHOT_DUTY`` of the time (a snapshot encodes
+   the whole state: at 100,000 nodes that is a few tenths of a second, docs/benchmarks.md).
 
 **What cannot be processed is set aside, never retried forever and never lost**
 (``runtime.deadletters``): a malformed input (the core raised :class:`Reject` or a decode
@@ -73,6 +75,14 @@ class Reject(Exception):
 FENCE_MARKS = streams.FENCE_PREFIX + "."
 CLUSTER_ACK_TIMEOUT_S = 3.0  # an R3 stream elects a new leader in 4-9 s: a few tries meanwhile
 FENCE_POLL_S = 0.1  # how often a holder waiting on its closed fence looks again
+# A fold is caught up with a stream when nothing is pending, or when what it folds was stored
+# this recently: under a fleet's steady flow something is always pending, and a service that
+# called that "replaying" would flap its /readyz and skip its ticks (heartbeat deadlines).
+CAUGHT_UP_WITHIN_NS = 5 * 10**9
+# At most this share of the time goes to periodic snapshots: one taking 0.3 s (a 100,000-node
+# state) waits 6 s for the next, so a restart replays at most 1/SNAPSHOT_DUTY snapshot-times
+# of inputs beyond snapshot_every_inputs / snapshot_every_s.
+SNAPSHOT_DUTY = 0.05
 # A caught-up input waits this long to gather a batch: a fleet's reports arrive a few at a
 # time, and each batch costs a write, its acks and a settlement (docs/benchmarks.md, "Fleet").
 LINGER_S = 0.02
@@ -317,7 +327,7 @@ class Processor(Generic[S]):
         partition: int = 0,
         partitions: int = 1,
         batch: int = 256,
-        snapshot_every_inputs: int = 5000,
+        snapshot_every_inputs: int = 50_000,
         snapshot_every_s: float = 10.0,
         log: Any = None,
         fence: Callable[[], int | None] | None = None,
@@ -345,6 +355,7 @@ class Processor(Generic[S]):
         self._already_emitted = EmittedBefore()
         self._since_snapshot = 0
         self._last_snapshot_at = time.monotonic()
+        self._snapshot_took_s = 0.0  # the last snapshot's wall time: what the next one may cost
         self._state_decoder = msgspec.json.Decoder(state_type)
         self._stopping = asyncio.Event()
         self._caught_up: dict[str, bool] = {}
@@ -623,6 +634,7 @@ class Processor(Generic[S]):
                 info = await self._js.stream_info(stream)
                 outputs[stream] = info.state.last_seq
             bound = self._marks.headers(snapshots.STREAM) if self._marks is not None else None
+            started = time.monotonic()
             try:
                 manifest = await snapshots.save(
                     self._js, service=self.service, partition=self.partition, partitions=self.partitions,
@@ -637,6 +649,7 @@ class Processor(Generic[S]):
             self._slot = manifest.slot
             self._since_snapshot = 0
             self._last_snapshot_at = time.monotonic()
+            self._snapshot_took_s = self._last_snapshot_at - started
 
     async def _scan_emitted(self, from_positions: dict[str, int]) -> EmittedBefore:
         emitted = EmittedBefore()
@@ -676,9 +689,10 @@ class Processor(Generic[S]):
             already_emitted = self._already_emitted
             producer = self.producer
             dead = self._dead
+            recent_ns = time.time_ns() - CAUGHT_UP_WITHIN_NS
             for delivery in batch:
                 stream, seq = delivery.stream, delivery.stream_seq
-                caught_up = delivery.pending == 0
+                caught_up = delivery.pending == 0 or delivery.timestamp_ns >= recent_ns
                 self._caught_up[stream] = caught_up
                 if seq <= positions.get(stream, 0):
                     continue  # redelivered after we folded it; the ack was lost
@@ -741,9 +755,10 @@ class Processor(Generic[S]):
             for stream, count in acked.items():  # one label lookup per stream and batch
                 metrics.MESSAGES_PROCESSED.labels(self.service, stream).inc(count)
             self._since_snapshot += len(batch)
+        since = time.monotonic() - self._last_snapshot_at
         if (
-            self._since_snapshot >= self._snapshot_every_inputs
-            or time.monotonic() - self._last_snapshot_at >= self._snapshot_every_s
+            (self._since_snapshot >= self._snapshot_every_inputs or since >= self._snapshot_every_s)
+            and since * SNAPSHOT_DUTY >= self._snapshot_took_s
         ):
             await self.snapshot()
 
