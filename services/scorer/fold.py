@@ -7,6 +7,7 @@ import sys
 import zlib
 from collections.abc import Sequence
 from datetime import datetime
+from typing import Final
 
 import msgspec
 
@@ -54,6 +55,7 @@ class NodeScore(msgspec.Struct):
     allocations: list[str] = []  # placed or started here: the view's job count
     view_digest: int = 0  # of the last view written, less its lastReportedAt
     view_reported_at: datetime | None = None  # the lastReportedAt of the last view written
+    reports: int = 0  # assessments of a newer report folded: the refresh's phase
     attention: wire.NeedsAttention | None = None  # NODE_NEEDS_ATTENTION until NODE_SERVICED (REM-1)
 
 
@@ -97,7 +99,9 @@ class ScorerCore:
             node = self._node(state, assessment.cluster, assessment.node_id)
             node.conditions, node.assessed = assessment.conditions, True
             node.definition = assessment.definition or node.definition
-            node.health, node.last_report_at = assessment.health, assessment.last_report_at or assessment.assessed_at
+            reported_at = assessment.last_report_at or assessment.assessed_at
+            node.reports += reported_at != node.last_report_at
+            node.health, node.last_report_at = assessment.health, reported_at
             node.report_interval_s = assessment.interval_seconds or node.report_interval_s
             return state, self._rescore(state, node, inbound) + self._view(state, node, inbound)
         if inbound.stream == "HP_NODE_EVENTS":
@@ -205,13 +209,21 @@ class ScorerCore:
         return [Emit(subjects.node_view(node.cluster, node.node_id), wire.encode(view))]
 
 
+REFRESH_EVERY_REPORTS: Final = 3  # within reads.VIEW_REFRESH_INTERVALS at a steady interval
+
+
 def _watched(node: NodeScore) -> bool:
     """A node policy re-checks on every report (POL-3's second reading, its guardrails)."""
     return bool(node.conditions) or (node.score is not None and node.score < 100)
 
 
 def _refresh_due(node: NodeScore, reported_at: datetime | None) -> bool:
+    """Every third report, at a phase of the node's own: a fleet whose nodes all came up
+    within one interval (a startup wave) would otherwise rewrite every view in the same
+    interval, then none for two. The time bound holds when reports come irregularly."""
     if reported_at is None or node.view_reported_at is None:
+        return True
+    if (node.reports + zlib.crc32(node.node_id.encode())) % REFRESH_EVERY_REPORTS == 0:
         return True
     interval = node.report_interval_s or 30
     return (reported_at - node.view_reported_at).total_seconds() >= reads.VIEW_REFRESH_INTERVALS * interval

@@ -14,7 +14,7 @@ floats), family by family, a chunk of nodes at a time.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import Final
+from typing import Final, NamedTuple
 
 from healthplane import wire
 from healthplane.runtime.metrics import label_value
@@ -59,50 +59,63 @@ class NodeSeries:
         self._health: dict[tuple[str, str], str] = {}  # (cluster label, current state) -> block
 
     def render(self) -> Iterator[bytes]:
-        # One copy of each state's nodes: the event loop changes the dict while we read.
-        nodes = [(node, state.config.degraded_at_or_below) for state in self._states()
-                 for node in list(state.nodes.values())]
-        for family, block in ((SCORE_FAMILY, self._score), (CONDITION_FAMILY, self._conditions),
-                              (HEALTH_FAMILY, self._health_block), (FAILURES_FAMILY, self._failures),
-                              (ATTENTION_FAMILY, self._attention)):
+        # One copy of each state's nodes: the event loop changes the dict while we read. Each
+        # node's labels are escaped once here, not once per family (0.8 million calls at 100,000).
+        clusters: dict[str, str] = {}
+        nodes = [_Labelled(node, state.config.degraded_at_or_below,
+                           clusters.get(node.cluster) or clusters.setdefault(node.cluster, label_value(node.cluster)),
+                           label_value(node.node_id))
+                 for state in self._states() for node in list(state.nodes.values())]
+        for family, block in ((SCORE_FAMILY, _score), (CONDITION_FAMILY, self._conditions),
+                              (HEALTH_FAMILY, self._health_block), (FAILURES_FAMILY, _failures),
+                              (ATTENTION_FAMILY, _attention)):
             yield family.encode()
             for start in range(0, len(nodes), CHUNK_NODES):
-                yield "".join([block(node, threshold) for node, threshold in nodes[start:start + CHUNK_NODES]]).encode()
+                yield "".join([block(node) for node in nodes[start:start + CHUNK_NODES]]).encode()
 
-    def _score(self, node: NodeScore, _: int) -> str:
-        if node.score is None:
-            return ""
-        return (f'healthplane_node_reliability_score{{cluster="{label_value(node.cluster)}",'
-                f'node_id="{label_value(node.node_id)}"}} {node.score}.0\n')
-
-    def _conditions(self, node: NodeScore, _: int) -> str:
+    def _conditions(self, labelled: _Labelled) -> str:
+        node, cluster = labelled.node, labelled.cluster
         if not node.assessed:  # every condition type gets a series once a node reports
             return ""
-        cluster, node_id = label_value(node.cluster), label_value(node.node_id)
         if not node.conditions:
             template = self._clear.get(cluster)
             if template is None:
                 template = self._clear[cluster] = "".join(
                     _condition_line(cluster, t, _NODE, 0) for t in wire.CONDITION_TYPES)
-            return template.replace(_NODE, node_id)
+            return template.replace(_NODE, labelled.node_id)
         active: dict[str, int] = {c.type: wire.SEVERITY_LEVEL[c.severity] for c in node.conditions}
-        return "".join(_condition_line(cluster, t, node_id, active.get(t, 0)) for t in wire.CONDITION_TYPES)
+        return "".join(_condition_line(cluster, t, labelled.node_id, active.get(t, 0)) for t in wire.CONDITION_TYPES)
 
-    def _health_block(self, node: NodeScore, degraded_at_or_below: int) -> str:
-        cluster = label_value(node.cluster)
-        current = node_health(node, degraded_at_or_below).lower()
-        template = self._health.get((cluster, current))
+    def _health_block(self, labelled: _Labelled) -> str:
+        current = node_health(labelled.node, labelled.degraded_at_or_below).lower()
+        template = self._health.get((labelled.cluster, current))
         if template is None:
-            template = self._health[(cluster, current)] = "".join(
-                _health_line(cluster, _NODE, state, current) for state in HEALTH_STATES)
-        return template.replace(_NODE, label_value(node.node_id))
+            template = self._health[(labelled.cluster, current)] = "".join(
+                _health_line(labelled.cluster, _NODE, state, current) for state in HEALTH_STATES)
+        return template.replace(_NODE, labelled.node_id)
 
-    def _failures(self, node: NodeScore, _: int) -> str:
-        return (f'healthplane_node_attributed_failures_total{{cluster="{label_value(node.cluster)}",'
-                f'node_id="{label_value(node.node_id)}"}} {node.tally.count}.0\n')
 
-    def _attention(self, node: NodeScore, _: int) -> str:
-        if node.attention is None:
-            return ""
-        return (f'healthplane_node_needs_attention{{cluster="{label_value(node.cluster)}",'
-                f'node_id="{label_value(node.node_id)}"}} 1.0\n')
+class _Labelled(NamedTuple):
+    node: NodeScore
+    degraded_at_or_below: int
+    cluster: str  # label values, escaped
+    node_id: str
+
+
+def _score(labelled: _Labelled) -> str:
+    if labelled.node.score is None:
+        return ""
+    return (f'healthplane_node_reliability_score{{cluster="{labelled.cluster}",'
+            f'node_id="{labelled.node_id}"}} {labelled.node.score}.0\n')
+
+
+def _failures(labelled: _Labelled) -> str:
+    return (f'healthplane_node_attributed_failures_total{{cluster="{labelled.cluster}",'
+            f'node_id="{labelled.node_id}"}} {labelled.node.tally.count}.0\n')
+
+
+def _attention(labelled: _Labelled) -> str:
+    if labelled.node.attention is None:
+        return ""
+    return (f'healthplane_node_needs_attention{{cluster="{labelled.cluster}",'
+            f'node_id="{labelled.node_id}"}} 1.0\n')

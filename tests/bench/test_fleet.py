@@ -107,10 +107,19 @@ class Sampler:
     latencies: list[float] = field(default_factory=list)
     seen: int = 0
     idle_rss: dict[str, int] = field(default_factory=dict)  # each process before the fleet
+    scored: set[str] = field(default_factory=set)  # nodes with a scored view: the startup wave
+    all_scored_s: float | None = None  # since the generator started
+    started: float = field(default_factory=time.monotonic)
 
-    async def start(self) -> None:
+    async def start(self, nodes: int = 0) -> None:
         async def on_view(msg: Any) -> None:
             self.seen += 1
+            if self.all_scored_s is None and nodes:
+                node_id = msg.subject.rpartition(".")[2]
+                if node_id not in self.scored and b'"score":null' not in msg.data:
+                    self.scored.add(node_id)
+                    if len(self.scored) == nodes:
+                        self.all_scored_s = time.monotonic() - self.started
             if self.seen % 10:
                 return
             try:
@@ -129,12 +138,7 @@ class Sampler:
         out: list[Window] = []
         while time.monotonic() - started < seconds:
             await asyncio.sleep(WINDOW_S)
-            lag = 0
-            for stream in STREAMS:
-                try:
-                    lag += sum(c.num_pending + c.num_ack_pending for c in await js.consumers_info(stream))
-                except Exception:  # a stream not there (the baseline has two)
-                    pass
+            lag = await _lag(js)
             now, at = _processes(), time.monotonic()
             cpu = {name: 100 * (ticks - before.get(name, (ticks, 0))[0]) / TICK / (at - then)
                    for name, (ticks, _) in now.items()}
@@ -143,6 +147,26 @@ class Sampler:
                               {name: _scrape_s(url) for name, url in self.metrics_urls.items()}))
             before, then = now, at
         return out
+
+
+async def _lag(js: Any) -> int:
+    """Every consumer's pending and unacknowledged records, summed."""
+    lag = 0
+    for stream in STREAMS:
+        try:
+            lag += sum(c.num_pending + c.num_ack_pending for c in await js.consumers_info(stream))
+        except Exception:  # a stream not there (the baseline has two)
+            pass
+    return lag
+
+
+async def _wave_settled(sampler: Sampler, nodes: int) -> float:
+    """Seconds from the generator's start until every node is scored and the lag is back
+    under one second of reports (the startup wave absorbed); polled every 2 s."""
+    js = sampler.nc.jetstream()
+    while sampler.all_scored_s is None or await _lag(js) > nodes / INTERVAL_S:
+        await asyncio.sleep(2)
+    return time.monotonic() - sampler.started
 
 
 def _metrics_urls(data: Path) -> dict[str, str]:
@@ -160,7 +184,13 @@ def _generator(url: str, nodes: int, log: Path) -> subprocess.Popen[bytes]:
                             stdout=subprocess.DEVNULL, stderr=log.open("ab"))
 
 
-async def _pipeline(tmp: Path, nodes: int) -> tuple[list[Window], dict[str, int]]:
+@dataclass
+class Wave:
+    scored_s: float | None  # every node has a scored view
+    settled_s: float | None  # and the lag is back under one second of reports
+
+
+async def _pipeline(tmp: Path, nodes: int) -> tuple[list[Window], dict[str, int], Wave]:
     data = tmp / f"up-{nodes}"
     config = tmp / "fleet.yaml"  # the bucket sized for the fleet (BRG-1: 64 MiB holds ~45,000 nodes)
     config.write_text("cluster: default\nsubstrate:\n  nodesBucketMaxBytes: 1073741824\n")
@@ -175,12 +205,17 @@ async def _pipeline(tmp: Path, nodes: int) -> tuple[list[Window], dict[str, int]
         url = json.loads((data / "stack.json").read_text())["natsUrl"]
         nc = await nats.connect(url)
         sampler = Sampler(nc, _metrics_urls(data))
-        await sampler.start()
+        await sampler.start(nodes)
         sampler.idle_rss = {name: rss for name, (_, rss) in _processes().items()}
         generator = _generator(url, nodes, tmp / f"load-{nodes}.log")
+        sampler.started = time.monotonic()
+        settling = asyncio.create_task(_wave_settled(sampler, nodes))
         try:
-            return await sampler.windows(WAVE_S + HOLD_S), sampler.idle_rss
+            windows = await sampler.windows(WAVE_S + HOLD_S)
+            settled = settling.result() if settling.done() else None
+            return windows, sampler.idle_rss, Wave(sampler.all_scored_s, settled)
         finally:
+            settling.cancel()
             terminate(generator, 10)
             await nc.close()
     finally:
@@ -224,7 +259,7 @@ def _held(windows: list[Window], nodes: int) -> bool:
 async def test_the_fleet_the_pipeline_sustains(tmp_path: Path) -> None:
     held = 0
     for nodes in FLEETS:
-        windows, idle_rss = await _pipeline(tmp_path, nodes)
+        windows, idle_rss, wave = await _pipeline(tmp_path, nodes)
         steady = [w for w in windows if w.at_s > WAVE_S] or windows[-1:]
         for w in windows:
             print(f"{nodes} t={w.at_s:.0f}s lag={w.lag} p50={w.p(0.5)} p99={w.p(0.99)} "
@@ -250,6 +285,13 @@ async def test_the_fleet_the_pipeline_sustains(tmp_path: Path) -> None:
         harness.record(f"fleet.{nodes}.metrics_scrape_p99", scrapes[int(len(scrapes) * 0.99)] if scrapes else -1, "s",
                        target="value <= 1")
         harness.record(f"fleet.{nodes}.metrics_scrapes_failed", failed, "scrapes", target="value <= 0")
+        harness.record(f"fleet.{nodes}.startup_wave_scored_s", wave.scored_s or -1, "s",
+                       target=f"value <= {WAVE_S:g}")
+        harness.record(f"fleet.{nodes}.startup_wave_settled_s", wave.settled_s or -1, "s",
+                       target=f"value <= {WAVE_S:g}")
+        for name in sorted(idle_rss):  # the high-water mark, startup wave included: bounded memory
+            peak = max(w.rss.get(name, 0) for w in windows)
+            harness.record(f"fleet.{nodes}.rss_peak_bytes_per_node.{name}", (peak - idle_rss[name]) / nodes, "B")
         if holds:  # a backlog's high-water mark is not what a node costs
             for name, size in sorted(steady[-1].rss.items()):
                 if name in idle_rss:

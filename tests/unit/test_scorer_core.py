@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from datetime import UTC, datetime, timedelta
 
 import msgspec
@@ -195,11 +196,11 @@ def test_rem1_needs_attention_shows_in_the_view_node_show_and_a_series_until_ser
     assert "healthplane_node_needs_attention{" not in series()
 
 
-def _report(seq: int, at: datetime, *conditions: wire.Condition) -> Inbound:
-    record = wire.Assessment(node_id="n", cluster="c", assessed_at=at, report_sent_at=at, last_report_at=at,
+def _report(seq: int, at: datetime, *conditions: wire.Condition, node: str = "n") -> Inbound:
+    record = wire.Assessment(node_id=node, cluster="c", assessed_at=at, report_sent_at=at, last_report_at=at,
                              interval_seconds=30, health="DEGRADED" if conditions else "HEALTHY",
                              conditions=list(conditions))
-    return Inbound("HP_ASSESSMENTS", seq, subjects.assessment("c", "n"), wire.encode(record), {}, at, True)
+    return Inbound("HP_ASSESSMENTS", seq, subjects.assessment("c", node), wire.encode(record), {}, at, True)
 
 
 def test_issue25_a_quiet_nodes_view_is_rewritten_every_third_report_a_watched_nodes_at_each() -> None:
@@ -208,7 +209,9 @@ def test_issue25_a_quiet_nodes_view_is_rewritten_every_third_report_a_watched_no
     for seq in range(1, 31):  # 15 minutes of a quiet node at a 30 s interval
         state, emits = core.step(state, _report(seq, T0 + timedelta(seconds=30 * seq)))
         written += [seq for e in emits if e.subject.startswith("hp.node.")]
-    assert written == [1, 4, 7, 10, 13, 16, 19, 22, 25, 28]
+    gaps = [b - a for a, b in itertools.pairwise(written)]
+    assert written[0] == 1 and 1 <= gaps[0] <= 3, written  # the first report; its refresh at the node's phase
+    assert set(gaps[1:]) == {3}, written  # then every third
     ecc = cond("gpu_ecc_errors", "GpuEccCorrectable")
     for seq in range(31, 36):  # a condition: policy re-checks on every report (POL-3's second reading)
         state, emits = core.step(state, _report(seq, T0 + timedelta(seconds=30 * seq), ecc))
@@ -234,3 +237,19 @@ def test_issue25_the_view_written_is_current_and_never_stale_between_reports(
             folded, last_reported_at=None)
         next_report = times[seq] if seq < len(times) else at + timedelta(seconds=40)
         assert reads.stale_for(latest, next_report - timedelta(microseconds=1)) is None
+
+
+def test_issue25_a_fleet_that_came_up_at_once_refreshes_its_views_evenly() -> None:
+    # 3,000 nodes whose first reports fell in the same interval (a startup wave): their quiet
+    # refreshes spread over the next reports instead of all landing in every third interval.
+    core, state = ScorerCore(), ScorerCore().initial_state()
+    per_round = []
+    for round_ in range(1, 8):
+        views = 0
+        for index in range(3000):
+            state, emits = core.step(state, _report(round_ * 3000 + index, T0 + timedelta(seconds=30 * round_),
+                                                    node=f"node-{index:04d}"))
+            views += sum(e.subject.startswith("hp.node.") for e in emits)
+        per_round.append(views)
+    assert per_round[0] == 3000  # every node's first view
+    assert all(800 <= views <= 1200 for views in per_round[1:]), per_round
