@@ -21,6 +21,7 @@ from nats.js.errors import NoKeysError
 
 from healthplane import configstore, streams, subjects, wire
 from healthplane.runtime import consumers, metrics
+from healthplane.runtime.backoff import Backoff
 from healthplane.runtime.deadletters import SetAside
 from healthplane.runtime.lease import Lease
 from healthplane.runtime.lifecycle import Runner, ServiceContext, run_service, serve_replicated
@@ -37,7 +38,9 @@ CONSUMER = "substrate-bridge"
 STREAM = "HP_RESOURCES"
 BUCKET_STREAM = f"KV_{streams.NODES_BUCKET}"
 BUCKET_SUBJECT_PREFIX = f"$KV.{streams.NODES_BUCKET}."
-RETRY_DELAY_S = 2.0
+# A refused report comes back after 2 s, then 4, 8 … up to a minute (±20 %): a full bucket
+# at 100,000 nodes would otherwise redeliver tens of thousands of reports every 2 s.
+REDELIVERY = Backoff(2.0, 60.0, jitter=0.2)
 
 
 class Settings(EnvSettings):
@@ -126,7 +129,7 @@ class Bridge:
                 self._log.warning("registration not stored; reports left for redelivery", error=str(exc))
                 puts, waiting, not_registered = plan.without_newcomers()
                 for put in waiting:
-                    deliveries[put.at].nak(RETRY_DELAY_S)
+                    deliveries[put.at].nak(REDELIVERY.after(deliveries[put.at].delivered))
                 skipped += not_registered
         for skip in skipped:
             self._log.debug("registration skipped", key=skip.key, reason=skip.reason)
@@ -147,7 +150,7 @@ class Bridge:
 
     def _on_rejected(self, delivery: Delivery, report: wire.ResourceReport, exc: Exception) -> None:
         """BRG-2: not a dead letter: the report is redelivered until the bucket has room."""
-        delivery.nak(RETRY_DELAY_S)
+        delivery.nak(REDELIVERY.after(delivery.delivered))
         PUT_FAILURES.inc()
         if self._rejections.allow(time.monotonic()):
             self._log.error("substrate-nodes bucket rejected a resource report; it will be redelivered",

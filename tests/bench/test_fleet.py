@@ -169,6 +169,23 @@ async def _wave_settled(sampler: Sampler, nodes: int) -> float:
     return time.monotonic() - sampler.started
 
 
+def _snapshots(urls: dict[str, str]) -> dict[str, tuple[float, float]]:
+    """Each fold's last snapshot: (seconds, compressed bytes), from the head of its /metrics
+    (the registry's series come before the scorer's node series)."""
+    found: dict[str, tuple[float, float]] = {}
+    for name, url in urls.items():
+        try:
+            with urllib.request.urlopen(url, timeout=10) as response:
+                head = response.read(1 << 20).decode(errors="replace")
+        except OSError:
+            continue
+        took = re.search(r'^healthplane_snapshot_duration_seconds\{[^}]*\} (\S+)$', head, re.M)
+        size = re.search(r'^healthplane_snapshot_bytes\{[^}]*\} (\S+)$', head, re.M)
+        if took and size:
+            found[name] = (float(took.group(1)), float(size.group(1)))
+    return found
+
+
 def _metrics_urls(data: Path) -> dict[str, str]:
     urls: dict[str, str] = {}
     for log in (data / "logs").glob("*.log"):
@@ -213,6 +230,9 @@ async def _pipeline(tmp: Path, nodes: int) -> tuple[list[Window], dict[str, int]
         try:
             windows = await sampler.windows(WAVE_S + HOLD_S)
             settled = settling.result() if settling.done() else None
+            for name, (took_s, size) in sorted(_snapshots(sampler.metrics_urls).items()):
+                harness.record(f"fleet.{nodes}.snapshot_s.{name}", took_s, "s")
+                harness.record(f"fleet.{nodes}.snapshot_bytes_per_node.{name}", size / nodes, "B")
             return windows, sampler.idle_rss, Wave(sampler.all_scored_s, settled)
         finally:
             settling.cancel()

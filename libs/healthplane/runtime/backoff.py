@@ -34,3 +34,11 @@ class Backoff:
 
     def reset(self) -> None:
         self._nominal_s = None
+
+    def after(self, failures: int) -> float:
+        """The delay after the ``failures``-th failure in a row, for a retry whose count is
+        kept elsewhere (a JetStream delivery's count): leaves this backoff as it was."""
+        nominal = min(self.first_s * self.factor ** max(0, failures - 1), self.cap_s)
+        if not self.jitter:
+            return nominal
+        return nominal * (1 - self.jitter + 2 * self.jitter * self.draw())

@@ -74,6 +74,16 @@ DUPLICATES_SKIPPED = Counter(
     "Outputs not emitted again after a restart because the stream already had them (REL-1)",
     ["service"],
 )
+SNAPSHOT_SECONDS = Gauge(
+    "healthplane_snapshot_duration_seconds",
+    "Wall time of the last snapshot (encode, compress, store, heap settled): the fold waits for it",
+    ["service", "partition"],
+)
+SNAPSHOT_BYTES = Gauge(
+    "healthplane_snapshot_bytes",
+    "Compressed size of the last snapshot: it grows with the fleet",
+    ["service", "partition"],
+)
 FAST_PATH_ENABLED = Gauge(
     "healthplane_fast_path_enabled",
     "1 when this nats-py fast path passed its start-up self-test on the latest connection that "

@@ -654,6 +654,8 @@ class Processor(Generic[S]):
             settle_heap()
             self._last_snapshot_at = time.monotonic()
             self._snapshot_took_s = self._last_snapshot_at - started
+            metrics.SNAPSHOT_SECONDS.labels(self.service, self.label).set(self._snapshot_took_s)
+            metrics.SNAPSHOT_BYTES.labels(self.service, self.label).set(manifest.size)
 
     async def _scan_emitted(self, from_positions: dict[str, int]) -> EmittedBefore:
         emitted = EmittedBefore()
