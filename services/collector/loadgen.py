@@ -219,7 +219,7 @@ class LoadFleet:
         ``in_flight`` unanswered; one unanswered past the ack timeout is given up."""
         started = time.monotonic()
         done = 0  # reports handed out so far, over all rounds
-        backoff = Backoff(0.05, 2.0)
+        backoff = Backoff(0.05, 2.0, jitter=0.5)  # generators started together do not retry in step
         unanswered: deque[tuple[float, asyncio.Future[Any]]] = deque()
         per_s = self.count / self.interval_s
 
@@ -261,7 +261,7 @@ class LoadFleet:
             if self.failed > failed_before:
                 delay = backoff.next()
                 log.warning("publishes failing, backing off", failed=self.failed - failed_before, delay_s=delay)
-                await _pause(stopping, delay * random.uniform(0.5, 1.5))
+                await _pause(stopping, delay)
             else:
                 backoff.reset()
                 await _pause(stopping, TICK_S)
