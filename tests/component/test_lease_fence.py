@@ -21,6 +21,7 @@ from healthplane.runtime.lease import HEADER, Lease
 from healthplane.runtime.processor import Inbound
 from healthplane.runtime.replay import read_all, replay
 from healthplane_scorer.fold import ScorerCore, node_view
+from tests.support.pipeline import view_of
 from tests.support.secure import creds_for, env_for
 
 pytestmark = pytest.mark.nats
@@ -153,7 +154,7 @@ async def _differences_from_replay(nc, js: JetStreamContext) -> list[str]:  # ty
     latest = {wire.decode(wire.NodeView, m.data).node_id: wire.decode(wire.NodeView, m.data)
               for m in await read_all(nc, js, "HP_NODES", "hp.node.>", last_per_subject=True)}
     return sorted({*NODES} - {*latest}) + [node.node_id for node in state.nodes.values()
-                                           if latest.get(node.node_id) != node_view(state, node)]
+                                           if not view_of(latest.get(node.node_id), node_view(state, node))]
 
 
 async def _numbered(js: JetStreamContext):  # type: ignore[no-untyped-def]
