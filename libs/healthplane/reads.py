@@ -122,11 +122,11 @@ class Reported(Protocol):
     def report_interval_seconds(self) -> int | None: ...
 
 
-# The scorer rewrites a quiet node's unchanged view (no condition, score 100) only when its
-# newest report is this many of the node's intervals past the view's: every third report at a
-# steady interval. Each view costs a store and a fold in policy, the scheduler and the api, and
-# nothing in them changes (docs/benchmarks.md, "Fleet"). A node with a condition or a lower
-# score, and any change, is written at once.
+# The scorer rewrites a quiet node's unchanged view (no condition, score 100) every third
+# report, at a phase of the node's own, and at the latest when its newest report is this many
+# of the node's intervals past the view's. Each view costs a store and a fold in policy, the
+# scheduler and the api, and nothing in them changes (docs/benchmarks.md, "Fleet"). A node with
+# a condition or a lower score, and any change, is written at once.
 VIEW_REFRESH_INTERVALS = 2.5
 # A view older than this many of the node's intervals, on a node not OFFLINE, means nothing
 # has folded its reports: health-ingest's heartbeat rule (3 intervals) would otherwise have made
