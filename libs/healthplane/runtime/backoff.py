@@ -28,9 +28,7 @@ class Backoff:
     def next(self) -> float:
         nominal = self.current_s
         self._nominal_s = min(nominal * self.factor, self.cap_s)
-        if not self.jitter:
-            return nominal
-        return nominal * (1 - self.jitter + 2 * self.jitter * self.draw())
+        return self._jittered(nominal)
 
     def reset(self) -> None:
         self._nominal_s = None
@@ -38,7 +36,9 @@ class Backoff:
     def after(self, failures: int) -> float:
         """The delay after the ``failures``-th failure in a row, for a retry whose count is
         kept elsewhere (a JetStream delivery's count): leaves this backoff as it was."""
-        nominal = min(self.first_s * self.factor ** max(0, failures - 1), self.cap_s)
+        return self._jittered(min(self.first_s * self.factor ** max(0, failures - 1), self.cap_s))
+
+    def _jittered(self, nominal: float) -> float:
         if not self.jitter:
             return nominal
         return nominal * (1 - self.jitter + 2 * self.jitter * self.draw())
