@@ -19,12 +19,23 @@ from nats.js import JetStreamContext
 from healthplane import streams
 from healthplane.creds import Keystore
 from healthplane.natsserver import NatsServer
+from healthplane.runtime import heap
 from healthplane.runtime.connect import connect
 from tests.support.slurm import slurm  # noqa: F401  (fixture)
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "insecure: the test's nats-server runs without authentication")
+
+
+@pytest.fixture(autouse=True)
+def _shared_empty_stays_empty() -> Iterator[None]:
+    """heap.EMPTY is the empty field of every record in every fold's state that has nothing
+    there: a fold that changed it in place would have changed all of them at once."""
+    yield
+    leaked = dict(heap.EMPTY)
+    heap.EMPTY.clear()  # so that one such fold fails its own tests, not every later one
+    assert not leaked, f"a fold changed heap.EMPTY, every record's shared empty field, in place: {leaked!r}"
 
 
 @pytest.fixture

@@ -15,6 +15,7 @@ the report.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from importlib.metadata import entry_points
 from typing import Any, Final
@@ -23,6 +24,7 @@ import msgspec
 
 from healthplane import wire
 from healthplane.expressions import Bindings, compile_expression
+from healthplane.runtime import heap
 
 ENTRY_POINT_GROUP: Final = "healthplane.detectors"
 
@@ -58,12 +60,13 @@ class NodeFacts(msgspec.Struct, frozen=True, omit_defaults=True):
     cores: int = 0
     memory_bytes: int = 0
     gpus: int = 0
-    annotations: dict[str, str] = {}
+    annotations: dict[str, str] = msgspec.field(default_factory=heap.empty)  # none: shared, never changed
 
     @classmethod
     def of(cls, resources: wire.ResourceReport) -> NodeFacts:
-        return cls(resources.definition, resources.provisioned, resources.cores, resources.memory_bytes,
-                   sum(1 for d in resources.devices if d.kind == "gpu"), dict(resources.annotations))
+        definition = sys.intern(resources.definition) if resources.definition else resources.definition
+        return cls(definition, resources.provisioned, resources.cores, resources.memory_bytes,
+                   sum(1 for d in resources.devices if d.kind == "gpu"), dict(resources.annotations) or heap.EMPTY)
 
 
 def node_object(report: wire.HealthReport, facts: NodeFacts | None,
@@ -72,15 +75,16 @@ def node_object(report: wire.HealthReport, facts: NodeFacts | None,
     the conditions the built-in rules found on this report, and the report's signals. The
     Kubernetes-style ``metadata`` keys are there too so reference 003's expressions run as is."""
     facts = facts or NodeFacts()
+    labels = dict(facts.annotations)  # a copy: a plug-in that changed it must not change the state
     return {
         "id": report.node_id, "name": report.node_id, "cluster": report.cluster, "hostname": report.hostname,
         "definition": facts.definition, "provisioned": facts.provisioned,
-        "labels": facts.annotations, "annotations": facts.annotations,
+        "labels": labels, "annotations": labels,
         "allocatable": {"cpu": facts.cores, "memory": facts.memory_bytes, "gpu": facts.gpus},
         "conditions": {kind: {"reason": c.reason, "severity": c.severity, "message": c.message}
                        for kind, c in conditions.items()},
         "signals": msgspec.to_builtins(report.signals),
-        "metadata": {"name": report.node_id, "labels": facts.annotations, "annotations": facts.annotations},
+        "metadata": {"name": report.node_id, "labels": labels, "annotations": labels},
     }
 
 

@@ -32,6 +32,7 @@ from typing import Final
 import msgspec
 
 from healthplane import wire
+from healthplane.runtime import heap
 from healthplane.subjects import node_key
 from healthplane_health_ingest.detectors import Detection, DetectorSpec, NodeFacts
 
@@ -57,7 +58,10 @@ class Finding(msgspec.Struct, frozen=True):
     detail: str
 
 
-class Climb(msgspec.Struct, gc=False):  # ints only: never in a cycle, no GC header (10 a node)
+class Climb(msgspec.Struct, gc=False):
+    """A counter's reading as snapshots before packed counters held it (``NodeState.climbs``):
+    read once, into ``counters``, on the node's next report."""
+
     last: int
     active: bool = False
     quiet: int = 0
@@ -69,21 +73,28 @@ class Sticky(msgspec.Struct, frozen=True):
     identity: str = ""     # GPU UUID or disk serial when known: another one means replaced
 
 
-class NodeState(msgspec.Struct):
+class NodeState(msgspec.Struct, omit_defaults=True):
     cluster: str
     node_id: str
     last_report_at: datetime | None = None
     last_report_seq: int = 0
     interval_s: int = 30
     missed: bool = False
-    climbs: dict[str, Climb] = {}
-    sticky: dict[str, Sticky] = {}
-    conditions: dict[str, wire.Condition] = {}
+    # Every counter the climbing and sticky rules read, by key, packed (see _pack): ten a node,
+    # where an object each was half a kilobyte a node. A kernel-log count that has only ever
+    # read 0 has no entry (it starts at 0 anyway); a sysfs one has, its first reading being
+    # only a baseline.
+    counters: dict[str, int] = {}
+    # Most nodes have no sticky fault, condition or failing disk: those fields share one empty
+    # dict (heap.EMPTY), and are replaced, never changed in place.
+    sticky: dict[str, Sticky] = msgspec.field(default_factory=heap.empty)
+    conditions: dict[str, wire.Condition] = msgspec.field(default_factory=heap.empty)
     # Disks whose latest SMART verdict was failing (ING-2a): a state, not a sticky fault.
     # Disk name -> serial (a dict, not a set: its order survives a snapshot unchanged).
-    smart_failing: dict[str, str] = {}
+    smart_failing: dict[str, str] = msgspec.field(default_factory=heap.empty)
     definition: str | None = None
     report_sent_at: datetime | None = None
+    climbs: dict[str, Climb] | None = None  # only in snapshots from before ``counters``
 
 
 class IngestState(msgspec.Struct, dict=True):
@@ -103,38 +114,69 @@ class IngestState(msgspec.Struct, dict=True):
 # ---------------------------------------------------------------------------- findings
 
 
+# A counter packed in one int: its last reading, the quiet reports since it last rose (while
+# climbing), whether it is climbing. A quiet count saturates at a million reports (a year at a
+# 30 s interval): a larger quietReportsToClear clears there.
+QUIET_BITS: Final = 20
+QUIET_MAX: Final = (1 << QUIET_BITS) - 1
+
+
+def _pack(last: int, active: bool, quiet: int) -> int:
+    return (last << (QUIET_BITS + 1)) | (min(quiet, QUIET_MAX) << 1) | active
+
+
+def _unpack(packed: int) -> tuple[int, bool, int]:
+    return packed >> (QUIET_BITS + 1), bool(packed & 1), (packed >> 1) & QUIET_MAX
+
+
+def _keep(node: NodeState, key: str, packed: int, *, baseline_zero: bool) -> None:
+    if baseline_zero and packed == 0:
+        node.counters.pop(key, None)  # what a missing entry reads as
+    else:
+        # Interned: the same counters (a memory controller, a disk, a GPU) on every node.
+        node.counters[sys.intern(key)] = packed
+
+
 def _climb(node: NodeState, key: str, value: int, quiet_to_clear: int, *, baseline_zero: bool) -> bool:
     """Fold one counter reading; True while the counter counts as climbing."""
-    climb = node.climbs.get(key)
-    if climb is None:
+    packed = node.counters.get(key)
+    if packed is None:
         # kmsg counts start at zero when the agent starts; sysfs counters count since boot
         # or driver load, so their first reading is only a baseline.
-        # Interned: the same counters (a memory controller, a disk, a GPU) on every node.
-        node.climbs[sys.intern(key)] = climb = Climb(last=0 if baseline_zero else value)
-    if value > climb.last:
-        climb.active, climb.quiet = True, 0
-    elif climb.active:
-        climb.quiet += 1
-        if climb.quiet >= quiet_to_clear:
-            climb.active = False
-    climb.last = value  # also after a reset: the new, lower value is the baseline
-    return climb.active
+        last, active, quiet = (0 if baseline_zero else value), False, 0
+    else:
+        last, active, quiet = _unpack(packed)
+    if value > last:
+        active, quiet = True, 0
+    elif active:
+        quiet += 1
+        if quiet >= min(quiet_to_clear, QUIET_MAX):
+            active, quiet = False, 0
+    # The new value is the baseline, also after a reset (a lower value).
+    _keep(node, key, _pack(value, active, quiet), baseline_zero=baseline_zero)
+    return active
 
 
 def _rose(node: NodeState, key: str, value: int, *, baseline_zero: bool) -> bool:
     """True when ``value`` is above the last reading (a sticky trigger); keeps the baseline."""
-    previous = node.climbs.get(key)
-    if previous is None:
-        node.climbs[sys.intern(key)] = Climb(last=value)
+    packed = node.counters.get(key)
+    if packed is None:
+        _keep(node, key, _pack(value, False, 0), baseline_zero=baseline_zero)
         return baseline_zero and value > 0
-    rose = value > previous.last
-    previous.last = value
-    return rose
+    last, active, quiet = _unpack(packed)
+    _keep(node, key, _pack(value, active, quiet), baseline_zero=baseline_zero)
+    return value > last
+
+
+def _migrate_climbs(node: NodeState, climbs: Mapping[str, Climb]) -> None:
+    """A node from a snapshot taken before counters were packed."""
+    node.counters = {sys.intern(k): _pack(c.last, c.active, c.quiet if c.active else 0) for k, c in climbs.items()}
+    node.climbs = None
 
 
 def _sticky(node: NodeState, key: str, finding: Finding, device: str = "", identity: str = "") -> None:
     if key not in node.sticky:
-        node.sticky[key] = Sticky(finding, device, identity)
+        node.sticky = {**node.sticky, key: Sticky(finding, device, identity)}
 
 
 def findings(node: NodeState, report: wire.HealthReport, config: IngestConfig) -> list[Finding]:
@@ -272,27 +314,33 @@ def _fold_smart_verdicts(node: NodeState, smart: wire.SmartSignal) -> None:
 
     Snapshots from before SMART was a state held it as a sticky fault: it becomes the disk's
     last verdict here, so the next passing report clears it like any other."""
-    for key in [k for k in node.sticky if k.startswith("smart.")]:
-        node.smart_failing[key.removeprefix("smart.")] = node.sticky.pop(key).identity
+    failing = node.smart_failing
+    if any(k.startswith("smart.") for k in node.sticky):
+        failing = {**failing, **{k.removeprefix("smart."): s.identity for k, s in node.sticky.items()
+                                 if k.startswith("smart.")}}
+        node.sticky = {k: s for k, s in node.sticky.items() if not k.startswith("smart.")} or heap.EMPTY
     for disk in smart.devices:
         if disk.passed is None and disk.critical_warning is None:
             continue
         if disk.passed is False or bool(disk.critical_warning):
-            node.smart_failing[disk.name] = disk.serial or ""
-        else:
-            node.smart_failing.pop(disk.name, None)
-    if smart.status == "ok":  # a disk no longer listed has no verdict to keep
+            if failing.get(disk.name) != (disk.serial or ""):
+                failing = {**failing, disk.name: disk.serial or ""}
+        elif disk.name in failing:
+            failing = {n: serial for n, serial in failing.items() if n != disk.name}
+    if smart.status == "ok" and failing:  # a disk no longer listed has no verdict to keep
         present = {disk.name for disk in smart.devices}
-        for name in [n for n in node.smart_failing if n not in present]:
-            del node.smart_failing[name]
+        failing = {n: serial for n, serial in failing.items() if n in present}
+    node.smart_failing = failing or heap.EMPTY
 
 
 def _forget_replaced(node: NodeState, identities: Mapping[str, str]) -> None:
     """ING-3: a device with another UUID or serial than the one that faulted was replaced."""
-    for key, sticky in list(node.sticky.items()):
+    def replaced(sticky: Sticky) -> bool:
         current = identities.get(sticky.device)
-        if sticky.device and sticky.identity and current and current != sticky.identity:
-            del node.sticky[key]
+        return bool(sticky.device and sticky.identity and current and current != sticky.identity)
+
+    if any(replaced(s) for s in node.sticky.values()):
+        node.sticky = {k: s for k, s in node.sticky.items() if not replaced(s)} or heap.EMPTY
 
 
 def _read_only_counts(mount: wire.ReadOnlyMount, ignore: Iterable[str]) -> bool:
@@ -406,13 +454,15 @@ def assess(state: IngestState, report: wire.HealthReport, now: datetime, seq: in
     if node.missed:
         node.missed = False
         changes.append(Change("HEARTBEAT_RESUMED", f"Node {report.node_id} reporting again"))
+    if node.climbs is not None:
+        _migrate_climbs(node, node.climbs)
     found = findings(node, report, state.config)
     previous = {k: v for k, v in before.items() if k != "heartbeat_missed"}
     if detect is not None:
         found += [Finding(d.condition, d.reason, d.severity, d.message)
                   for d in detect(report, conditions_from(found, previous, now))]
     after = conditions_from(found, previous, now)
-    node.conditions = after
+    node.conditions = after or heap.EMPTY
     node.last_report_at, node.last_report_seq = now, seq
     node.interval_s = report.interval_seconds
     node.report_sent_at = report.sent_at
@@ -426,10 +476,10 @@ def serviced(state: IngestState, cluster: str, node_id: str, now: datetime) -> t
     if node is None or not node.sticky:
         return node, []
     sticky_types = {s.finding.type for s in node.sticky.values()}
-    node.sticky = {}
+    node.sticky = heap.EMPTY
     before = dict(node.conditions)
     # What is not sticky stays as the last report showed it; the next report re-evaluates.
-    node.conditions = {t: c for t, c in node.conditions.items() if t not in sticky_types}
+    node.conditions = {t: c for t, c in node.conditions.items() if t not in sticky_types} or heap.EMPTY
     return node, [Change(kind, _condition_message(kind, change), change)
                   for kind, change in condition_events(before, node.conditions)]
 
@@ -453,8 +503,8 @@ def validated(state: IngestState, event: wire.NodeEvent) -> tuple[NodeState | No
         found = conditions_from([finding], before, event.occurred_at)
         node.conditions = {**before, "validation_failed": found["validation_failed"]}
     elif event.type == "VALIDATION_PASSED" and VALIDATION_KEY in node.sticky:
-        node.sticky = {k: v for k, v in node.sticky.items() if k != VALIDATION_KEY}
-        node.conditions = {k: v for k, v in node.conditions.items() if k != "validation_failed"}
+        node.sticky = {k: v for k, v in node.sticky.items() if k != VALIDATION_KEY} or heap.EMPTY
+        node.conditions = {k: v for k, v in node.conditions.items() if k != "validation_failed"} or heap.EMPTY
     else:
         return node, []
     return node, [Change(kind, _condition_message(kind, change), change)

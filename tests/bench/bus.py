@@ -17,7 +17,8 @@ from nats.js.api import AckPolicy, ConsumerConfig
 
 from healthplane import subjects, wire
 from healthplane.natsserver import NatsServer
-from healthplane.runtime.processor import Inbound, Processor, settle_heap
+from healthplane.runtime import heap
+from healthplane.runtime.processor import Inbound, Processor
 from healthplane.runtime.publish import Outbound, Publisher
 from healthplane.runtime.pull import Delivery, PullLoop
 from healthplane_collector.agent import Collector, Settings
@@ -119,7 +120,7 @@ def core_cpu_per_record(core: Any, state: Any, inbounds: list[Inbound]) -> float
     """CPU microseconds per record of ``core.step`` alone over ``inbounds``: decoding, the
     rules and building the output records, with no bus, no framework and no I/O around it
     (the heap settled as a service settles it)."""
-    settle_heap()
+    heap.settle()
     try:
         started = time.process_time()
         for inbound in inbounds:

@@ -437,3 +437,116 @@ async def test_val1_a_failed_run_of_the_node_alone_raises_validation_failed_unti
     validated(s.state, _validation_event("VALIDATION_FAILED"))
     _, changes = serviced(s.state, "c", "n1", s.now)
     assert [c.type for c in changes] == ["CONDITION_CLEARED"] and "validation_failed" not in s.conditions
+
+
+# ---------------------------------------------------------------------------- packed counters (issue 25)
+
+
+class _Reading:
+    """ING-2's counter rule as it was written before counters were packed: the reference."""
+
+    def __init__(self, value: int, baseline_zero: bool) -> None:
+        self.last, self.active, self.quiet = (0 if baseline_zero else value), False, 0
+
+    def climb(self, value: int, quiet_to_clear: int) -> bool:
+        if value > self.last:
+            self.active, self.quiet = True, 0
+        elif self.active:
+            self.quiet += 1
+            if self.quiet >= quiet_to_clear:
+                self.active = False
+        self.last = value
+        return self.active
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(min_value=0, max_value=2**40), min_size=1, max_size=30),
+       st.integers(min_value=1, max_value=6), st.booleans())
+@example([0, 5, 5, 5, 3, 3, 9], 2, False)
+@example([2**40, 2**40 + 1, 0, 0], 1, True)
+def test_ing2_packed_counters_climb_and_clear_as_the_readings_say(values: list[int], quiet_to_clear: int,
+                                                                  baseline_zero: bool) -> None:
+    # ING-2: a counter climbs while it rises, clears after quietReportsToClear quiet reports,
+    # and a drop is a new baseline, whatever the size of its values; packing changes nothing.
+    from healthplane_health_ingest.rules import NodeState, _climb
+
+    node = NodeState(cluster="c", node_id="n1")
+    reference = _Reading(values[0], baseline_zero)
+    for value in values:
+        assert _climb(node, "k", value, quiet_to_clear, baseline_zero=baseline_zero) == \
+            reference.climb(value, quiet_to_clear)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(min_value=0, max_value=2**40), min_size=1, max_size=30), st.booleans())
+def test_ing2_a_sticky_trigger_fires_exactly_when_its_count_rises(values: list[int], baseline_zero: bool) -> None:
+    from healthplane_health_ingest.rules import NodeState, _rose
+
+    node = NodeState(cluster="c", node_id="n1")
+    last = 0 if baseline_zero else values[0]
+    for value in values:
+        assert _rose(node, "k", value, baseline_zero=baseline_zero) == (value > last)
+        last = value
+
+
+async def test_ing2_a_snapshot_from_before_packed_counters_keeps_every_baseline() -> None:
+    # An upgrade restores a snapshot whose counters were objects: a climbing one clears after
+    # its quiet report, and a quiet one that rises past its old baseline raises (no new baseline).
+    report = await sim_report(SimNode("n1"))
+    edac = report.signals.edac
+
+    def with_ce(node_id: str, ce: int) -> wire.HealthReport:
+        controller = msgspec.structs.replace(edac.controllers[0], ce=ce)
+        signals = msgspec.structs.replace(report.signals, edac=msgspec.structs.replace(edac, controllers=[controller]))
+        return msgspec.structs.replace(report, node_id=node_id, signals=signals)
+
+    key = f"edac.ce.{edac.controllers[0].name}"
+    condition = {"type": "memory_errors", "reason": "CorrectableMemoryErrors", "severity": "warning",
+                 "message": "rising", "firstSeen": "2026-11-30T09:00:00Z", "observations": 1}
+    old = {"nodes": {
+        "c\x00climbing": {"cluster": "c", "node_id": "climbing", "last_report_at": "2026-11-30T09:00:00Z",
+                          "climbs": {key: {"last": 7, "active": True, "quiet": 0}},
+                          "sticky": {}, "conditions": {"memory_errors": condition}, "smart_failing": {}},
+        "c\x00quiet": {"cluster": "c", "node_id": "quiet", "last_report_at": "2026-11-30T09:00:00Z",
+                       "climbs": {key: {"last": 7, "active": False, "quiet": 3}},
+                       "sticky": {}, "conditions": {}, "smart_failing": {}}}}
+    state = msgspec.json.decode(msgspec.json.encode(old), type=IngestState)
+    _, cleared = assess(state, with_ce("climbing", 7), T0 + timedelta(seconds=30), 1)
+    _, raised = assess(state, with_ce("quiet", 9), T0 + timedelta(seconds=30), 2)
+    assert [(c.type, c.condition and c.condition.type) for c in cleared] == [("CONDITION_CLEARED", "memory_errors")]
+    assert [(c.type, c.condition and c.condition.type) for c in raised] == [("CONDITION_RAISED", "memory_errors")]
+    assert b"climbs" not in msgspec.json.encode(state)  # the next snapshot is in the new form
+
+
+async def test_issue25_a_healthy_node_costs_health_ingest_under_a_kilobyte() -> None:
+    # Issue 25 (<= 2 KB a node in every fold): what a healthy node's record, counters, facts
+    # and key hold in health-ingest's state, by tracemalloc (1.5 KB before counters were packed
+    # and empty fields shared; the process's RSS per node is in docs/benchmarks.md).
+    import tracemalloc
+
+    from healthplane import subjects
+    from healthplane.runtime.processor import Inbound
+
+    collector = Collector(Settings(node_id="n0", cluster="c"), SimNode("n0"), SimNode("n0").kmsg)
+    collector.refresh_inventory()
+    report = await collector.collect("scheduled", T0)
+    resources = collector.resource_report(True, T0)
+    nodes = 2_000
+    payloads = []
+    for i in range(nodes):
+        node_id = f"node-{i:06d}"
+        payloads.append(("HP_RESOURCES", wire.encode(msgspec.structs.replace(resources, node_id=node_id))))
+        for k in range(2):
+            payloads.append(("HP_REPORTS", wire.encode(msgspec.structs.replace(
+                report, node_id=node_id, sent_at=T0 + timedelta(seconds=30 * k)))))
+    core, state = IngestCore([]), IngestState()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for seq, (stream, data) in enumerate(payloads, 1):
+            state, _ = core.step(state, Inbound(stream, seq, subjects.report("c", "n"), data, {}, T0, False))
+        per_node = (tracemalloc.get_traced_memory()[0] - before) / nodes
+    finally:
+        tracemalloc.stop()
+    assert len(state.nodes) == nodes
+    assert per_node < 1024, f"{per_node:.0f} B a node"

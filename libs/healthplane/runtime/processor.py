@@ -52,7 +52,7 @@ from nats.js.errors import APIError
 
 from healthplane import configstore, streams, subjects, wire
 from healthplane.config import ConfigError
-from healthplane.runtime import consumers, deadletters, fencing, lease, metrics, snapshots
+from healthplane.runtime import consumers, deadletters, fencing, heap, lease, metrics, snapshots
 from healthplane.runtime.backoff import Backoff
 from healthplane.runtime.publish import Ack, Outbound, Publisher, PublishError, Run
 from healthplane.runtime.pull import Delivery, PullLoop
@@ -63,7 +63,6 @@ S = TypeVar("S")
 PRODUCER_HEADER = "Hp-Producer"
 CAUSATION_HEADER = "Hp-Causation"
 MSG_ID_HEADER = "Nats-Msg-Id"
-GEN0_THRESHOLD = 20_000
 
 
 class Reject(Exception):
@@ -268,26 +267,6 @@ def drops_records(config: StreamConfig) -> bool:
         config.max_msgs_per_subject, config.max_age, config.max_msgs, config.max_bytes))
 
 
-def settle_heap() -> None:
-    """Keep the cyclic garbage collector off the hot path of a service.
-
-    With CPython's defaults a gen-0 collection runs every 700 container allocations, and the
-    objects alive in a batch in flight (messages, records, futures) survive enough of them to
-    be promoted; promotions trigger full collections, each one walking the whole heap: every
-    node of the state. Measured on health-ingest folding 100,000 reports: 42 us of 223 us per
-    report went to the collector. Here what exists after start-up (the restored state, imported
-    modules), and again after each snapshot (the nodes folded since), moves to the permanent
-    generation, and gen 0 is collected every
-    ``GEN0_THRESHOLD`` allocations, so short-lived batch objects die by reference count before a
-    collection sees them. Reference counting still frees everything that is not in a cycle.
-    """
-    gc.collect()
-    gc.freeze()
-    gen0, gen1, gen2 = gc.get_threshold()
-    if gen0 < GEN0_THRESHOLD:
-        gc.set_threshold(GEN0_THRESHOLD, gen1, gen2)
-
-
 @dataclass(frozen=True, slots=True)
 class Handoff:
     """Where the previous layout of a partitioned service stood (HA-4): ``positions`` per
@@ -409,7 +388,10 @@ class Processor(Generic[S]):
                 recreate=lambda spec=spec: self._create_consumer(spec),  # type: ignore[misc]
             )
             self._loops.append(loop)
-        settle_heap()
+        heap.settle()
+        if heap.NOT_TRIMMED is not None and self._log is not None:
+            self._log.warning("freed memory is not returned to the system: RSS stays at its high-water mark",
+                              reason=heap.NOT_TRIMMED)
 
     async def _check_slotted(self) -> None:
         """A partition of an install without slots would fold nothing, silently: refuse."""
@@ -651,7 +633,7 @@ class Processor(Generic[S]):
             self._since_snapshot = 0
             # A fleet's nodes arrive after start: without this every full collection (one is
             # set off by any burst of allocations, a /metrics render's too) walks all of them.
-            settle_heap()
+            heap.settle()
             self._last_snapshot_at = time.monotonic()
             self._snapshot_took_s = self._last_snapshot_at - started
             metrics.SNAPSHOT_SECONDS.labels(self.service, self.label).set(self._snapshot_took_s)
