@@ -25,6 +25,7 @@ import msgspec
 
 from healthplane import automation, wire
 from healthplane.config import ClusterConfig, NodeHealth
+from healthplane.runtime import heap
 from healthplane.subjects import node_key
 from healthplane_policy import breaker, rulesets
 from healthplane_policy.breaker import BreakerSettings, BreakerState
@@ -132,24 +133,26 @@ class Session(msgspec.Struct):
 
 
 class Node(msgspec.Struct):
+    # Its dicts share heap.EMPTY while empty (most nodes, most of the time): a fold replaces
+    # them, never changes them in place.
     cluster: str
     node_id: str
     hostname: str | None = None
     definition: str | None = None
     provisioned: bool = False
     ready: bool = True
-    annotations: dict[str, str] = {}
-    allocatable: dict[str, int] = {}
+    annotations: dict[str, str] = msgspec.field(default_factory=heap.empty)
+    allocatable: dict[str, int] = msgspec.field(default_factory=heap.empty)
     score: int | None = None
     # Evaluation starts at a node's second scored report (POL-3): a score that replaced an
     # earlier one, or a second report the scorer viewed with a score.
     second_reading: bool = False
     scored_reports: int = 0
     last_report_at: datetime | None = None
-    conditions: dict[str, ConditionFact] = {}
-    holds: dict[str, wire.Hold] = {}
-    running: dict[str, str] = {}  # allocation id -> its state (placed/started)
-    pending: dict[str, str] = {}  # command id -> verb: cordon/drain sent, its hold not seen yet
+    conditions: dict[str, ConditionFact] = msgspec.field(default_factory=heap.empty)
+    holds: dict[str, wire.Hold] = msgspec.field(default_factory=heap.empty)
+    running: dict[str, str] = msgspec.field(default_factory=heap.empty)  # allocation id -> its state (placed/started)
+    pending: dict[str, str] = msgspec.field(default_factory=heap.empty)  # command id -> verb: cordon/drain sent, its hold not seen yet
     drained: bool = False  # automation drained it (sent or applied)
     suppressed_until: datetime | None = None
     replacing: str | None = None  # id of the replace command in flight
@@ -158,8 +161,8 @@ class Node(msgspec.Struct):
     last_rejection: str | None = None
     episode: str | None = None  # the conclusion last recorded (POL-2)
     issued: int = 0  # outputs so far: numbers this node's event and command ids
-    labels: dict[str, str] = {}  # applied by rule sets (not in dry run)
-    taints: dict[str, str] = {}  # "key=value" -> effect, applied by rule sets
+    labels: dict[str, str] = msgspec.field(default_factory=heap.empty)  # applied by rule sets (not in dry run)
+    taints: dict[str, str] = msgspec.field(default_factory=heap.empty)  # "key=value" -> effect, applied by rule sets
     session: Session | None = None
 
 
@@ -468,7 +471,7 @@ def _on_resources(d: _Decision, report: wire.ResourceReport) -> None:
     node.hostname, node.ready = report.hostname, report.ready
     node.definition = report.definition or node.definition
     node.provisioned = report.provisioned
-    node.annotations = dict(report.annotations)
+    node.annotations = dict(report.annotations) or heap.EMPTY
     node.allocatable = {"cpu": report.cores, "memory": report.memory_bytes,
                         "gpu": sum(1 for device in report.devices if device.kind == "gpu")}
     _index(state, node)
@@ -509,7 +512,9 @@ def _on_outcome(d: _Decision, outcome: wire.CommandOutcome) -> None:
     if node is None:
         return
     _unindex(d.state, node)
-    verb = node.pending.pop(outcome.command_id, None)
+    verb = node.pending.get(outcome.command_id)
+    if verb is not None:
+        node.pending = {k: v for k, v in node.pending.items() if k != outcome.command_id}
     if verb in ("drain", "remediate"):
         node.drained = False
     if node.replacing == outcome.command_id:

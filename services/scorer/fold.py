@@ -12,6 +12,7 @@ from typing import Final
 import msgspec
 
 from healthplane import configstore, reads, subjects, wire
+from healthplane.runtime import heap
 from healthplane.runtime.processor import Emit, Inbound, Input, Reject
 from healthplane_scorer.rules import PenaltyTable, Tally, score
 
@@ -40,7 +41,9 @@ class ScorerConfig(msgspec.Struct, frozen=True):
 class NodeScore(msgspec.Struct):
     cluster: str
     node_id: str
-    conditions: list[wire.Condition] = []
+    # Tuples and heap.EMPTY: a node without conditions, holds or allocations holds nothing
+    # for them (the empty tuple is one object); all are replaced, never changed in place.
+    conditions: tuple[wire.Condition, ...] = ()
     definition: str | None = None
     tally: Tally = msgspec.field(default_factory=Tally)
     score: int | None = None
@@ -48,11 +51,11 @@ class NodeScore(msgspec.Struct):
     # The node read model (SPEC.md "Node status"): folded here, published on hp.node.
     hostname: str | None = None
     ready: bool = True
-    holds: dict[str, wire.Hold] = {}
+    holds: dict[str, wire.Hold] = msgspec.field(default_factory=heap.empty)
     health: str = "UNKNOWN"
     last_report_at: datetime | None = None
     report_interval_s: int | None = None
-    allocations: list[str] = []  # placed or started here: the view's job count
+    allocations: tuple[str, ...] = ()  # placed or started here: the view's job count
     view_digest: int = 0  # of the last view written, less its lastReportedAt
     view_reported_at: datetime | None = None  # the lastReportedAt of the last view written
     reports: int = 0  # assessments of a newer report folded: the refresh's phase
@@ -97,7 +100,7 @@ class ScorerCore:
             if subjects.node_key(assessment.cluster, assessment.node_id) in state.gone:
                 return state, []
             node = self._node(state, assessment.cluster, assessment.node_id)
-            node.conditions, node.assessed = assessment.conditions, True
+            node.conditions, node.assessed = tuple(assessment.conditions), True
             node.definition = assessment.definition or node.definition
             reported_at = assessment.last_report_at or assessment.assessed_at
             node.reports += reported_at != node.last_report_at
@@ -124,7 +127,7 @@ class ScorerCore:
                 if event.type == "HOLD_CREATED" and event.hold is not None:
                     node.holds = {**node.holds, event.hold.id: event.hold}
                 elif event.type == "HOLD_RELEASED" and event.hold is not None:
-                    node.holds = {k: v for k, v in node.holds.items() if k != event.hold.id}
+                    node.holds = {k: v for k, v in node.holds.items() if k != event.hold.id} or heap.EMPTY
                 else:
                     node.hostname = event.hostname or node.hostname
                     node.definition = event.definition or node.definition
@@ -155,8 +158,8 @@ class ScorerCore:
             running = alloc.state in ("placed", "started")
             if running == (alloc.id in node.allocations):
                 return state, []
-            node.allocations = ([*node.allocations, alloc.id] if running
-                                else [a for a in node.allocations if a != alloc.id])
+            node.allocations = ((*node.allocations, alloc.id) if running
+                                else tuple(a for a in node.allocations if a != alloc.id))
             return state, self._view(state, node, inbound)
         if inbound.stream == "HP_CONFIG":
             envelope = wire.decode(wire.ConfigEnvelope, inbound.data)

@@ -17,6 +17,7 @@ from typing import Final
 import msgspec
 
 from healthplane import wire
+from healthplane.runtime import heap
 
 # Points deducted per active condition, by reason; ``Reason:critical`` when one reason comes
 # in two severities. The whole table is in docs/scoring.md.
@@ -69,7 +70,7 @@ class PenaltyTable(msgspec.Struct, frozen=True):
 class Tally(msgspec.Struct):
     count: int = 0
     last_failure_at: datetime | None = None
-    by_fault: dict[str, int] = {}
+    by_fault: dict[str, int] = msgspec.field(default_factory=heap.empty)  # replaced, never changed in place
 
 
 def tally_deduction(tally: Tally, now: datetime, penalty: int, half_life_hours: float) -> int:

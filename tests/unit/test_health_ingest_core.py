@@ -516,37 +516,3 @@ async def test_ing2_a_snapshot_from_before_packed_counters_keeps_every_baseline(
     assert [(c.type, c.condition and c.condition.type) for c in cleared] == [("CONDITION_CLEARED", "memory_errors")]
     assert [(c.type, c.condition and c.condition.type) for c in raised] == [("CONDITION_RAISED", "memory_errors")]
     assert b"climbs" not in msgspec.json.encode(state)  # the next snapshot is in the new form
-
-
-async def test_issue25_a_healthy_node_costs_health_ingest_under_a_kilobyte() -> None:
-    # Issue 25 (<= 2 KB a node in every fold): what a healthy node's record, counters, facts
-    # and key hold in health-ingest's state, by tracemalloc (1.5 KB before counters were packed
-    # and empty fields shared; the process's RSS per node is in docs/benchmarks.md).
-    import tracemalloc
-
-    from healthplane import subjects
-    from healthplane.runtime.processor import Inbound
-
-    collector = Collector(Settings(node_id="n0", cluster="c"), SimNode("n0"), SimNode("n0").kmsg)
-    collector.refresh_inventory()
-    report = await collector.collect("scheduled", T0)
-    resources = collector.resource_report(True, T0)
-    nodes = 2_000
-    payloads = []
-    for i in range(nodes):
-        node_id = f"node-{i:06d}"
-        payloads.append(("HP_RESOURCES", wire.encode(msgspec.structs.replace(resources, node_id=node_id))))
-        for k in range(2):
-            payloads.append(("HP_REPORTS", wire.encode(msgspec.structs.replace(
-                report, node_id=node_id, sent_at=T0 + timedelta(seconds=30 * k)))))
-    core, state = IngestCore([]), IngestState()
-    tracemalloc.start()
-    try:
-        before = tracemalloc.get_traced_memory()[0]
-        for seq, (stream, data) in enumerate(payloads, 1):
-            state, _ = core.step(state, Inbound(stream, seq, subjects.report("c", "n"), data, {}, T0, False))
-        per_node = (tracemalloc.get_traced_memory()[0] - before) / nodes
-    finally:
-        tracemalloc.stop()
-    assert len(state.nodes) == nodes
-    assert per_node < 1024, f"{per_node:.0f} B a node"

@@ -574,7 +574,16 @@ class Processor(Generic[S]):
         if found is None:
             return
         manifest, state_json = found
-        self.state = self._state_decoder.decode(state_json)
+        try:
+            self.state = self._state_decoder.decode(state_json)
+        except msgspec.DecodeError as exc:
+            # Another version's state (an upgrade whose state changed shape without a way to
+            # read the old one): starting from the streams beats a crash loop.
+            if self._log is not None:
+                self._log.warning("snapshot unusable, replaying from the start",
+                                  reason=f"its state does not decode as this version's: {exc}")
+            self._slot = manifest.slot
+            return
         self.positions = dict(manifest.positions)
         self._lease_revisions = dict(manifest.lease_revisions)
         self._snapshot_outputs = dict(manifest.outputs)
