@@ -121,29 +121,39 @@ QUIET_BITS: Final = 20
 QUIET_MAX: Final = (1 << QUIET_BITS) - 1
 
 
+_LAST_SHIFT: Final = QUIET_BITS + 1
+
+
 def _pack(last: int, active: bool, quiet: int) -> int:
-    return (last << (QUIET_BITS + 1)) | (min(quiet, QUIET_MAX) << 1) | active
+    return (last << _LAST_SHIFT) | (min(quiet, QUIET_MAX) << 1) | active
 
 
 def _unpack(packed: int) -> tuple[int, bool, int]:
-    return packed >> (QUIET_BITS + 1), bool(packed & 1), (packed >> 1) & QUIET_MAX
+    return packed >> _LAST_SHIFT, bool(packed & 1), (packed >> 1) & QUIET_MAX
 
 
 def _keep(node: NodeState, key: str, packed: int, *, baseline_zero: bool) -> None:
+    counters = node.counters
     if baseline_zero and packed == 0:
-        node.counters.pop(key, None)  # what a missing entry reads as
+        counters.pop(key, None)  # what a missing entry reads as
+    elif key in counters:
+        counters[key] = packed
     else:
         # Interned: the same counters (a memory controller, a disk, a GPU) on every node.
-        node.counters[sys.intern(key)] = packed
+        counters[sys.intern(key)] = packed
 
 
 def _climb(node: NodeState, key: str, value: int, quiet_to_clear: int, *, baseline_zero: bool) -> bool:
     """Fold one counter reading; True while the counter counts as climbing."""
     packed = node.counters.get(key)
     if packed is None:
+        if baseline_zero and value == 0:
+            return False  # the common reading: nothing counted, nothing to keep
         # kmsg counts start at zero when the agent starts; sysfs counters count since boot
         # or driver load, so their first reading is only a baseline.
         last, active, quiet = (0 if baseline_zero else value), False, 0
+    elif packed == value << _LAST_SHIFT:
+        return False  # the common reading: the same value, not climbing
     else:
         last, active, quiet = _unpack(packed)
     if value > last:
@@ -161,10 +171,12 @@ def _rose(node: NodeState, key: str, value: int, *, baseline_zero: bool) -> bool
     """True when ``value`` is above the last reading (a sticky trigger); keeps the baseline."""
     packed = node.counters.get(key)
     if packed is None:
-        _keep(node, key, _pack(value, False, 0), baseline_zero=baseline_zero)
+        if not (baseline_zero and value == 0):
+            _keep(node, key, _pack(value, False, 0), baseline_zero=baseline_zero)
         return baseline_zero and value > 0
     last, active, quiet = _unpack(packed)
-    _keep(node, key, _pack(value, active, quiet), baseline_zero=baseline_zero)
+    if value != last:
+        _keep(node, key, _pack(value, active, quiet), baseline_zero=baseline_zero)
     return value > last
 
 
