@@ -13,6 +13,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import pytest
@@ -287,4 +288,45 @@ async def test_rel1_a_snapshot_of_another_versions_state_is_replayed_over_not_a_
     assert await toy.run_until_folded(proc, suffix, len(inputs)) == toy.fold(inputs)
     assert [event for event, _ in warnings] == ["snapshot unusable, replaying from the start"]
     assert "does not decode" in str(warnings[0][1]["reason"])
+    await nc.close()
+
+
+class _StopAt(toy.ToyCore):
+    """The toy core, stopping its processor once it folds input ``at``."""
+
+    def __init__(self, suffix: str, at: int) -> None:
+        super().__init__(f"toy{suffix}.out")
+        self.at = at
+        self.processor: Any = None
+
+    def step(self, state: toy.ToyState, inbound: Inbound) -> tuple[toy.ToyState, Sequence[Emit]]:
+        if inbound.seq == self.at:
+            self.processor.stop()
+        return super().step(state, inbound)
+
+
+async def test_rel1_a_snapshot_taken_mid_refold_sends_the_next_restart_where_this_one_looked(
+        nats_server: NatsServer) -> None:
+    # REL-1: a restart refolds inputs whose outputs the streams hold already. A snapshot taken
+    # before that refold passed them all (a stop, or a periodic one and then a crash) must
+    # send the next restart looking for those outputs where this one did: past the streams'
+    # ends it finds none, and emits them all again.
+    suffix = "midrefold"
+    inputs = [msgspec.json.encode({"key": f"k{i % 4}"}) for i in range(600)]
+    nc = await connect(nats_server.url, name="test", give_up_after=5)
+    js = nc.jetstream()
+    await streams.ensure(js)
+    await toy.ensure_toy_streams(js, suffix, duplicate_window=0.1)
+    await _publish(js, inputs, suffix)
+    await _fold_then_crash(nats_server.url, suffix, len(inputs), snapshot_every=10**9)  # no snapshot
+    await asyncio.sleep(0.3)  # past the duplicate window
+
+    core = _StopAt(suffix, 100)
+    refold = core.processor = toy.processor(nc, js, suffix, snapshot_every=10**9, batch=16, core=core)
+    await refold.start()
+    await refold.run()  # stops at input 100 of 600, and snapshots there
+    assert refold.positions[f"TOY_IN{suffix}"] < len(inputs)
+
+    assert await _restart_to(nc, js, suffix, len(inputs), snapshot_every=10**9) == toy.fold(inputs)
+    _assert_exactly_once(await _outputs(js, suffix), inputs)
     await nc.close()

