@@ -19,6 +19,7 @@ import msgspec
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 
 from healthplane import streams
@@ -51,6 +52,18 @@ def _assert_exactly_once(outputs: list[dict[str, object]], inputs: list[bytes]) 
 def _inputs(count: int) -> list[bytes]:
     # Every 97th input is malformed: it is rejected and the ones behind it still count.
     return [b"{not json" if i % 97 == 0 else msgspec.json.encode({"key": f"k{i % 5}"}) for i in range(count)]
+
+
+async def _toy_bus(nats_server: NatsServer, suffix: str, inputs: list[bytes], **options: Any,
+                   ) -> tuple[NATS, JetStreamContext]:
+    """A client, the product's streams and the toy's (``options``: ensure_toy_streams'), and
+    ``inputs`` published to the toy's."""
+    nc = await connect(nats_server.url, name="test", give_up_after=5)
+    js = nc.jetstream()
+    await streams.ensure(js)
+    await toy.ensure_toy_streams(js, suffix, **options)
+    await _publish(js, inputs, suffix)
+    return nc, js
 
 
 async def _publish(js: JetStreamContext, inputs: list[bytes], suffix: str = "") -> None:
@@ -181,11 +194,7 @@ async def test_restart_does_not_put_replaced_outputs_back(nats_server: NatsServe
     1,000,000-report restart benchmark: every replaced assessment came back, stale, on top."""
     suffix = f"latest{snapshot_every}"
     inputs = [msgspec.json.encode({"key": f"k{i % 5}"}) for i in range(250)]
-    nc = await connect(nats_server.url, name="test", give_up_after=5)
-    js = nc.jetstream()
-    await streams.ensure(js)
-    await toy.ensure_toy_streams(js, suffix, duplicate_window=0.1, latest_per_key=True)
-    await _publish(js, inputs, suffix)
+    nc, js = await _toy_bus(nats_server, suffix, inputs, duplicate_window=0.1, latest_per_key=True)
 
     await _fold_then_crash(nats_server.url, suffix, len(inputs), snapshot_every=snapshot_every)
     stored = (await js.stream_info(f"TOY_OUT{suffix}")).state.last_seq
@@ -204,11 +213,7 @@ async def test_a_write_cut_short_by_a_crash_is_completed_on_restart(nats_server:
     assessment). The restart emits the rest of that input's outputs, and nothing twice."""
     suffix = "cut"
     inputs = [msgspec.json.encode({"key": f"k{i % 3}"}) for i in range(10)]
-    nc = await connect(nats_server.url, name="test", give_up_after=5)
-    js = nc.jetstream()
-    await streams.ensure(js)
-    await toy.ensure_toy_streams(js, suffix, duplicate_window=0.1)
-    await _publish(js, inputs, suffix)
+    nc, js = await _toy_bus(nats_server, suffix, inputs, duplicate_window=0.1)
 
     await _fold_then_crash(nats_server.url, suffix, len(inputs), snapshot_every=10**9, pairs=True,
                            written=2 * len(inputs))
@@ -267,11 +272,7 @@ async def test_rel1_a_snapshot_of_another_versions_state_is_replayed_over_not_a_
 
     suffix = "oldstate"
     inputs = [msgspec.json.encode({"key": f"k{i % 3}"}) for i in range(30)]
-    nc = await connect(nats_server.url, name="test", give_up_after=5)
-    js = nc.jetstream()
-    await streams.ensure(js)
-    await toy.ensure_toy_streams(js, suffix)
-    await _publish(js, inputs, suffix)
+    nc, js = await _toy_bus(nats_server, suffix, inputs)
     await snapshots.save(js, service=f"toy{suffix}", partition=0, taken_at=datetime.now(UTC),
                          positions={f"TOY_IN{suffix}": 20}, outputs={}, previous_slot=None,
                          state_json=msgspec.json.encode({"counts": [["k0", "seven"]]}))
@@ -313,11 +314,7 @@ async def test_rel1_a_snapshot_taken_mid_refold_sends_the_next_restart_where_thi
     # ends it finds none, and emits them all again.
     suffix = "midrefold"
     inputs = [msgspec.json.encode({"key": f"k{i % 4}"}) for i in range(600)]
-    nc = await connect(nats_server.url, name="test", give_up_after=5)
-    js = nc.jetstream()
-    await streams.ensure(js)
-    await toy.ensure_toy_streams(js, suffix, duplicate_window=0.1)
-    await _publish(js, inputs, suffix)
+    nc, js = await _toy_bus(nats_server, suffix, inputs, duplicate_window=0.1)
     await _fold_then_crash(nats_server.url, suffix, len(inputs), snapshot_every=10**9)  # no snapshot
     await asyncio.sleep(0.3)  # past the duplicate window
 
