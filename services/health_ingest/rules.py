@@ -119,8 +119,6 @@ class IngestState(msgspec.Struct, dict=True):
 # 30 s interval): a larger quietReportsToClear clears there.
 QUIET_BITS: Final = 20
 QUIET_MAX: Final = (1 << QUIET_BITS) - 1
-
-
 _LAST_SHIFT: Final = QUIET_BITS + 1
 
 
@@ -180,9 +178,10 @@ def _rose(node: NodeState, key: str, value: int, *, baseline_zero: bool) -> bool
     return value > last
 
 
-def _migrate_climbs(node: NodeState, climbs: Mapping[str, Climb]) -> None:
+def _migrate_climbs(node: NodeState) -> None:
     """A node from a snapshot taken before counters were packed."""
-    node.counters = {sys.intern(k): _pack(c.last, c.active, c.quiet if c.active else 0) for k, c in climbs.items()}
+    node.counters = {sys.intern(k): _pack(c.last, c.active, c.quiet if c.active else 0)
+                     for k, c in (node.climbs or {}).items()}
     node.climbs = None
 
 
@@ -337,8 +336,8 @@ def _fold_smart_verdicts(node: NodeState, smart: wire.SmartSignal) -> None:
         if disk.passed is False or bool(disk.critical_warning):
             if failing.get(disk.name) != (disk.serial or ""):
                 failing = {**failing, disk.name: disk.serial or ""}
-        elif disk.name in failing:
-            failing = {n: serial for n, serial in failing.items() if n != disk.name}
+        else:
+            failing = heap.without(failing, disk.name)
     if smart.status == "ok" and failing:  # a disk no longer listed has no verdict to keep
         present = {disk.name for disk in smart.devices}
         failing = {n: serial for n, serial in failing.items() if n in present}
@@ -467,7 +466,7 @@ def assess(state: IngestState, report: wire.HealthReport, now: datetime, seq: in
         node.missed = False
         changes.append(Change("HEARTBEAT_RESUMED", f"Node {report.node_id} reporting again"))
     if node.climbs is not None:
-        _migrate_climbs(node, node.climbs)
+        _migrate_climbs(node)
     found = findings(node, report, state.config)
     previous = {k: v for k, v in before.items() if k != "heartbeat_missed"}
     if detect is not None:
@@ -515,8 +514,8 @@ def validated(state: IngestState, event: wire.NodeEvent) -> tuple[NodeState | No
         found = conditions_from([finding], before, event.occurred_at)
         node.conditions = {**before, "validation_failed": found["validation_failed"]}
     elif event.type == "VALIDATION_PASSED" and VALIDATION_KEY in node.sticky:
-        node.sticky = {k: v for k, v in node.sticky.items() if k != VALIDATION_KEY} or heap.EMPTY
-        node.conditions = {k: v for k, v in node.conditions.items() if k != "validation_failed"} or heap.EMPTY
+        node.sticky = heap.without(node.sticky, VALIDATION_KEY)
+        node.conditions = heap.without(node.conditions, "validation_failed")
     else:
         return node, []
     return node, [Change(kind, _condition_message(kind, change), change)

@@ -513,8 +513,7 @@ def _on_outcome(d: _Decision, outcome: wire.CommandOutcome) -> None:
         return
     _unindex(d.state, node)
     verb = node.pending.get(outcome.command_id)
-    if verb is not None:
-        node.pending = {k: v for k, v in node.pending.items() if k != outcome.command_id}
+    node.pending = heap.without(node.pending, outcome.command_id)
     if verb in ("drain", "remediate"):
         node.drained = False
     if node.replacing == outcome.command_id:

@@ -127,7 +127,7 @@ class ScorerCore:
                 if event.type == "HOLD_CREATED" and event.hold is not None:
                     node.holds = {**node.holds, event.hold.id: event.hold}
                 elif event.type == "HOLD_RELEASED" and event.hold is not None:
-                    node.holds = {k: v for k, v in node.holds.items() if k != event.hold.id} or heap.EMPTY
+                    node.holds = heap.without(node.holds, event.hold.id)
                 else:
                     node.hostname = event.hostname or node.hostname
                     node.definition = event.definition or node.definition

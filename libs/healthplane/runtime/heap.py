@@ -29,7 +29,10 @@ from __future__ import annotations
 import ctypes
 import gc
 from collections.abc import Callable
-from typing import Any, Final
+from typing import Any, Final, TypeVar
+
+K = TypeVar("K")
+V = TypeVar("V")
 
 GEN0_THRESHOLD: Final = 20_000
 EMPTY: Final[dict[Any, Any]] = {}
@@ -38,6 +41,14 @@ EMPTY: Final[dict[Any, Any]] = {}
 def empty() -> dict[Any, Any]:
     """A msgspec ``default_factory``: the one shared :data:`EMPTY`."""
     return EMPTY
+
+
+def without(mapping: dict[K, V], key: K) -> dict[K, V]:
+    """``mapping`` less ``key``, as a new dict (such a field is replaced, never changed in
+    place): :data:`EMPTY` when nothing is left, ``mapping`` itself when ``key`` is not in it."""
+    if key not in mapping:
+        return mapping
+    return {k: v for k, v in mapping.items() if k != key} or EMPTY
 
 
 def _malloc_trim() -> tuple[Callable[[int], int] | None, str | None]:
