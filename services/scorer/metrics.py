@@ -8,20 +8,26 @@ a node has 15 samples (score, 10 conditions, 3 health states, failures), and 100
 starved. Most nodes have no condition, and their condition block differs from another
 cluster-mate's only by the node id: it is a per-cluster template with the id put in, as is
 each health block. The text is what prometheus_client would write (sorted labels, values as
-floats), family by family, a chunk of nodes at a time.
+floats), family by family; it is kept deflated between scrapes, a chunk of nodes at a time, and
+made again only for chunks whose nodes' series changed (:class:`NodeSeries`), so that scraping a
+fleet at rest costs little more than looking at it (runtime.gzipped, runtime.metrics).
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator
-from typing import Final
+from typing import Final, NamedTuple
 
 from healthplane import wire
+from healthplane.runtime import gzipped
 from healthplane.runtime.metrics import label_value
 from healthplane_scorer.fold import NodeScore, ScorerState, node_health
 
 HEALTH_STATES = ("healthy", "degraded", "unknown")
-CHUNK_NODES: Final = 2000
+# Small enough that one changed node costs 1/400 of the text at 100,000 nodes, large enough
+# that the pieces compress (27x) and number few (2,000 at 100,000 nodes).
+CHUNK_NODES: Final = 250
 _NODE: Final = "\x00"  # where a template takes the node id (never in an escaped label value)
 _NODE_BYTES: Final = _NODE.encode()
 
@@ -40,6 +46,8 @@ FAILURES_FAMILY: Final = _family("healthplane_node_attributed_failures_total", "
 ATTENTION_FAMILY: Final = _family("healthplane_node_needs_attention", "gauge",
                                   "1 while the node stopped at NODE_NEEDS_ATTENTION (REM-1), until service; "
                                   "absent otherwise")
+FAMILY_HEADERS: Final = tuple(gzipped.piece(family.encode()) for family in (
+    SCORE_FAMILY, CONDITION_FAMILY, HEALTH_FAMILY, FAILURES_FAMILY, ATTENTION_FAMILY))
 
 
 def _condition_line(cluster: str, condition: str, node: str, level: int) -> str:
@@ -51,51 +59,83 @@ def _health_line(cluster: str, node: str, state: str, current: str) -> str:
            f'{1 if state == current else 0}.0\n'
 
 
+class _Chunk(NamedTuple):
+    fingerprint: int  # hash of its nodes' samples
+    pieces: tuple[gzipped.Piece | None, ...]  # one per family, None where it has no sample
+
+
 class NodeSeries:
-    def __init__(self, states: Callable[[], list[ScorerState]]) -> None:
+    """The node series of the partitions this replica leads, as deflated pieces kept between
+    scrapes: nodes are taken CHUNK_NODES at a time, and a chunk is rendered and compressed again
+    only when what its series show changed (its fingerprint). A fleet at rest costs a scrape
+    the fingerprints (0.03 s at 100,000 nodes) instead of the text (0.5 s, the fold starved
+    meanwhile) and keeps 54 B a node of compressed text; a chunk with one changed node is
+    rendered whole. Fingerprints are 64-bit hashes: two different chunks that hash the same
+    (odds 2**-64 a change) would show the old series until the chunk changes again."""
+
+    def __init__(self, states: Callable[[], list[ScorerState]], chunk_nodes: int = CHUNK_NODES) -> None:
         # The states of the partitions this replica leads (one unpartitioned, none on a
         # standby: lifecycle.run_processor_service); each node is in exactly one.
         self._states = states
+        self._chunk_nodes = chunk_nodes
         self._clear: dict[str, bytes] = {}  # cluster label -> every condition at 0, node id to fill in
         self._health: dict[tuple[str, str], bytes] = {}  # (cluster label, current state) -> block
+        self._labels: dict[str, str] = {}  # cluster -> its label value
+        self._chunks: list[_Chunk] = []  # the last scrape's, in node order
+        self._scraping = threading.Lock()  # two scrapers at once take turns on the chunks
 
-    def render(self) -> Iterator[bytes]:
-        # One copy of each state's nodes: the event loop changes the dict while we read. Each
-        # node's labels are escaped once here, not once per family (0.8 million calls at 100,000),
-        # and each family is one comprehension over plain tuples: at 100,000 nodes every call
-        # per node and family is a tenth of a second.
-        clusters: dict[str, str] = {}
-        nodes = [(node, clusters.get(node.cluster) or clusters.setdefault(node.cluster, label_value(node.cluster)),
-                  label_value(node.node_id), node_health(node, state.config.degraded_at_or_below).lower())
-                 for state in self._states() for node in list(state.nodes.values())]
-        for family, block in ((SCORE_FAMILY, _scores), (CONDITION_FAMILY, self._conditions),
-                              (HEALTH_FAMILY, self._health_blocks), (FAILURES_FAMILY, _failures),
-                              (ATTENTION_FAMILY, _attention)):
-            yield family.encode()
-            for start in range(0, len(nodes), CHUNK_NODES):
-                yield b"".join(block(nodes[start:start + CHUNK_NODES]))
+    def render(self) -> Iterator[gzipped.Piece]:
+        with self._scraping:
+            # One copy of each state's nodes: the event loop changes the dict while we read.
+            # Each chunk is rendered from its samples, never from the nodes again, so the text
+            # kept under a fingerprint is the text of that fingerprint.
+            samples = [_sample(node, state.config.degraded_at_or_below)
+                       for state in self._states() for node in list(state.nodes.values())]
+            kept, chunks = self._chunks, []
+            size = self._chunk_nodes
+            for index, start in enumerate(range(0, len(samples), size)):
+                chunk = samples[start:start + size]
+                fingerprint = hash(tuple(chunk))
+                if index < len(kept) and kept[index].fingerprint == fingerprint:
+                    chunks.append(kept[index])
+                else:
+                    chunks.append(_Chunk(fingerprint, tuple(
+                        gzipped.piece(text) if (text := b"".join(block(self._labelled(chunk)))) else None
+                        for block in (_scores, self._conditions, self._health_blocks, _failures, _attention))))
+            self._chunks = chunks
+        for family, header in enumerate(FAMILY_HEADERS):
+            yield header
+            yield from (part for chunk in chunks if (part := chunk.pieces[family]) is not None)
+
+    def _labelled(self, samples: list[_Sample]) -> list[_Labelled]:
+        # Labels escaped once a node, not once per family (0.8 million calls at 100,000 nodes).
+        labels = self._labels
+        return [(sample, labels.get(sample[0]) or labels.setdefault(sample[0], label_value(sample[0])),
+                 label_value(sample[1])) for sample in samples]
 
     # The two families most of the text is in (13 of a node's 15 samples) are bytes templates
     # with the node id put in: no text to encode afterwards.
 
     def _conditions(self, nodes: list[_Labelled]) -> Iterator[bytes]:
-        for node, cluster, node_id, _ in nodes:
-            if not node.assessed:  # every condition type gets a series once a node reports
+        for sample, cluster, node_id in nodes:
+            levels = sample[6]
+            if levels is None:  # every condition type gets a series once a node reports
                 continue
-            if not node.conditions:
+            if not levels:
                 template = self._clear.get(cluster)
                 if template is None:
                     template = self._clear[cluster] = "".join(
                         _condition_line(cluster, t, _NODE, 0) for t in wire.CONDITION_TYPES).encode()
                 yield template.replace(_NODE_BYTES, node_id.encode())
                 continue
-            active: dict[str, int] = {c.type: wire.SEVERITY_LEVEL[c.severity] for c in node.conditions}
+            active = dict(levels)
             yield "".join(_condition_line(cluster, t, node_id, active.get(t, 0))
                           for t in wire.CONDITION_TYPES).encode()
 
     def _health_blocks(self, nodes: list[_Labelled]) -> Iterator[bytes]:
         templates = self._health
-        for _, cluster, node_id, current in nodes:
+        for sample, cluster, node_id in nodes:
+            current = sample[3]
             template = templates.get((cluster, current))
             if template is None:
                 template = templates[(cluster, current)] = "".join(
@@ -103,20 +143,33 @@ class NodeSeries:
             yield template.replace(_NODE_BYTES, node_id.encode())
 
 
-# (the node, its cluster and node id as label values, its health state's label)
-_Labelled = tuple[NodeScore, str, str, str]
+# What a node's series show: cluster, node id, score, health state's label, attributed
+# failures, needing attention, and (condition type, level) of its active conditions (empty
+# when none, None before its first assessment).
+_Sample = tuple[str, str, int | None, str, int, bool, tuple[tuple[str, int], ...] | None]
+
+
+def _sample(node: NodeScore, degraded_at_or_below: int) -> _Sample:
+    levels = None if not node.assessed else tuple(
+        (c.type, wire.SEVERITY_LEVEL[c.severity]) for c in node.conditions) if node.conditions else ()
+    return (node.cluster, node.node_id, node.score, node_health(node, degraded_at_or_below).lower(),
+            node.tally.count, node.attention is not None, levels)
+
+
+# (what the node's series show, its cluster and node id as label values)
+_Labelled = tuple[_Sample, str, str]
 
 
 def _scores(nodes: list[_Labelled]) -> list[bytes]:
-    return ["".join([f'healthplane_node_reliability_score{{cluster="{cluster}",node_id="{node_id}"}} {node.score}.0\n'
-                     for node, cluster, node_id, _ in nodes if node.score is not None]).encode()]
+    return ["".join([f'healthplane_node_reliability_score{{cluster="{cluster}",node_id="{node_id}"}} {sample[2]}.0\n'
+                     for sample, cluster, node_id in nodes if sample[2] is not None]).encode()]
 
 
 def _failures(nodes: list[_Labelled]) -> list[bytes]:
     return ["".join([f'healthplane_node_attributed_failures_total{{cluster="{cluster}",node_id="{node_id}"}} '
-                     f'{node.tally.count}.0\n' for node, cluster, node_id, _ in nodes]).encode()]
+                     f'{sample[4]}.0\n' for sample, cluster, node_id in nodes]).encode()]
 
 
 def _attention(nodes: list[_Labelled]) -> list[bytes]:
     return ["".join([f'healthplane_node_needs_attention{{cluster="{cluster}",node_id="{node_id}"}} 1.0\n'
-                     for node, cluster, node_id, _ in nodes if node.attention is not None]).encode()]
+                     for sample, cluster, node_id in nodes if sample[5]]).encode()]

@@ -1,12 +1,18 @@
 """SCO-6: the scorer's node series, rendered from templates (services/scorer/metrics.py), say
 exactly what prometheus_client would have said for the same state: the same families, types,
 samples and values, read back by prometheus_client's own parser. The reference rendering here
-is the one the scorer used before (families built sample by sample)."""
+is the one the scorer used before (families built sample by sample). Issue 25: the series are
+kept deflated between scrapes and made again only where nodes changed; whatever changes, a
+scrape says what the state says then, over HTTP gzip-encoded or not."""
 
 from __future__ import annotations
 
+import gzip
+import urllib.request
 from datetime import UTC, datetime
 
+import httpx
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, generate_latest
@@ -14,6 +20,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.parser import text_string_to_metric_families
 
 from healthplane import wire
+from healthplane.runtime import gzipped, metrics
 from healthplane_scorer.fold import NodeScore, ScorerConfig, ScorerState, node_health
 from healthplane_scorer.metrics import HEALTH_STATES, NodeSeries
 from healthplane_scorer.rules import Tally
@@ -55,6 +62,10 @@ class Reference:
         yield from (score, condition, health, failures, attention)
 
 
+def text(series: NodeSeries) -> str:
+    return b"".join(map(gzipped.inflate, series.render())).decode()
+
+
 def samples(text: str) -> dict[str, tuple[str, set[tuple[str, tuple[tuple[str, str], ...], float]]]]:
     return {family.name: (family.type, {(s.name, tuple(sorted(s.labels.items())), s.value) for s in family.samples})
             for family in text_string_to_metric_families(text)}
@@ -82,17 +93,98 @@ def test_rendered_node_series_equal_prometheus_clients(fleet: list[NodeScore], t
     registry = CollectorRegistry()
     registry.register(Reference(state))  # type: ignore[arg-type]
     expected = generate_latest(registry).decode()
-    rendered = b"".join(NodeSeries(lambda: [state]).render()).decode()
-    assert samples(rendered) == samples(expected)
+    assert samples(text(NodeSeries(lambda: [state]))) == samples(expected)
 
 
 def test_a_standby_renders_empty_families_and_every_state_it_leads() -> None:
     # SCO-6 with partitions: a replica exports the nodes of every partition it leads, none on standby.
     first = ScorerState(nodes={"c.a": NodeScore(cluster="c", node_id="a", score=90, assessed=True)})
     second = ScorerState(nodes={"c.b": NodeScore(cluster="c", node_id="b", score=40, assessed=True)})
-    text = b"".join(NodeSeries(lambda: [first, second]).render()).decode()
-    assert 'healthplane_node_reliability_score{cluster="c",node_id="a"} 90.0' in text
-    assert 'healthplane_node_reliability_score{cluster="c",node_id="b"} 40.0' in text
-    assert 'healthplane_node_condition{cluster="c",condition="gpu_xid_errors",node_id="b"} 0.0' in text
-    standby = b"".join(NodeSeries(lambda: []).render()).decode()
+    both = text(NodeSeries(lambda: [first, second]))
+    assert 'healthplane_node_reliability_score{cluster="c",node_id="a"} 90.0' in both
+    assert 'healthplane_node_reliability_score{cluster="c",node_id="b"} 40.0' in both
+    assert 'healthplane_node_condition{cluster="c",condition="gpu_xid_errors",node_id="b"} 0.0' in both
+    standby = text(NodeSeries(lambda: []))
     assert all(line.startswith("#") for line in standby.splitlines())
+
+
+def reference_samples(state: ScorerState) -> dict[str, tuple[str, set[tuple[str, tuple[tuple[str, str], ...], float]]]]:
+    registry = CollectorRegistry()
+    registry.register(Reference(state))  # type: ignore[arg-type]
+    return samples(generate_latest(registry).decode())
+
+
+# One change to a node between scrapes: (node index, what changes, the new value's seed).
+changes = st.lists(st.tuples(st.integers(0, 59), st.sampled_from(
+    ["score", "conditions", "health", "failures", "attention", "assessed", "remove", "add"]), st.integers(0, 100)),
+    max_size=12)
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(changes, min_size=1, max_size=6), st.integers(1, 7))
+def test_issue25_kept_series_say_what_the_state_says_after_any_changes(
+        rounds: list[list[tuple[int, str, int]]], chunk_nodes: int) -> None:
+    """One NodeSeries scraped between rounds of changes (some nodes changed, removed, added;
+    chunks as small as one node, so that kept and remade chunks mix) says what a reference
+    rendering of the state says at each scrape, and so what a fresh NodeSeries says."""
+    state = ScorerState(nodes={f"c.n{i}": NodeScore(cluster="c", node_id=f"n{i}", score=100, assessed=True,
+                                                    health="HEALTHY") for i in range(40)})
+    series = NodeSeries(lambda: [state], chunk_nodes=chunk_nodes)
+    assert samples(text(series)) == reference_samples(state)
+    added = 40
+    for round_ in rounds:
+        for index, change, seed in round_:
+            keys = list(state.nodes)
+            if change == "add":
+                state.nodes[f"c.n{added}"] = NodeScore(cluster="c", node_id=f"n{added}", assessed=True, score=seed)
+                added += 1
+                continue
+            if not keys:
+                continue
+            key = keys[index % len(keys)]
+            node = state.nodes[key]
+            if change == "remove":
+                del state.nodes[key]
+            elif change == "score":
+                node.score = None if seed == 0 else seed
+            elif change == "conditions":
+                node.conditions = tuple(wire.Condition(
+                    type=wire.CONDITION_TYPES[(seed + k) % len(wire.CONDITION_TYPES)], reason="r",
+                    severity=("info", "warning", "critical")[(seed + k) % 3], message="m", first_seen=T0)
+                    for k in range(seed % 3))
+            elif change == "health":
+                node.health = ("HEALTHY", "DEGRADED", "UNKNOWN")[seed % 3]
+            elif change == "failures":
+                node.tally = Tally(count=seed % 6)
+            elif change == "attention":
+                node.attention = wire.NeedsAttention(since=T0, reason="ladder tried") if seed % 2 else None
+            else:
+                node.assessed = bool(seed % 2)
+        scraped = text(series)
+        assert samples(scraped) == reference_samples(state)
+        assert scraped == text(NodeSeries(lambda: [state], chunk_nodes=chunk_nodes))
+
+
+def test_issue25_metrics_are_gzip_encoded_for_a_scraper_that_asks_plain_text_otherwise(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Prometheus asks for gzip: it gets one gzip stream, which a client that reads only a
+    response's first gzip member (httpx) reads whole; a scraper that does not ask gets the same
+    text plain. A real HTTP server on loopback."""
+    state = ScorerState(nodes={f"c.n{i}": NodeScore(cluster="c", node_id=f"n{i}", score=i % 101, assessed=True)
+                               for i in range(1200)})
+    monkeypatch.setattr(metrics, "_rendered", [])  # this test's series only
+    registry = CollectorRegistry()
+    metrics.register_series(NodeSeries(lambda: [state]), registry)
+    url = metrics.serve(0, registry=registry).url
+    request = urllib.request.Request(url, headers={"Accept-Encoding": "gzip"})
+    with urllib.request.urlopen(request, timeout=10) as response:
+        assert response.headers["Content-Encoding"] == "gzip"
+        encoded = response.read()
+    with urllib.request.urlopen(url, timeout=10) as response:
+        assert response.headers.get("Content-Encoding") is None
+        plain = response.read().decode()
+    through_httpx = httpx.get(url, headers={"Accept-Encoding": "gzip"}, timeout=10)
+    assert through_httpx.headers["Content-Encoding"] == "gzip"
+    assert through_httpx.text == gzip.decompress(encoded).decode() == plain
+    assert samples(plain) == reference_samples(state) | samples(generate_latest(registry).decode())
+    assert len(encoded) < len(plain) / 10

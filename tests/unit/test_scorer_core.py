@@ -11,6 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from healthplane import reads, subjects, wire
+from healthplane.runtime import gzipped
 from healthplane.runtime.processor import Inbound
 from healthplane_scorer.fold import ScorerCore, node_view
 from healthplane_scorer.rules import DEFAULT_PENALTIES, PenaltyTable, Tally, score, tally_deduction
@@ -183,7 +184,7 @@ def test_rem1_needs_attention_shows_in_the_view_node_show_and_a_series_until_ser
         return wire.decode(wire.NodeView, emits[-1].payload)
 
     def series() -> str:
-        return b"".join(NodeSeries(lambda: [state]).render()).decode()
+        return b"".join(map(gzipped.inflate, NodeSeries(lambda: [state]).render())).decode()
 
     view = event(2, "NODE_NEEDS_ATTENTION", "needs attention: GPU_XID_ERRORS: every step of its ladder was tried")
     assert view.needs_attention == wire.NeedsAttention(

@@ -8,8 +8,10 @@ interpreter's switch interval, not by its batch.
 
 Series per node (the scorer's, SCO-6) are too many for prometheus_client's exposition: at
 100,000 nodes, 1.5 million samples took longer than a scrape's timeout. A service renders
-those itself (:class:`Rendered`: whole families of Prometheus text, in chunks, built from
-templates) and ``/metrics`` streams them after the registry's, as text format 0.0.4.
+those itself (:class:`Rendered`: whole families of Prometheus text, as deflated pieces it keeps
+between scrapes) and ``/metrics`` streams them after the registry's, as text format 0.0.4:
+gzip-encoded where the scraper accepts it (Prometheus does: 5.4 MB instead of 143 MB at
+100,000 nodes), inflated piece by piece otherwise (runtime.gzipped).
 """
 
 from __future__ import annotations
@@ -32,7 +34,10 @@ from prometheus_client import (
     generate_latest,
     make_wsgi_app,
 )
+from prometheus_client.exposition import gzip_accepted
 from prometheus_client.registry import Collector
+
+from healthplane.runtime import gzipped
 
 CONSUMER_LAG = Gauge(
     "healthplane_consumer_lag_messages",
@@ -94,10 +99,11 @@ FAST_PATH_ENABLED = Gauge(
 
 @runtime_checkable
 class Rendered(Protocol):
-    """Series a service renders itself: ``render()`` yields whole metric families (HELP, TYPE
-    and their samples) as Prometheus text 0.0.4, in chunks, computed at scrape time."""
+    """Series a service renders itself: ``render()`` yields deflated pieces whose texts, in
+    order, are whole metric families (HELP, TYPE and their samples) as Prometheus text 0.0.4,
+    as of the scrape."""
 
-    def render(self) -> Iterator[bytes]: ...
+    def render(self) -> Iterator[gzipped.Piece]: ...
 
 
 _rendered: list[Rendered] = []
@@ -183,16 +189,21 @@ def _app(registry: CollectorRegistry) -> Callable[..., Iterable[bytes]]:
             return [f"{detail}\n".encode()]
         if not _rendered:
             return metrics_app(environ, start_response)  # type: ignore[no-any-return]
-        start_response("200 OK", [("Content-Type", CONTENT_TYPE_LATEST)])
-        return _exposition(registry)
+        # Negotiated as prometheus_client negotiates the registry-only endpoints.
+        if gzipped.NOT_JOINABLE is None and gzip_accepted(environ.get("HTTP_ACCEPT_ENCODING", "")):
+            start_response("200 OK", [("Content-Type", CONTENT_TYPE_LATEST), ("Content-Encoding", "gzip"),
+                                       ("Vary", "Accept-Encoding")])
+            return gzipped.stream(_exposition(registry))
+        start_response("200 OK", [("Content-Type", CONTENT_TYPE_LATEST), ("Vary", "Accept-Encoding")])
+        return map(gzipped.inflate, _exposition(registry))
 
     return app
 
 
-def _exposition(registry: CollectorRegistry) -> Iterator[bytes]:
-    """The registry's series, then each rendered set's, streamed chunk by chunk: a scrape of a
-    large fleet never holds the whole text, and the fold gets the interpreter between chunks."""
-    yield generate_latest(registry)
+def _exposition(registry: CollectorRegistry) -> Iterator[gzipped.Piece]:
+    """The registry's series, then each rendered set's pieces, streamed: a scrape of a large
+    fleet never holds the whole text, and the fold gets the interpreter between pieces."""
+    yield gzipped.piece(generate_latest(registry))
     for series in list(_rendered):
         yield from series.render()
 
