@@ -1,14 +1,17 @@
 """HA-5 and issue 25, the fleet the whole pipeline sustains on this machine: `healthplane up
 --no-sim` (every service: health-ingest, the scorer, policy, eviction, the scheduler, webhooks
-and the bridge) with `healthplane sim load --nodes N --interval 30` for HOLD_S seconds, at
-each fleet size of HEALTHPLANE_BENCH_FLEETS (default "60000,80000"; 100000 is the goal).
+and the bridge) with `healthplane sim load --nodes N --interval 30`, at each fleet size of
+HEALTHPLANE_BENCH_FLEETS (default "60000,80000"; 100000 is the goal): the startup wave, then
+a hold of HOLD_S seconds.
 
 Every 30 s: each consumer's lag (pending + unacknowledged), report -> node view latency (a
 core subscription on ``hp.node.>`` reads every 10th view as the scorer writes it: now minus
 the report's ``sentAt``), CPU and RSS of each process, and each service's ``/metrics``
-response time. A size *holds* when, after the startup wave (every node's first cycle, spread
-over one interval, then WAVE_S to absorb it), the summed lag never exceeds one second of
-reports and the p99 latency stays under LATENCY_GOAL_S.
+response time. The startup wave (every node's first cycle, spread over one interval) is
+absorbed once every node has a scored view and the summed lag is back under one second of
+reports; the hold is the windows that begin after that. A size *holds* when the wave is
+absorbed within WAVE_LIMIT_S and, in every window of the hold, the summed lag stays under one
+second of reports and the p99 latency under LATENCY_GOAL_S.
 
 Baseline in the same run: nats-server alone with the same generator and a consumer that only
 acks (the physical floor: what storing and delivering the flow costs the server here). RSS
@@ -44,7 +47,10 @@ pytestmark = pytest.mark.insecure
 FLEETS = [int(n) for n in os.environ.get("HEALTHPLANE_BENCH_FLEETS", "60000,80000").split(",")]
 INTERVAL_S = 30
 WINDOW_S = 30.0
-WAVE_S = 120.0  # the first cycles (3 records a node) and their backlog
+# The first cycles (3 records a node) and their backlog: an operator restarting a whole fleet
+# expects it scored within minutes (the issue sets no figure; the wave's time is recorded).
+WAVE_LIMIT_S = 300.0
+BASELINE_WAVE_S = 120.0  # the server alone absorbs the wave well within this; then two windows
 HOLD_S = float(os.environ.get("HEALTHPLANE_BENCH_HOLD_S", "300"))
 LATENCY_GOAL_S = 1.0
 TICK = os.sysconf("SC_CLK_TCK")
@@ -90,6 +96,7 @@ def _scrape_s(url: str) -> float | None:
 
 @dataclass
 class Window:
+    from_s: float  # since the sampler started
     at_s: float
     lag: int
     latencies: list[float]
@@ -133,12 +140,23 @@ class Sampler:
 
         await self.nc.subscribe("hp.node.>", cb=on_view)
 
-    async def windows(self, seconds: float) -> list[Window]:
+    async def windows(self, seconds: float, after: asyncio.Task[float] | None = None) -> list[Window]:
+        """Windows for ``seconds``; with ``after``, until ``seconds`` of windows have begun after
+        it finished (it returns when, since the sampler started), or WAVE_LIMIT_S passed without."""
         js = self.nc.jetstream()
-        started = time.monotonic()
+        started = self.started
         before, then = _processes(), time.monotonic()
         out: list[Window] = []
-        while time.monotonic() - started < seconds:
+
+        def done() -> bool:
+            elapsed = time.monotonic() - started
+            if after is None:
+                return elapsed >= seconds
+            if not after.done():
+                return elapsed >= WAVE_LIMIT_S
+            return sum(w.at_s - w.from_s for w in out if w.from_s >= after.result()) >= seconds
+
+        while not done():
             await asyncio.sleep(WINDOW_S)
             lag = await _lag(js)
             now, at = _processes(), time.monotonic()
@@ -148,7 +166,8 @@ class Sampler:
             # reads and count the wait as pipeline latency.
             scrapes = await asyncio.to_thread(lambda: {name: _scrape_s(url) for name, url in self.metrics_urls.items()})
             latencies, self.latencies = self.latencies, []
-            out.append(Window(at - started, lag, latencies, cpu, {n: r for n, (_, r) in now.items()}, scrapes))
+            out.append(Window(then - started, at - started, lag, latencies, cpu, {n: r for n, (_, r) in now.items()},
+                              scrapes))
             before, then = now, at
         return out
 
@@ -232,7 +251,7 @@ async def _pipeline(tmp: Path, nodes: int) -> tuple[list[Window], dict[str, int]
         sampler.started = time.monotonic()
         settling = asyncio.create_task(_wave_settled(sampler, nodes))
         try:
-            windows = await sampler.windows(WAVE_S + HOLD_S)
+            windows = await sampler.windows(HOLD_S, after=settling)
             settled = settling.result() if settling.done() else None
             for name, (took_s, size) in sorted(_snapshots(sampler.metrics_urls).items()):
                 harness.record(f"fleet.{nodes}.snapshot_s.{name}", took_s, "s")
@@ -264,7 +283,7 @@ async def _server_alone(tmp: Path, nodes: int) -> list[Window]:
     tasks = [asyncio.create_task(loop.run()) for loop in loops]
     generator = _generator(server.url, nodes, tmp / f"alone-{nodes}.log")
     try:
-        return await Sampler(nc).windows(WAVE_S + 60.0)
+        return await Sampler(nc).windows(BASELINE_WAVE_S + 60.0)
     finally:
         terminate(generator, 10)
         for loop in loops:
@@ -274,23 +293,29 @@ async def _server_alone(tmp: Path, nodes: int) -> list[Window]:
         server.stop()
 
 
-def _held(windows: list[Window], nodes: int) -> bool:
-    steady = [w for w in windows if w.at_s > WAVE_S]
+def _steady(windows: list[Window], settled_s: float | None) -> list[Window]:
+    """The hold: the windows that began after the wave was absorbed."""
+    return [w for w in windows if settled_s is not None and w.from_s >= settled_s]
+
+
+def _held(windows: list[Window], nodes: int, settled_s: float | None) -> bool:
+    steady = _steady(windows, settled_s)
     per_second = nodes / INTERVAL_S
-    return bool(steady) and all(w.lag <= per_second and (w.p(0.99) or 0) < LATENCY_GOAL_S for w in steady)
+    return (settled_s is not None and settled_s <= WAVE_LIMIT_S and sum(w.at_s - w.from_s for w in steady) >= HOLD_S
+            and all(w.lag <= per_second and (w.p(0.99) or 0) < LATENCY_GOAL_S for w in steady))
 
 
 async def test_the_fleet_the_pipeline_sustains(tmp_path: Path) -> None:
     held = 0
     for nodes in FLEETS:
         windows, idle_rss, wave = await _pipeline(tmp_path, nodes)
-        steady = [w for w in windows if w.at_s > WAVE_S] or windows[-1:]
+        steady = _steady(windows, wave.settled_s) or windows[-1:]
         for w in windows:
             print(f"{nodes} t={w.at_s:.0f}s lag={w.lag} p50={w.p(0.5)} p99={w.p(0.99)} "
                   f"cpu={ {k: round(v) for k, v in w.cpu.items()} } scrape={w.scrape_s}", flush=True)
         latencies = [latency for w in steady for latency in w.latencies]
-        summary = Window(0, max(w.lag for w in steady), latencies, {}, {}, {})
-        holds = _held(windows, nodes)
+        summary = Window(0, 0, max(w.lag for w in steady), latencies, {}, {}, {})
+        holds = _held(windows, nodes, wave.settled_s)
         held = max(held, nodes if holds else 0)
         harness.record(f"fleet.{nodes}.held", 1.0 if holds else 0.0, "bool")
         harness.record(f"fleet.{nodes}.max_lag_steady", summary.lag, "records", target=f"value <= {nodes // INTERVAL_S}")
@@ -298,7 +323,7 @@ async def test_the_fleet_the_pipeline_sustains(tmp_path: Path) -> None:
         harness.record(f"fleet.{nodes}.view_latency_p99", summary.p(0.99) or -1, "s", target=f"value <= {LATENCY_GOAL_S}")
         cpu = {name: sum(w.cpu.get(name, 0) for w in steady) / len(steady) for name in steady[-1].cpu}
         alone = await _server_alone(tmp_path, nodes)
-        alone_steady = [w for w in alone if w.at_s > WAVE_S] or alone[-1:]
+        alone_steady = [w for w in alone if w.from_s >= BASELINE_WAVE_S] or alone[-1:]
         server_alone = sum(w.cpu.get("nats-server", 0) for w in alone_steady) / len(alone_steady)
         harness.record(f"fleet.{nodes}.cpu_percent_all", sum(cpu.values()), "% of one core",
                        baseline=server_alone + sum(w.cpu.get("sim load", 0) for w in alone_steady) / len(alone_steady))
@@ -310,9 +335,9 @@ async def test_the_fleet_the_pipeline_sustains(tmp_path: Path) -> None:
                        target="value <= 1")
         harness.record(f"fleet.{nodes}.metrics_scrapes_failed", failed, "scrapes", target="value <= 0")
         harness.record(f"fleet.{nodes}.startup_wave_scored_s", wave.scored_s or -1, "s",
-                       target=f"value <= {WAVE_S:g}")
+                       target=f"value <= {WAVE_LIMIT_S:g}")
         harness.record(f"fleet.{nodes}.startup_wave_settled_s", wave.settled_s or -1, "s",
-                       target=f"value <= {WAVE_S:g}")
+                       target=f"value <= {WAVE_LIMIT_S:g}")
         for name in sorted(idle_rss):  # the high-water mark, startup wave included: bounded memory
             peak = max(w.rss.get(name, 0) for w in windows)
             harness.record(f"fleet.{nodes}.rss_peak_bytes_per_node.{name}", (peak - idle_rss[name]) / nodes, "B")
