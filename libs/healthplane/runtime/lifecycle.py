@@ -28,7 +28,7 @@ from nats.js.errors import APIError, ServiceUnavailableError
 from prometheus_client.registry import Collector
 
 from healthplane import streams, subjects
-from healthplane.runtime import connect, logs, metrics
+from healthplane.runtime import connect, gzipped, logs, metrics
 from healthplane.runtime.lease import Lease, instance_name
 from healthplane.runtime.processor import Core, Input, LeaseLost, Processor
 
@@ -347,7 +347,11 @@ def run_processor_service(args: Any, service: str, core: Callable[[ServiceContex
             return [proc.state for proc, lease in list(active.values()) if lease.is_leader]
 
         if series is not None:
-            metrics.register_series(series(led))
+            exported = series(led)
+            metrics.register_series(exported)
+            if isinstance(exported, metrics.Rendered) and gzipped.NOT_JOINABLE is not None:
+                ctx.log.warning("node series are sent uncompressed: a large fleet's scrape is its whole text",
+                                reason=gzipped.NOT_JOINABLE)
 
         def caught_up() -> tuple[bool, str]:  # /readyz
             leading = [(k, proc) for k, (proc, lease) in sorted(active.items()) if lease.is_leader]
