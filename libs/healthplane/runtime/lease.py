@@ -34,6 +34,11 @@ from healthplane.streams import LEASES_BUCKET as BUCKET
 
 HEADER = "Hp-Lease-Rev"
 RETRY_S = 0.5
+# How long one round waits for the bucket (give Lease a JetStreamContext with this timeout):
+# a renewal answers in milliseconds, and one sent while the bucket's raft group elects a
+# leader gets no answer at all; with nats-py's 5 s default, the round in flight when the
+# election ended held the fence closed up to 5 s longer (HA-2's resume, measured up to 13 s).
+ROUND_TIMEOUT_S = 2.0
 # Who holds a lease: a name that stays the same across a restart of the same replica (``up``
 # names each child, the systemd unit the host), so a replica restarted after a crash takes its
 # own lease back at once instead of waiting out the TTL. Two live processes must never share

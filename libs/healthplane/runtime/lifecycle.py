@@ -29,7 +29,7 @@ from prometheus_client.registry import Collector
 
 from healthplane import streams, subjects
 from healthplane.runtime import connect, gzipped, logs, metrics
-from healthplane.runtime.lease import Lease, instance_name
+from healthplane.runtime.lease import ROUND_TIMEOUT_S, Lease, instance_name
 from healthplane.runtime.processor import Core, Input, LeaseLost, Processor
 
 S = TypeVar("S")
@@ -159,8 +159,8 @@ async def serve_replicated(ctx: ServiceContext, lease_name: str,
     def on_change(leader: bool) -> None:
         (leading if leader else lost).set()
 
-    lease = Lease(ctx.js, lease_name, instance_name(), on_change=on_change, log=ctx.log, wanted=wanted,
-                  rides_out=rides_out)
+    lease = Lease(ctx.nc.jetstream(timeout=ROUND_TIMEOUT_S), lease_name, instance_name(), on_change=on_change,
+                  log=ctx.log, wanted=wanted, rides_out=rides_out)
     # The lease is renewed until the runners have stopped: their last snapshot goes out under
     # it (a lease released at the signal, before the snapshot, would fence the snapshot off).
     released = asyncio.Event()
