@@ -111,15 +111,15 @@ class NodeSeries:
     def _labelled(self, samples: list[_Sample]) -> list[_Labelled]:
         # Labels escaped once a node, not once per family (0.8 million calls at 100,000 nodes).
         labels = self._labels
-        return [(sample, labels.get(sample.cluster) or labels.setdefault(sample.cluster, label_value(sample.cluster)),
-                 label_value(sample.node_id)) for sample in samples]
+        return [(sample, labels.get(sample[CLUSTER]) or labels.setdefault(sample[CLUSTER], label_value(sample[CLUSTER])),
+                 label_value(sample[NODE_ID])) for sample in samples]
 
     # The two families most of the text is in (13 of a node's 15 samples) are bytes templates
     # with the node id put in: no text to encode afterwards.
 
     def _conditions(self, nodes: list[_Labelled]) -> Iterator[bytes]:
         for sample, cluster, node_id in nodes:
-            levels = sample.levels
+            levels = sample[LEVELS]
             if levels is None:  # every condition type gets a series once a node reports
                 continue
             if not levels:
@@ -136,7 +136,7 @@ class NodeSeries:
     def _health_blocks(self, nodes: list[_Labelled]) -> Iterator[bytes]:
         templates = self._health
         for sample, cluster, node_id in nodes:
-            current = sample.health
+            current = sample[HEALTH]
             template = templates.get((cluster, current))
             if template is None:
                 template = templates[(cluster, current)] = "".join(
@@ -144,16 +144,17 @@ class NodeSeries:
             yield template.replace(_NODE_BYTES, node_id.encode())
 
 
-class _Sample(NamedTuple):
-    """What a node's series show, and nothing else: its fingerprint."""
-
-    cluster: str
-    node_id: str
-    score: int | None
-    health: str  # the health state's label
-    failures: int
-    needs_attention: bool
-    levels: tuple[tuple[str, int], ...] | None  # (type, level) of active conditions; None before assessed
+# What a node's series show, and nothing else (its fingerprint): a plain tuple, read by the
+# positions below; a NamedTuple's constructor tripled a scrape of a fleet at rest (0.07 s ->
+# 0.23 s at 100,000 nodes, same run).
+_Sample = tuple[str, str, int | None, str, int, bool, tuple[tuple[str, int], ...] | None]
+CLUSTER: Final = 0
+NODE_ID: Final = 1
+SCORE: Final = 2
+HEALTH: Final = 3  # the health state's label
+FAILURES: Final = 4
+NEEDS_ATTENTION: Final = 5
+LEVELS: Final = 6  # (type, level) of each active condition, () when none, None before assessed
 
 
 def _sample(node: NodeScore, degraded_at_or_below: int) -> _Sample:
@@ -163,8 +164,8 @@ def _sample(node: NodeScore, degraded_at_or_below: int) -> _Sample:
         levels = tuple((c.type, wire.SEVERITY_LEVEL[c.severity]) for c in node.conditions)
     else:
         levels = ()
-    return _Sample(node.cluster, node.node_id, node.score, node_health(node, degraded_at_or_below).lower(),
-                   node.tally.count, node.attention is not None, levels)
+    return (node.cluster, node.node_id, node.score, node_health(node, degraded_at_or_below).lower(),
+            node.tally.count, node.attention is not None, levels)
 
 
 # (what the node's series show, its cluster and node id as label values)
@@ -172,15 +173,15 @@ _Labelled = tuple[_Sample, str, str]
 
 
 def _scores(nodes: list[_Labelled]) -> list[bytes]:
-    return ["".join([f'healthplane_node_reliability_score{{cluster="{cluster}",node_id="{node_id}"}} {sample.score}.0\n'
-                     for sample, cluster, node_id in nodes if sample.score is not None]).encode()]
+    return ["".join([f'healthplane_node_reliability_score{{cluster="{cluster}",node_id="{node_id}"}} {sample[SCORE]}.0\n'
+                     for sample, cluster, node_id in nodes if sample[SCORE] is not None]).encode()]
 
 
 def _failures(nodes: list[_Labelled]) -> list[bytes]:
     return ["".join([f'healthplane_node_attributed_failures_total{{cluster="{cluster}",node_id="{node_id}"}} '
-                     f'{sample.failures}.0\n' for sample, cluster, node_id in nodes]).encode()]
+                     f'{sample[FAILURES]}.0\n' for sample, cluster, node_id in nodes]).encode()]
 
 
 def _attention(nodes: list[_Labelled]) -> list[bytes]:
     return ["".join([f'healthplane_node_needs_attention{{cluster="{cluster}",node_id="{node_id}"}} 1.0\n'
-                     for sample, cluster, node_id in nodes if sample.needs_attention]).encode()]
+                     for sample, cluster, node_id in nodes if sample[NEEDS_ATTENTION]]).encode()]
