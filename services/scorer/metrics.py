@@ -70,8 +70,9 @@ class NodeSeries:
     only when what its series show changed (its fingerprint). A fleet at rest costs a scrape
     0.07 s at 100,000 nodes (the samples and their fingerprints) instead of 0.6 s (the text
     made and compressed, the fold starved meanwhile), and the pieces kept cost about 55 B a
-    node; a chunk with one changed node is made whole (tests/bench/test_node_series.py). Fingerprints are 64-bit hashes: two different chunks that hash the same
-    (odds 2**-64 a change) would show the old series until the chunk changes again."""
+    node; a chunk with one changed node is made whole (tests/bench/test_node_series.py).
+    Fingerprints are 64-bit hashes: two different chunks that hash the same (odds 2**-64 a
+    change) would show the old series until the chunk changes again."""
 
     def __init__(self, states: Callable[[], list[ScorerState]], chunk_nodes: int = CHUNK_NODES) -> None:
         # The states of the partitions this replica leads (one unpartitioned, none on a

@@ -104,6 +104,10 @@ class Window:
     rss: dict[str, int]
     scrape_s: dict[str, float | None]
 
+    @property
+    def length_s(self) -> float:
+        return self.at_s - self.from_s
+
     def p(self, q: float) -> float | None:
         ordered = sorted(self.latencies)
         return ordered[min(len(ordered) - 1, int(len(ordered) * q))] if ordered else None
@@ -154,7 +158,7 @@ class Sampler:
                 return elapsed >= seconds
             if not after.done():
                 return elapsed >= WAVE_LIMIT_S
-            return sum(w.at_s - w.from_s for w in out if w.from_s >= after.result()) >= seconds
+            return sum(w.length_s for w in _steady(out, after.result())) >= seconds
 
         while not done():
             await asyncio.sleep(WINDOW_S)
@@ -301,7 +305,7 @@ def _steady(windows: list[Window], settled_s: float | None) -> list[Window]:
 def _held(windows: list[Window], nodes: int, settled_s: float | None) -> bool:
     steady = _steady(windows, settled_s)
     per_second = nodes / INTERVAL_S
-    return (settled_s is not None and settled_s <= WAVE_LIMIT_S and sum(w.at_s - w.from_s for w in steady) >= HOLD_S
+    return (settled_s is not None and settled_s <= WAVE_LIMIT_S and sum(w.length_s for w in steady) >= HOLD_S
             and all(w.lag <= per_second and (w.p(0.99) or 0) < LATENCY_GOAL_S for w in steady))
 
 
