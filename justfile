@@ -36,4 +36,4 @@ screenshots:
 
 # Regenerate proto/ (JSON Schema + AsyncAPI) from the wire Structs
 proto:
-    python -m healthplane.proto proto
+    python -m healthplane.contracts.proto proto

@@ -16,11 +16,11 @@ import pytest
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 
-from healthplane import streams
-from healthplane.creds import Keystore
-from healthplane.natsserver import NatsServer
+from healthplane.contracts import streams
 from healthplane.runtime import heap
 from healthplane.runtime.connect import connect
+from healthplane.stack.keystore import Keystore
+from healthplane.stack.natsserver import NatsServer
 from tests.support.slurm import slurm  # noqa: F401  (fixture)
 
 

@@ -5,7 +5,7 @@ identity never touches the server, and a revocation reaches it in milliseconds.
 
 The trust chain, all kept in one directory (``DATA_DIR/creds``, 0700; every file 0600):
 an *operator* signs the *system account* and the control plane's account ``HP``. ``HP``
-holds one *scoped signing key per role* (``healthplane.permissions``: collector, sim,
+holds one *scoped signing key per role* (``healthplane.contracts.permissions``: collector, sim,
 viewer, admin, each service) whose template holds the role's permissions; nats-server
 fills in the user's tags (a node's ``cluster``/``node``, a person's ``user``). A user JWT
 carries no permissions of its own, only its name, tags and expiry, so 100,000 node
@@ -36,8 +36,8 @@ import nacl.exceptions
 import nacl.signing
 import nkeys
 
-from healthplane import permissions
-from healthplane.subjects import SubjectError, decode_token, encode_token
+from healthplane.contracts import permissions
+from healthplane.contracts.subjects import SubjectError, decode_token, encode_token
 
 ACCOUNT: Final = "HP"
 SYSTEM_ACCOUNT: Final = "SYS"

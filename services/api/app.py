@@ -1,5 +1,5 @@
 """The api service's routes (API-1..3): the HTTP API under ``/api/v1``, the UI's pages, the
-live feed. Reads go through ``healthplane.reads`` and commands through the CLI's own
+live feed. Reads go through ``healthplane.client.reads`` and commands through the CLI's own
 ``node_actions``, so the answers, the outcomes and the messages are the CLI's.
 
 Node ids (``10.0.0.42/9100``) travel percent-encoded as one path segment; the routes take
@@ -35,11 +35,13 @@ from starlette.responses import (
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from healthplane import configstore, federation, reads, wire
 from healthplane.cli import config_cmd
 from healthplane.cli.common import EXIT_RETRY, EXIT_USAGE, CommandFailed, PermissionDenied
 from healthplane.cli.lookup import NodeNotFound, find_node
 from healthplane.cli.node_actions import command_for, send, usage_error
+from healthplane.client import federation, reads
+from healthplane.contracts import wire
+from healthplane.runtime import configstore
 from healthplane_api import auth, fold, live, openapi, pages
 from healthplane_api.metrics import COMMANDS, REQUESTS
 

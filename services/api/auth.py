@@ -25,8 +25,8 @@ from typing import Final
 
 from nats.aio.client import Client as NATS
 
-from healthplane import creds as credentials
-from healthplane import permissions
+from healthplane.contracts import permissions
+from healthplane.runtime import creds as credentials
 from healthplane.runtime.connect import connect
 
 COOKIE: Final = "hp_session"

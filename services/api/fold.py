@@ -16,7 +16,7 @@ from typing import Any, Final
 
 import msgspec
 
-from healthplane import reads
+from healthplane.client import reads
 
 SORTS: Final = ("node", "cluster", "status", "health", "score", "jobs")
 _HEALTH_ORDER: Final = {"DEGRADED": 0, "UNKNOWN": 1, "HEALTHY": 2}

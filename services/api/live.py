@@ -21,7 +21,7 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
-from healthplane import streams, subjects, wire
+from healthplane.contracts import streams, subjects, wire
 from healthplane_api.fold import ViewIndex, key_of
 
 QUEUE_NOTICES: Final = 64

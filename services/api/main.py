@@ -20,10 +20,10 @@ from datetime import UTC, datetime
 import pydantic
 import uvicorn
 
-from healthplane import federation
+from healthplane.client import federation
 from healthplane.runtime.connect import default_creds
 from healthplane.runtime.lifecycle import ServiceContext, run_service
-from healthplane.settings import EnvSettings, SettingsError
+from healthplane.runtime.settings import EnvSettings, SettingsError
 from healthplane_api import auth, live
 from healthplane_api.app import Backend, build
 from healthplane_api.metrics import FEDERATION_DATA_AGE, FEDERATION_LAG, FEDERATION_REACHABLE

@@ -9,7 +9,7 @@ from typing import Any, Final
 
 import msgspec
 
-from healthplane import wire
+from healthplane.contracts import wire
 
 VERBS: Final = ("cordon", "uncordon", "drain", "evict", "deprovision")
 _REF = "#/components/schemas/{name}"

@@ -10,8 +10,8 @@ from typing import Any, Final
 
 import jinja2
 
-from healthplane import wire
 from healthplane.cli.node_cmd import detail
+from healthplane.contracts import wire
 
 TEMPLATES: Final = Path(__file__).parent / "templates"
 STATIC: Final = Path(__file__).parent / "static"

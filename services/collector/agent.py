@@ -31,7 +31,8 @@ from typing import Any, Final, Literal, Protocol
 
 import msgspec
 
-from healthplane import __version__, subjects, wire
+from healthplane import __version__
+from healthplane.contracts import subjects, wire
 from healthplane.runtime.backoff import Backoff
 from healthplane_collector import probe
 from healthplane_collector.hotplug import Reprobe

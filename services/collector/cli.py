@@ -1,5 +1,5 @@
 """``healthplane collector`` and ``healthplane sim``: the command groups this package adds to
-``healthplane`` (``healthplane.registry.COMMAND_GROUPS`` names them). Their arguments live
+``healthplane`` (``healthplane.cli.registry.COMMAND_GROUPS`` names them). Their arguments live
 here, apart from the code they run, so that building the ``healthplane`` parser imports
 nothing heavy; ``run_collector`` and ``run_sim`` import that code when called."""
 

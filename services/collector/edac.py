@@ -22,7 +22,7 @@ import re
 from pathlib import Path
 from typing import Final
 
-from healthplane import wire
+from healthplane.contracts import wire
 from healthplane_collector.sysfs import Files, SysfsError, read_decimal
 
 EDAC_DIR: Final = Path("sys/devices/system/edac")

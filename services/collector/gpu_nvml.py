@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Final, Literal
 
-from healthplane import wire
+from healthplane.contracts import wire
 
 # nvmlClocksEventReason* / nvmlClocksThrottleReason* bits (pynvml 13.615.71, verbatim values),
 # named as NVML names them without the prefix.

@@ -21,7 +21,7 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from typing import Final
 
-from healthplane import wire
+from healthplane.contracts import wire
 from healthplane_collector.gpu_nvml import EccMode, ecc_reading, throttle_from_reasons
 from healthplane_collector.pci import normalize
 

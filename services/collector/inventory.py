@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, Literal
 
-from healthplane import wire
+from healthplane.contracts import wire
 from healthplane_collector import pci
 from healthplane_collector.sysfs import Files, SysfsError, read_hex
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Final
 
-from healthplane import wire
+from healthplane.contracts import wire
 from healthplane_collector.sysfs import Files, SysfsError, read_hex
 
 BLOCK_DIR: Final = Path("sys/block")

@@ -39,7 +39,7 @@ from typing import Final, Literal, TypeAlias
 
 import msgspec
 
-from healthplane import wire
+from healthplane.contracts import wire
 from healthplane_collector.pci import normalize
 
 KERNEL_FACILITY: Final = 0

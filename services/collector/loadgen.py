@@ -38,7 +38,7 @@ from typing import Any, Final
 import msgspec
 from prometheus_client import Counter
 
-from healthplane import subjects, wire
+from healthplane.contracts import subjects, wire
 from healthplane.runtime.backoff import Backoff
 from healthplane_collector.agent import Collector, Settings, run_agent
 from healthplane_collector.sim import (

@@ -19,9 +19,9 @@ import nats.errors
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
-from healthplane import creds as credentials
-from healthplane import subjects, wire
-from healthplane.config import CollectorConfig, ConfigError, load_collector_config
+from healthplane.contracts import subjects, wire
+from healthplane.contracts.config import CollectorConfig, ConfigError, load_collector_config
+from healthplane.runtime import creds as credentials
 from healthplane.runtime import logs, metrics
 from healthplane.runtime.connect import (
     COLLECTOR_PING_INTERVAL_S,

@@ -35,7 +35,7 @@ from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Final
 
-from healthplane import wire
+from healthplane.contracts import wire
 from healthplane_collector.sysfs import SysfsError
 
 MOUNTS_FILE: Final = Path("proc/mounts")

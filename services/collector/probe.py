@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, Literal
 
-from healthplane import wire
+from healthplane.contracts import wire
 from healthplane_collector import edac, gpu_smi, inventory, ioerr, mounts, smart
 from healthplane_collector.gpu_nvml import (
     ecc_reading,

@@ -42,7 +42,7 @@ from typing import Any, Final, Literal, Protocol
 
 import msgspec
 
-from healthplane import wire
+from healthplane.contracts import wire
 from healthplane_collector import probe
 
 Result = Literal["succeeded", "failed", "refused"]

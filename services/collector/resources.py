@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from healthplane import wire
+from healthplane.contracts import wire
 from healthplane_collector import pci
 
 

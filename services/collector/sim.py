@@ -26,7 +26,7 @@ from typing import Any, Final
 
 import msgspec
 
-from healthplane import subjects, wire
+from healthplane.contracts import subjects, wire
 from healthplane_collector.agent import Collector, Settings, run_agent
 from healthplane_collector.cli import FAULTS
 from healthplane_collector.gpu_nvml import throttle_from_reasons
@@ -336,15 +336,15 @@ HIDDEN_FAULTS: Final = ("silent-gpu", "clear")
 
 
 def inject_subject(cluster: str) -> str:
-    from healthplane.subjects import PREFIX, encode_token
+    from healthplane.contracts.subjects import PREFIX, encode_token
 
     return f"{PREFIX}.sim.{encode_token(cluster)}.inject"
 
 
 async def _tell_hardware(nc: Any, args: Any, reply: InjectReply) -> None:
     """Record the node's hidden truth for the reference scheduler (development only)."""
-    from healthplane import subjects
     from healthplane.cli.common import EXIT_RETRY, CommandFailed, actor
+    from healthplane.contracts import subjects
 
     truth = wire.SimHardware(node_id=args.node, cluster=args.cluster, failing_gpus=reply.failing_gpus or [],
                              set_at=datetime.now(UTC), actor=actor(args))
@@ -355,7 +355,7 @@ async def _tell_hardware(nc: Any, args: Any, reply: InjectReply) -> None:
 
 
 def terminations_subject(cluster: str) -> str:
-    from healthplane.subjects import PREFIX, encode_token
+    from healthplane.contracts.subjects import PREFIX, encode_token
 
     return f"{PREFIX}.provision.{encode_token(cluster)}.*"
 

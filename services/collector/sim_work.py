@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from healthplane import subjects, wire
 from healthplane.cli.common import EXIT_RETRY, EXIT_USAGE, CommandFailed, decoded, fail, nats_client
+from healthplane.contracts import subjects, wire
 from healthplane.runtime.publish import Publisher, PublishError
 from healthplane.runtime.replay import read_all
 

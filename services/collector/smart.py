@@ -18,7 +18,7 @@ from typing import Any, Final, Literal
 
 import msgspec
 
-from healthplane import wire
+from healthplane.contracts import wire
 
 # Bit number -> name; ``smartctl.8`` EXIT STATUS and the FAIL* constants of ``smartctl.h``.
 EXIT_STATUS_BITS: Final[Mapping[int, str]] = {

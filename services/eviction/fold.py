@@ -18,13 +18,15 @@ from typing import Any
 
 import msgspec
 
-from healthplane import configstore, isolation, remediation, subjects, wire
+from healthplane.contracts import subjects, wire
+from healthplane.contracts.subjects import job_key, node_key
+from healthplane.runtime import configstore
 from healthplane.runtime.processor import Emit, Inbound, Input, Reject
-from healthplane.subjects import job_key, node_key
-from healthplane.validation import Rule, Verdict, judge, rule_of
+from healthplane_eviction import isolation, rules
+from healthplane_eviction import ladder as remediation
 from healthplane_eviction import remediating as rem
-from healthplane_eviction import rules
 from healthplane_eviction import validation as vrules
+from healthplane_eviction.run_verdict import Rule, Verdict, judge, rule_of
 from healthplane_eviction.validation import Gate, Isolating, Run, SeenJob
 
 SERVICE = "eviction"

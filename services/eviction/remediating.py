@@ -16,8 +16,9 @@ from typing import Final
 
 import msgspec
 
-from healthplane import remediation, wire
-from healthplane.config import ClusterConfig
+from healthplane.contracts import wire
+from healthplane.contracts.config import ClusterConfig
+from healthplane_eviction import ladder as remediation
 
 _XID: Final = re.compile(r"\bXid (\d+)\b")
 

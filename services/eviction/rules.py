@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Literal
 
-from healthplane import wire
+from healthplane.contracts import wire
 
 # Conditions that say the control plane cannot see the node, not that its hardware is bad:
 # they never name a fault (EVI-6) and never attribute a failure (EVI-7).

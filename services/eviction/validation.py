@@ -5,7 +5,7 @@ node's holds may be released (VAL-2) and which node a job's failure is attribute
 A run is a job eviction appends to ``hp.job`` with its steps pinned to the nodes under test;
 the scheduler (the reference one, or Slurm through the adapter) runs it like any job and
 reports each step's exit status and output tail in its ``hp.alloc`` records; eviction reads
-them with :func:`healthplane.validation.judge`.
+them with :func:`healthplane_eviction.run_verdict.judge`.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from typing import Final, Literal
 
 import msgspec
 
-from healthplane import isolation
-from healthplane.validation import Rule, Verdict
+from healthplane_eviction import isolation
+from healthplane_eviction.run_verdict import Rule, Verdict
 
 # Run ids are derived from the input that started the run, so a replay starts the same run.
 RUN_NAMESPACE: Final = uuid.UUID("0b9f3a4e-5c61-4d2a-8e7f-6a1d2c3b4e5f")

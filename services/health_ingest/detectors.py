@@ -22,8 +22,8 @@ from typing import Any, Final
 
 import msgspec
 
-from healthplane import wire
-from healthplane.expressions import Bindings, compile_expression
+from healthplane.contracts import wire
+from healthplane.contracts.expressions import Bindings, compile_expression
 from healthplane.runtime import heap
 
 ENTRY_POINT_GROUP: Final = "healthplane.detectors"

@@ -18,9 +18,10 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Final
 
-from healthplane import configstore, subjects, wire
+from healthplane.contracts import subjects, wire
+from healthplane.contracts.subjects import node_key
+from healthplane.runtime import configstore
 from healthplane.runtime.processor import Emit, Inbound, Input, Reject
-from healthplane.subjects import node_key
 from healthplane_health_ingest import detectors
 from healthplane_health_ingest.rules import (
     Change,

@@ -31,9 +31,9 @@ from typing import Final
 
 import msgspec
 
-from healthplane import wire
+from healthplane.contracts import wire
+from healthplane.contracts.subjects import node_key
 from healthplane.runtime import heap
-from healthplane.subjects import node_key
 from healthplane_health_ingest.detectors import Detection, DetectorSpec, NodeFacts
 
 HARDWARE_XIDS: Final = frozenset({48, 63, 64, 74, 79, 92, 94, 95})

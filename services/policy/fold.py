@@ -17,7 +17,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime
 
-from healthplane import configstore, subjects, wire
+from healthplane.contracts import subjects, wire
+from healthplane.runtime import configstore
 from healthplane.runtime.processor import Emit, Inbound, Input, Reject
 from healthplane_policy.rules import PolicyState, Record, decide, policy_config
 

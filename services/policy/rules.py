@@ -23,16 +23,16 @@ from typing import Final, Literal
 
 import msgspec
 
-from healthplane import automation, wire
-from healthplane.config import ClusterConfig, NodeHealth
+from healthplane.contracts import automation, wire
+from healthplane.contracts.config import ClusterConfig, NodeHealth
+from healthplane.contracts.subjects import node_key
 from healthplane.runtime import heap
-from healthplane.subjects import node_key
 from healthplane_policy import breaker, rulesets
 from healthplane_policy.breaker import BreakerSettings, BreakerState
 from healthplane_policy.rulesets import Applied, RuleExpressionSpec, RuleSetSpec
 
 ACTOR = automation.POLICY
-# Automation's own holds (healthplane.automation, which `node show` explains from): a node
+# Automation's own holds (healthplane.contracts.automation, which `node show` explains from): a node
 # either took out of service is one "automation itself took out of service" (POL-4): in
 # replace mode a fault-evicted provisioned instance is replaced, as reference 000 describes.
 AUTOMATION = automation.AUTOMATION

@@ -21,9 +21,9 @@ from typing import Any
 import cel
 import msgspec
 
-from healthplane import wire
-from healthplane.config import RULE_VARIABLES
-from healthplane.expressions import Bindings, compile_expression
+from healthplane.contracts import wire
+from healthplane.contracts.config import RULE_VARIABLES
+from healthplane.contracts.expressions import Bindings, compile_expression
 
 HEALTH_EVENT_TYPES = frozenset({"CONDITION_RAISED", "SCORE_CHANGED"})
 RECOVERY_EVENT_TYPES = frozenset({"CONDITION_CLEARED"})

@@ -23,9 +23,9 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any, Final
 
-from healthplane import gating, subjects, wire
+from healthplane.contracts import gating, subjects, wire
+from healthplane.contracts.subjects import job_key, node_key
 from healthplane.runtime.processor import Emit, Inbound, Input, Note, Reject
-from healthplane.subjects import job_key, node_key
 from healthplane_scheduler.rules import (
     ACTIVE,
     TERMINAL,

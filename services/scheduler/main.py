@@ -20,11 +20,11 @@ from prometheus_client import REGISTRY
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from healthplane.gating import gated
+from healthplane.contracts.gating import gated
 from healthplane.runtime.lease import Lease
 from healthplane.runtime.lifecycle import Runner, ServiceContext, run_service, serve_replicated
 from healthplane.runtime.processor import Emit, Inbound, Note, Processor, tell
-from healthplane.settings import EnvSettings
+from healthplane.runtime.settings import EnvSettings
 from healthplane_scheduler.fold import INPUTS, OUTPUTS, SERVICE, SchedulerCore
 from healthplane_scheduler.rules import SchedulerState, drain_below_for
 

@@ -14,9 +14,9 @@ from typing import Any, Final, Literal
 
 import msgspec
 
-from healthplane import gating, wire
-from healthplane.gating import gated
-from healthplane.subjects import node_key
+from healthplane.contracts import gating, wire
+from healthplane.contracts.gating import gated
+from healthplane.contracts.subjects import node_key
 
 StepStatus = Literal["queued", "placed", "started", "finished", "failed"]
 

@@ -11,8 +11,9 @@ from typing import Final
 
 import msgspec
 
-from healthplane import configstore, reads, subjects, wire
-from healthplane.runtime import heap
+from healthplane.client import reads
+from healthplane.contracts import subjects, wire
+from healthplane.runtime import configstore, heap
 from healthplane.runtime.processor import Emit, Inbound, Input, Reject
 from healthplane_scorer.rules import PenaltyTable, Tally, score
 

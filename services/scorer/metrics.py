@@ -19,7 +19,7 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Final, NamedTuple
 
-from healthplane import wire
+from healthplane.contracts import wire
 from healthplane.runtime import gzipped
 from healthplane.runtime.metrics import label_value
 from healthplane_scorer.fold import NodeScore, ScorerState, node_health

@@ -16,7 +16,7 @@ from typing import Final
 
 import msgspec
 
-from healthplane import wire
+from healthplane.contracts import wire
 from healthplane.runtime import heap
 
 # Points deducted per active condition, by reason; ``Reason:critical`` when one reason comes

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Final
 
-from healthplane import gating, subjects, wire
+from healthplane.contracts import gating, subjects, wire
 from healthplane.runtime.processor import Emit, Inbound, Input, Note, Reject
 from healthplane_slurm_adapter.rules import (
     ENDED,

@@ -33,12 +33,12 @@ from typing import Any
 import pydantic
 from prometheus_client import Counter, Gauge, Histogram
 
-from healthplane import wire
+from healthplane.contracts import wire
 from healthplane.runtime.backoff import Backoff
 from healthplane.runtime.lease import Lease
 from healthplane.runtime.lifecycle import Runner, ServiceContext, run_service, serve_replicated
 from healthplane.runtime.processor import Emit, Processor, tell
-from healthplane.settings import EnvSettings
+from healthplane.runtime.settings import EnvSettings
 from healthplane_slurm_adapter.fold import (
     INPUTS,
     OUTPUTS,

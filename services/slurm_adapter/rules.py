@@ -18,7 +18,7 @@ from typing import Final
 
 import msgspec
 
-from healthplane import gating, wire
+from healthplane.contracts import gating, wire
 from healthplane_slurm_adapter.slurm import SlurmJob, SlurmNode
 
 # Slurm job states (squeue's job_state) and what an allocation makes of them.

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Literal, NamedTuple
 
-from healthplane import subjects, wire
+from healthplane.contracts import subjects, wire
 from healthplane_substrate_bridge.rules import registration_event
 
 SkipReason = Literal["already registered", "registration not stored"]

@@ -19,8 +19,8 @@ import pydantic
 from nats.js import JetStreamContext
 from nats.js.errors import NoKeysError
 
-from healthplane import configstore, streams, subjects, wire
-from healthplane.runtime import consumers, metrics
+from healthplane.contracts import streams, subjects, wire
+from healthplane.runtime import configstore, consumers, metrics
 from healthplane.runtime.backoff import Backoff
 from healthplane.runtime.deadletters import SetAside
 from healthplane.runtime.lease import Lease
@@ -28,7 +28,7 @@ from healthplane.runtime.lifecycle import Runner, ServiceContext, run_service, s
 from healthplane.runtime.publish import Outbound, Publisher, PublishError
 from healthplane.runtime.pull import Delivery, PullLoop
 from healthplane.runtime.replay import read_all
-from healthplane.settings import EnvSettings, SettingsError
+from healthplane.runtime.settings import EnvSettings, SettingsError
 from healthplane_substrate_bridge import fold
 from healthplane_substrate_bridge.metrics import GAUGES, PUT_FAILURES
 from healthplane_substrate_bridge.rules import decide_cap, rejection_log

@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from healthplane import wire
-from healthplane.config import clamp_nodes_bucket_cap
+from healthplane.contracts import wire
+from healthplane.contracts.config import clamp_nodes_bucket_cap
 from healthplane.runtime.logs import LogBudget
 
 REJECTION_LOG_INTERVAL_S = 30.0

@@ -28,16 +28,16 @@ from typing import Any
 from nats.aio.msg import Msg
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
-from healthplane import configstore, subjects, wire
-from healthplane.config import ConfigError
-from healthplane.runtime import consumers, metrics
+from healthplane.contracts import subjects, wire
+from healthplane.contracts.config import ConfigError
+from healthplane.contracts.webhooks import signature_headers
+from healthplane.runtime import configstore, consumers, metrics
 from healthplane.runtime.deadletters import SetAside
 from healthplane.runtime.lease import Lease
 from healthplane.runtime.lifecycle import Runner, ServiceContext, run_service, serve_replicated
 from healthplane.runtime.logs import LogBudget
 from healthplane.runtime.publish import Publisher
 from healthplane.runtime.pull import Delivery, PullLoop
-from healthplane.webhooks import signature_headers
 from healthplane_webhook_dispatcher.metrics import (
     CONFIG_VERSION,
     DELIVERIES,

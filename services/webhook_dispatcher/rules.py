@@ -26,9 +26,9 @@ import pydantic
 from cloudevents.core.formats.json import JSONFormat
 from cloudevents.core.v1.event import CloudEvent
 
-from healthplane import streams, subjects, wire
-from healthplane.config import ClusterConfig
-from healthplane.settings import EnvSettings
+from healthplane.contracts import streams, subjects, wire
+from healthplane.contracts.config import ClusterConfig
+from healthplane.runtime.settings import EnvSettings
 
 SERVICE: Final = "webhook-dispatcher"
 CONTENT_TYPE: Final = "application/cloudevents+json; charset=utf-8"

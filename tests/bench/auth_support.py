@@ -1,7 +1,7 @@
 """What tests/bench/test_auth_candidates.py needs to run the two SEC-2 candidates side by side
 (docs/security.md, "Candidates measured"):
 
-* NATS JWTs, encoded by ``healthplane.creds`` (what the product ships): no maintained Python
+* NATS JWTs, encoded by ``healthplane.stack.keystore`` (what the product ships): no maintained Python
   library writes the claims the candidates need (``nats-jwt`` 0.2.2 has neither scoped signing keys nor the authorization request/response
   claims of auth callout). A NATS JWT is ``b64url(header).b64url(claims).b64url(sig)``,
   header ``{"typ":"JWT","alg":"ed25519-nkey"}``, the signature ed25519 by the issuer's nkey
@@ -39,18 +39,10 @@ import nacl.exceptions
 import nacl.signing
 import nkeys
 
-from healthplane.creds import (
-    CredsError,
-    decode_jwt,
-    encode_jwt,
-    new_pair,
-    public,
-    unb64url,
-    verify_jwt,
-    verify_key,
-)
-from healthplane.natsserver import die_with_parent, find_binary, free_port, terminate
-from healthplane.streams import CHANNELS
+from healthplane.contracts.streams import CHANNELS
+from healthplane.runtime.creds import CredsError, decode_jwt, unb64url, verify_jwt, verify_key
+from healthplane.stack.keystore import encode_jwt, new_pair, public
+from healthplane.stack.natsserver import die_with_parent, find_binary, free_port, terminate
 
 NO_LIMIT = -1
 READY_TIMEOUT_S = 15.0

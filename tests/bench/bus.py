@@ -15,12 +15,12 @@ from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig
 
-from healthplane import subjects, wire
-from healthplane.natsserver import NatsServer
+from healthplane.contracts import subjects, wire
 from healthplane.runtime import heap
 from healthplane.runtime.processor import Inbound, Processor
 from healthplane.runtime.publish import Outbound, Publisher
 from healthplane.runtime.pull import Delivery, PullLoop
+from healthplane.stack.natsserver import NatsServer
 from healthplane_collector.agent import Collector, Settings
 from healthplane_collector.sim import SimNode
 from tests.bench import harness

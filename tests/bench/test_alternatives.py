@@ -27,9 +27,9 @@ import pytest
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig
 
-from healthplane import wire
-from healthplane.natsserver import NatsServer
+from healthplane.contracts import wire
 from healthplane.runtime.pull import Delivery, PullLoop
+from healthplane.stack.natsserver import NatsServer
 from healthplane_collector.agent import Collector, Settings
 from healthplane_collector.sim import SimNode
 from tests.bench import harness

@@ -23,9 +23,9 @@ from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 from playwright.async_api import async_playwright, expect
 
-from healthplane import subjects, wire
-from healthplane.creds import Keystore
-from healthplane.natsserver import NatsServer, free_port
+from healthplane.contracts import subjects, wire
+from healthplane.stack.keystore import Keystore
+from healthplane.stack.natsserver import NatsServer, free_port
 from tests.bench import harness
 from tests.support.browser import CHROMIUM, FLAGS
 from tests.support.secure import creds_for, env_for

@@ -38,7 +38,7 @@ from tests.bench import harness
 
 nkeys = pytest.importorskip(
     "nkeys", reason="nkeys is not installed: it is in the bench-only extra, pip install -e '.[bench]'")
-from healthplane.creds import new_pair, public  # noqa: E402
+from healthplane.stack.keystore import new_pair, public  # noqa: E402
 from tests.bench.auth_support import (  # noqa: E402
     REVOKE_SUBJECT,
     CalloutProcess,

@@ -1,4 +1,4 @@
-"""Issue 18, "Figures": what node identities (``healthplane.creds``, docs/security.md) cost the
+"""Issue 18, "Figures": what node identities (``healthplane.stack.keystore``, docs/security.md) cost the
 running pipeline, each beside the same thing without auth, in one run.
 
 1. **The pipeline with auth on and off.** The same workload twice: a fresh nats-server with no
@@ -48,10 +48,10 @@ import nats
 import pytest
 from nats.js import JetStreamContext
 
-from healthplane import streams, subjects, wire
-from healthplane.creds import Keystore, push_account
-from healthplane.natsserver import NatsServer
+from healthplane.contracts import streams, subjects, wire
 from healthplane.runtime.connect import connect
+from healthplane.stack.keystore import Keystore, push_account
+from healthplane.stack.natsserver import NatsServer
 from healthplane_collector.agent import Collector, Settings
 from healthplane_collector.sim import SimNode
 from healthplane_health_ingest.fold import SERVICE

@@ -17,8 +17,8 @@ from pathlib import Path
 import httpx
 from nats.js import JetStreamContext
 
-from healthplane import subjects, wire
-from healthplane.natsserver import NatsServer, free_port
+from healthplane.contracts import subjects, wire
+from healthplane.stack.natsserver import NatsServer, free_port
 from healthplane_collector.sim import Fleet
 from tests.bench import harness
 from tests.component.test_collector_live import collector_config, fixture_root

@@ -17,9 +17,10 @@ from pathlib import Path
 
 from nats.js import JetStreamContext
 
-from healthplane import configstore, subjects, wire
-from healthplane.config import ClusterConfig
-from healthplane.natsserver import NatsServer
+from healthplane.contracts import subjects, wire
+from healthplane.contracts.config import ClusterConfig
+from healthplane.runtime import configstore
+from healthplane.stack.natsserver import NatsServer
 from healthplane_collector.agent import Collector, Settings
 from healthplane_collector.sim import SimNode
 from tests.bench import harness

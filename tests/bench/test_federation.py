@@ -1,5 +1,5 @@
 """Issue 22's figures: how the hub's copy of a cluster (durable sourcing through the member's
-``hub`` consumer, ``healthplane.federation``) catches up after an outage of the link, and the
+``hub`` consumer, ``healthplane.client.federation``) catches up after an outage of the link, and the
 bytes the link carries per node change, against a raw stream mirror of the same data over its
 own, identical link, in the same run (and an ephemeral source, nats-server's other way).
 
@@ -25,10 +25,11 @@ from typing import Any
 
 import pytest
 
-from healthplane import federation, streams, subjects
-from healthplane.natsserver import Federation, NatsServer, free_port
+from healthplane.client import federation
+from healthplane.contracts import streams, subjects
 from healthplane.runtime.connect import connect
 from healthplane.runtime.publish import Publisher
+from healthplane.stack.natsserver import Federation, NatsServer, free_port
 from tests.bench import harness
 from tests.support.link import Link
 

@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
-from healthplane import streams
-from healthplane.natsserver import NatsCluster, NatsServer
+from healthplane.contracts import streams
 from healthplane.runtime.connect import connect
 from healthplane.runtime.processor import Processor
+from healthplane.stack.natsserver import NatsCluster, NatsServer
 from healthplane_health_ingest.fold import INPUTS, OUTPUTS, IngestCore
 from healthplane_health_ingest.rules import IngestState
 from healthplane_scorer.fold import INPUTS as SCORER_INPUTS

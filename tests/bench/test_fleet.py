@@ -38,9 +38,9 @@ import nats
 import pytest
 from nats.js.api import AckPolicy, ConsumerConfig
 
-from healthplane import streams, wire
-from healthplane.natsserver import NatsServer, terminate
+from healthplane.contracts import streams, wire
 from healthplane.runtime.pull import Delivery, PullLoop
+from healthplane.stack.natsserver import NatsServer, terminate
 from tests.bench import harness
 
 pytestmark = pytest.mark.insecure

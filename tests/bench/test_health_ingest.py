@@ -9,10 +9,10 @@ from datetime import UTC, datetime, timedelta
 
 from nats.js import JetStreamContext
 
-from healthplane import subjects, wire
-from healthplane.natsserver import NatsServer
+from healthplane.contracts import subjects, wire
 from healthplane.runtime.processor import Inbound, Processor
 from healthplane.runtime.replay import replay
+from healthplane.stack.natsserver import NatsServer
 from healthplane_collector.agent import Collector, Settings
 from healthplane_collector.sim import SimNode
 from healthplane_health_ingest.fold import INPUTS, OUTPUTS, IngestCore

@@ -15,12 +15,12 @@ from typing import Any
 
 import pytest
 
-from healthplane import streams
-from healthplane.natsserver import NatsServer
+from healthplane.contracts import streams
 from healthplane.runtime import processor as processor_module
 from healthplane.runtime.connect import connect
 from healthplane.runtime.processor import Processor
 from healthplane.runtime.publish import Publisher
+from healthplane.stack.natsserver import NatsServer
 from healthplane_health_ingest.fold import INPUTS, OUTPUTS, IngestCore
 from healthplane_health_ingest.rules import IngestState
 from tests.bench import harness

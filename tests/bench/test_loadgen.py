@@ -15,11 +15,11 @@ from typing import Any
 
 import pytest
 
-from healthplane import streams, subjects
-from healthplane.natsserver import NatsServer
+from healthplane.contracts import streams, subjects
 from healthplane.runtime import logs
 from healthplane.runtime.connect import connect
 from healthplane.runtime.publish import Publisher
+from healthplane.stack.natsserver import NatsServer
 from healthplane_collector.loadgen import LoadFleet, Templates
 from tests.bench import harness
 

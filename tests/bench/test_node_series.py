@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 import pytest
 from prometheus_client import CollectorRegistry
 
-from healthplane import wire
+from healthplane.contracts import wire
 from healthplane.runtime import metrics
 from healthplane_scorer.fold import NodeScore, ScorerState
 from healthplane_scorer.metrics import NodeSeries

@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 from nats.js import JetStreamContext
 
-from healthplane import streams
-from healthplane.natsserver import NatsServer
+from healthplane.contracts import streams
 from healthplane.runtime.connect import connect
 from healthplane.runtime.processor import Input, Processor
+from healthplane.stack.natsserver import NatsServer
 from healthplane_health_ingest.fold import INPUTS as INGEST_INPUTS
 from healthplane_health_ingest.fold import OUTPUTS as INGEST_OUTPUTS
 from healthplane_health_ingest.fold import IngestCore

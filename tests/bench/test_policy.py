@@ -9,8 +9,8 @@ from datetime import UTC, datetime, timedelta
 
 from nats.js import JetStreamContext
 
-from healthplane import subjects, wire
-from healthplane.config import parse_cluster_config
+from healthplane.contracts import subjects, wire
+from healthplane.contracts.config import parse_cluster_config
 from healthplane.runtime.processor import Processor
 from healthplane.runtime.replay import replay
 from healthplane_policy import rulesets

@@ -11,9 +11,9 @@ from datetime import UTC, datetime
 
 from nats.js import JetStreamContext
 
-from healthplane import subjects, wire
-from healthplane.natsserver import NatsServer
+from healthplane.contracts import subjects, wire
 from healthplane.runtime.processor import Inbound, Processor
+from healthplane.stack.natsserver import NatsServer
 from healthplane_scorer.fold import INPUTS, OUTPUTS, ScorerCore, ScorerState
 from tests.bench import harness
 from tests.bench.bus import (

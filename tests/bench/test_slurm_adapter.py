@@ -50,7 +50,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from healthplane import wire
+from healthplane.contracts import wire
 from healthplane_slurm_adapter.fold import AdapterCore, Drain
 from healthplane_slurm_adapter.main import obey
 from healthplane_slurm_adapter.rules import AdapterState, NodeWant, Observation

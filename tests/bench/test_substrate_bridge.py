@@ -9,10 +9,10 @@ import time
 from nats.js import JetStreamContext
 from nats.js.api import KeyValueConfig, StorageType
 
-from healthplane import subjects, wire
-from healthplane.natsserver import NatsServer
+from healthplane.contracts import subjects, wire
 from healthplane.runtime import logs
 from healthplane.runtime.lifecycle import ServiceContext
+from healthplane.stack.natsserver import NatsServer
 from healthplane_substrate_bridge.main import Bridge
 from tests.bench import harness
 from tests.bench.bus import CpuMeter, publish_all, raw_consume_rate

@@ -31,12 +31,12 @@ from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 from prometheus_client import REGISTRY
 
-from healthplane import configstore, subjects, wire
-from healthplane.config import parse_cluster_config
-from healthplane.natsserver import NatsServer, free_port
-from healthplane.runtime import logs
+from healthplane.contracts import subjects, wire
+from healthplane.contracts.config import parse_cluster_config
+from healthplane.contracts.webhooks import signature_headers
+from healthplane.runtime import configstore, logs
 from healthplane.runtime.lifecycle import ServiceContext
-from healthplane.webhooks import signature_headers
+from healthplane.stack.natsserver import NatsServer, free_port
 from healthplane_webhook_dispatcher.main import Dispatcher
 from healthplane_webhook_dispatcher.rules import CONTENT_TYPE, Settings, endpoint_label, envelope
 from healthplane_webhook_dispatcher.send import EndpointSender

@@ -16,8 +16,8 @@ import nats.errors
 import pytest
 from nats.js import JetStreamContext
 
-from healthplane import subjects, wire
-from healthplane.natsserver import NatsServer
+from healthplane.contracts import subjects, wire
+from healthplane.stack.natsserver import NatsServer
 from tests.support.secure import env_for
 
 pytestmark = pytest.mark.nats

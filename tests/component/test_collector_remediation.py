@@ -23,9 +23,9 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
-from healthplane import subjects, wire
-from healthplane.natsserver import NatsServer
+from healthplane.contracts import subjects, wire
 from healthplane.runtime.connect import connect
+from healthplane.stack.natsserver import NatsServer
 from tests.component.test_collector_live import collector_config, fixture_root
 from tests.support.secure import creds_for, env_for
 

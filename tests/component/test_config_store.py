@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from healthplane.natsserver import NatsServer
+from healthplane.stack.natsserver import NatsServer
 
 pytestmark = pytest.mark.nats
 

@@ -15,10 +15,10 @@ import pytest
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 
-from healthplane import streams
-from healthplane.natsserver import NatsServer
+from healthplane.contracts import streams
 from healthplane.runtime import deadletters, metrics
 from healthplane.runtime.connect import connect
+from healthplane.stack.natsserver import NatsServer
 from tests.support import toy
 
 # The runtime on streams of the test's own, outside the product's stream table: no product

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 from nats.js import JetStreamContext
 
-from healthplane import subjects, wire
-from healthplane.natsserver import NatsServer
+from healthplane.contracts import subjects, wire
 from healthplane.runtime.replay import read_all
+from healthplane.stack.natsserver import NatsServer
 from tests.component.test_health_ingest import until
 from tests.support.secure import env_for
 

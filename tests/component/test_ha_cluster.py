@@ -22,11 +22,11 @@ from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 from nats.js.errors import APIError
 
-from healthplane import streams, wire
-from healthplane.creds import Keystore
-from healthplane.natsserver import NatsCluster, NatsServer
+from healthplane.contracts import streams, wire
 from healthplane.runtime.connect import connect
 from healthplane.runtime.replay import read_all
+from healthplane.stack.keystore import Keystore
+from healthplane.stack.natsserver import NatsCluster, NatsServer
 from tests.support.pipeline import (
     Fleet,
     assert_views_equal_a_replay,

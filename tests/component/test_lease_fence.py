@@ -14,12 +14,12 @@ from pathlib import Path
 import pytest
 from nats.js import JetStreamContext
 
-from healthplane import subjects, wire
-from healthplane.natsserver import NatsServer
+from healthplane.contracts import subjects, wire
 from healthplane.runtime.connect import connect
 from healthplane.runtime.lease import HEADER, Lease
 from healthplane.runtime.processor import Inbound
 from healthplane.runtime.replay import read_all, replay
+from healthplane.stack.natsserver import NatsServer
 from healthplane_scorer.fold import ScorerCore, node_view
 from tests.support.pipeline import view_of
 from tests.support.secure import creds_for, env_for

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 from nats.js import JetStreamContext
 
-from healthplane import wire
-from healthplane.natsserver import NatsServer
+from healthplane.contracts import wire
 from healthplane.runtime.replay import read_all
+from healthplane.stack.natsserver import NatsServer
 from tests.support.pipeline import until
 from tests.support.secure import env_for
 

@@ -11,8 +11,8 @@ import msgspec
 import pytest
 from nats.js import JetStreamContext
 
-from healthplane import subjects, wire
-from healthplane.natsserver import NatsServer
+from healthplane.contracts import subjects, wire
+from healthplane.stack.natsserver import NatsServer
 
 pytestmark = pytest.mark.nats
 T0 = datetime(2026, 8, 5, 13, 41, 2, tzinfo=UTC)

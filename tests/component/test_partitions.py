@@ -16,9 +16,9 @@ import pytest
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 
-from healthplane import streams, subjects, wire
-from healthplane.natsserver import NatsServer
+from healthplane.contracts import streams, subjects, wire
 from healthplane.runtime.replay import read_all
+from healthplane.stack.natsserver import NatsServer
 from tests.support import pipeline
 from tests.support.pipeline import CLUSTER, Fleet, service, until
 

@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 from nats.js import JetStreamContext
 
-from healthplane import configstore, subjects, wire
-from healthplane.config import parse_cluster_config
-from healthplane.natsserver import NatsServer
+from healthplane.contracts import subjects, wire
+from healthplane.contracts.config import parse_cluster_config
+from healthplane.runtime import configstore
+from healthplane.stack.natsserver import NatsServer
 
 pytestmark = pytest.mark.nats
 

@@ -19,10 +19,11 @@ import pytest
 from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 
-from healthplane import configstore, subjects, wire
-from healthplane.config import parse_cluster_config
-from healthplane.natsserver import NatsServer, free_port
+from healthplane.contracts import subjects, wire
+from healthplane.contracts.config import parse_cluster_config
+from healthplane.runtime import configstore
 from healthplane.runtime.replay import replay
+from healthplane.stack.natsserver import NatsServer, free_port
 from tests.support.secure import env_for
 
 pytestmark = pytest.mark.nats

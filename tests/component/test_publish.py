@@ -9,10 +9,10 @@ import pytest
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
-from healthplane.natsserver import NatsServer
 from healthplane.runtime import publish
 from healthplane.runtime.connect import connect
 from healthplane.runtime.publish import Ack, Publisher, PublishError, header_block
+from healthplane.stack.natsserver import NatsServer
 
 # The runtime on streams of the test's own, outside the product's stream table: no product
 # identity may touch those (SEC-1 gives each only its own subjects), so this module's servers

@@ -8,9 +8,9 @@ import pytest
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig
 
-from healthplane.natsserver import NatsServer
 from healthplane.runtime.connect import connect
 from healthplane.runtime.pull import Delivery, PullLoop
+from healthplane.stack.natsserver import NatsServer
 
 # The runtime on streams of the test's own, outside the product's stream table: no product
 # identity may touch those (SEC-1 gives each only its own subjects), so this module's servers

@@ -17,10 +17,10 @@ from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 from nats.protocol.parser import Parser
 
-from healthplane.natsserver import NatsServer
 from healthplane.runtime import nats_internals
 from healthplane.runtime.connect import connect
 from healthplane.runtime.replay import read_all, read_payloads
+from healthplane.stack.natsserver import NatsServer
 
 # Unrelated traffic on a subject of the test's own ("chatter"), outside the product's table:
 # no product identity may use it (SEC-1), so this module's servers run open.

@@ -20,13 +20,13 @@ import pytest
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 
-from healthplane import configstore, subjects, wire
-from healthplane.config import parse_cluster_config
-from healthplane.natsserver import NatsServer
-from healthplane.runtime import logs, snapshots
+from healthplane.contracts import subjects, wire
+from healthplane.contracts.config import parse_cluster_config
+from healthplane.runtime import configstore, logs, snapshots
 from healthplane.runtime.connect import connect
 from healthplane.runtime.processor import FENCE_MARKS, Inbound, Processor
 from healthplane.runtime.replay import read_all
+from healthplane.stack.natsserver import NatsServer
 from healthplane_collector.sim import Fleet
 from healthplane_scheduler.fold import INPUTS, OUTPUTS, SERVICE, SchedulerCore
 from healthplane_scheduler.rules import SchedulerState

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from nats.js import JetStreamContext
 
-from healthplane import subjects, wire
-from healthplane.natsserver import NatsServer
+from healthplane.contracts import subjects, wire
 from healthplane.runtime.replay import replay
+from healthplane.stack.natsserver import NatsServer
 from healthplane_collector.sim import SimNode
 from tests.component.test_health_ingest import NOW, report_of, until
 from tests.support.secure import env_for
@@ -82,7 +82,7 @@ async def test_only_the_leader_exports_node_series_and_failover_moves_them(
         nats_server: NatsServer, js: JetStreamContext, tmp_path: Path) -> None:
     # SCO-6: series from the lease holder only; absent score for an unscored node; a replica
     # takes over when the leader dies.
-    from healthplane.natsserver import free_port
+    from healthplane.stack.natsserver import free_port
     from tests.support.records import resource_report
 
     ports = [free_port(), free_port()]

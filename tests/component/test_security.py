@@ -21,10 +21,11 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
-from healthplane import creds, subjects
-from healthplane.creds import Keystore
-from healthplane.natsserver import NatsServer
+from healthplane.contracts import subjects
+from healthplane.runtime import creds
 from healthplane.runtime.connect import connect
+from healthplane.stack.keystore import Keystore
+from healthplane.stack.natsserver import NatsServer
 from tests.component.test_node_cli import fleet  # noqa: F401 - the fixture
 from tests.support.secure import creds_for, env_for
 
@@ -215,7 +216,8 @@ def test_sec2_names_that_are_not_one_token_are_refused(keystore: Keystore, tmp_p
 
 
 async def test_sec4_tls_verifies_the_server_and_refuses_plaintext(tmp_path: Path) -> None:
-    from healthplane.tls import ClientTls, make_throwaway
+    from healthplane.runtime.tls import ClientTls
+    from healthplane.stack.tls import make_throwaway
 
     keystore = Keystore.init(tmp_path / "tls-creds")
     files = make_throwaway(tmp_path / "tls")

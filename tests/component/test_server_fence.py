@@ -10,12 +10,12 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from nats.js import JetStreamContext
 
-from healthplane import streams, subjects, wire
-from healthplane.natsserver import NatsServer
+from healthplane.contracts import streams, subjects, wire
 from healthplane.runtime.connect import connect
 from healthplane.runtime.lease import HEADER
 from healthplane.runtime.processor import Emit, LeaseLost, Processor
 from healthplane.runtime.replay import read_all
+from healthplane.stack.natsserver import NatsServer
 from healthplane_scorer.fold import INPUTS, OUTPUTS, SERVICE, ScorerCore, ScorerState
 from tests.support.secure import creds_for
 

@@ -22,10 +22,11 @@ import pytest
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 
-from healthplane import configstore, subjects, wire
-from healthplane.config import parse_cluster_config
-from healthplane.natsserver import NatsServer, free_port
+from healthplane.contracts import subjects, wire
+from healthplane.contracts.config import parse_cluster_config
+from healthplane.runtime import configstore
 from healthplane.runtime.replay import read_all
+from healthplane.stack.natsserver import NatsServer, free_port
 from tests.support.secure import env_for
 from tests.support.slurm import SlurmCluster
 

@@ -16,10 +16,10 @@ import pytest
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 
-from healthplane import subjects, wire
-from healthplane.creds import Keystore
-from healthplane.natsserver import NatsServer
+from healthplane.contracts import subjects, wire
 from healthplane.runtime.replay import read_all
+from healthplane.stack.keystore import Keystore
+from healthplane.stack.natsserver import NatsServer
 from tests.support.secure import env_for
 from tests.unit.collector.test_inventory import machine
 

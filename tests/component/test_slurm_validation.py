@@ -15,8 +15,8 @@ import pytest
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 
-from healthplane import subjects, wire
-from healthplane.natsserver import NatsServer
+from healthplane.contracts import subjects, wire
+from healthplane.stack.natsserver import NatsServer
 from tests.component.test_slurm_adapter import Adapter, allocations, until
 from tests.support.slurm import SlurmCluster
 

@@ -6,7 +6,7 @@ import pytest
 from nats.js import JetStreamContext
 from nats.js.api import RetentionPolicy, StorageType, StreamConfig
 
-from healthplane import streams
+from healthplane.contracts import streams
 
 pytestmark = pytest.mark.nats
 

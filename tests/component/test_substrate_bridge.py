@@ -16,11 +16,11 @@ import pytest
 from nats.js import JetStreamContext
 from nats.js.api import KeyValueConfig, StorageType
 
-from healthplane import configstore, streams, subjects, wire
-from healthplane.config import parse_cluster_config
-from healthplane.natsserver import NatsServer, free_port
-from healthplane.runtime import deadletters
+from healthplane.contracts import streams, subjects, wire
+from healthplane.contracts.config import parse_cluster_config
+from healthplane.runtime import configstore, deadletters
 from healthplane.runtime.replay import replay
+from healthplane.stack.natsserver import NatsServer, free_port
 from healthplane_substrate_bridge.metrics import BucketGauges
 from tests.support.records import resource_report
 from tests.support.secure import env_for

@@ -1,6 +1,6 @@
 """webhook-dispatcher on a real nats-server, delivering to real HTTP receivers on 127.0.0.1
 (WEB-1..WEB-4). Every delivery is parsed with the CloudEvents SDK's ``from_http`` and its
-signature checked with ``healthplane.webhooks.verify``, as a site's receiver would; hostile
+signature checked with ``healthplane.contracts.webhooks.verify``, as a site's receiver would; hostile
 receivers (issue 16.1) misbehave on real sockets next to a healthy one."""
 
 from __future__ import annotations
@@ -28,12 +28,12 @@ from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 from prometheus_client import REGISTRY
 
-from healthplane import configstore, subjects, wire
-from healthplane.config import parse_cluster_config
-from healthplane.natsserver import NatsServer, free_port
-from healthplane.runtime import deadletters
+from healthplane.contracts import subjects, wire
+from healthplane.contracts.config import parse_cluster_config
+from healthplane.runtime import configstore, deadletters
 from healthplane.runtime.connect import connect
 from healthplane.runtime.lifecycle import ServiceContext
+from healthplane.stack.natsserver import NatsServer, free_port
 from healthplane_webhook_dispatcher.main import Dispatcher
 from healthplane_webhook_dispatcher.rules import Settings, endpoint_label
 from tests.support.secure import creds_for, env_for

@@ -19,8 +19,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from healthplane.natsserver import free_port
-from healthplane.webhooks import signature_headers, verify
+from healthplane.contracts.webhooks import signature_headers, verify
+from healthplane.stack.natsserver import free_port
 from healthplane_webhook_dispatcher.rules import Settings
 from healthplane_webhook_dispatcher.send import MAX_BODY_BYTES, EndpointSender, endpoint_client
 from healthplane_webhook_dispatcher.transport import MAX_HEAD_BYTES, StreamTransport

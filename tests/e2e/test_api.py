@@ -13,7 +13,7 @@ import httpx
 import msgspec
 import pytest
 
-from healthplane import wire
+from healthplane.contracts import wire
 from tests.support.stack import Stack, running
 
 pytestmark = [pytest.mark.slow, pytest.mark.nats]

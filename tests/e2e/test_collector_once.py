@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from nats.js import JetStreamContext
 
-from healthplane import subjects, wire
-from healthplane.natsserver import NatsServer
+from healthplane.contracts import subjects, wire
+from healthplane.stack.natsserver import NatsServer
 from tests.support.secure import env_for
 from tests.unit.collector.test_inventory import machine, pci_device
 

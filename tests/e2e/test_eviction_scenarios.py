@@ -18,10 +18,10 @@ from typing import Any
 
 import pytest
 
-from healthplane import subjects, wire
-from healthplane.creds import Keystore
+from healthplane.contracts import subjects, wire
 from healthplane.runtime.connect import connect
 from healthplane.runtime.replay import read_all
+from healthplane.stack.keystore import Keystore
 from tests.e2e.test_up import _up, _wait_for_stack
 
 pytestmark = [pytest.mark.slow, pytest.mark.nats]

@@ -22,7 +22,7 @@ import httpx
 import pytest
 import yaml
 
-from healthplane.natsserver import free_port
+from healthplane.stack.natsserver import free_port
 from tests.support.monitoring import (
     ALERTMANAGER,
     RULES,

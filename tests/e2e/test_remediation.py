@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from healthplane import wire
+from healthplane.contracts import wire
 from tests.e2e.test_eviction_scenarios import Stack, _stack, until
 
 pytestmark = [pytest.mark.slow, pytest.mark.nats]

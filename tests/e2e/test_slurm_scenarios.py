@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from healthplane import wire
+from healthplane.contracts import wire
 from tests.e2e.test_eviction_scenarios import Stack, _stack, until
 from tests.support.slurm import SlurmCluster, slurm_cluster
 

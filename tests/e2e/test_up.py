@@ -18,7 +18,8 @@ import httpx
 import pytest
 from nats.aio.client import Client as NATS
 
-from healthplane import configstore, streams
+from healthplane.contracts import streams
+from healthplane.runtime import configstore
 from healthplane.runtime.connect import connect
 
 pytestmark = [pytest.mark.slow, pytest.mark.nats]
@@ -185,7 +186,7 @@ def test_up_with_a_simulated_fleet_reports_registers_and_takes_faults(tmp_path: 
         admin = {**os.environ, "HEALTHPLANE_NATS_CREDS": str(stack["adminCreds"])}
 
         async def check() -> None:
-            from healthplane import subjects, wire
+            from healthplane.contracts import subjects, wire
             from healthplane.runtime.replay import replay
 
             nc = await connect(url, name="test", creds=str(stack["adminCreds"]), give_up_after=10)

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from healthplane import registry, streams
+from healthplane.cli import registry
+from healthplane.contracts import streams
 from healthplane.runtime.connect import connect
 from tests.e2e.test_up import _alive, _up, _wait_for_stack
 

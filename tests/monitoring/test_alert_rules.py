@@ -8,7 +8,7 @@ from typing import Any
 
 import yaml
 
-from healthplane.config import ClusterConfig
+from healthplane.contracts.config import ClusterConfig
 from tests.support.monitoring import (
     NODE_SERIES,
     PROMETHEUS_CONFIG,

@@ -10,7 +10,7 @@ from typing import Any
 
 import yaml
 
-from healthplane.config import ClusterConfig
+from healthplane.contracts.config import ClusterConfig
 from tests.support.monitoring import DASHBOARD, GRAFANA, NODE_SERIES, dashboard, dashboard_queries
 
 

@@ -19,11 +19,11 @@ import msgspec
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 
-from healthplane import subjects, wire
-from healthplane.natsserver import NatsCluster, NatsServer
+from healthplane.contracts import subjects, wire
 from healthplane.runtime.connect import connect
 from healthplane.runtime.processor import Inbound
 from healthplane.runtime.replay import read_all, replay
+from healthplane.stack.natsserver import NatsCluster, NatsServer
 from healthplane_collector.agent import Collector, Settings
 from healthplane_collector.sim import SimNode
 from healthplane_scorer.fold import ScorerCore, node_view

@@ -7,8 +7,8 @@ from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from healthplane import wire
-from healthplane.config import parse_cluster_config
+from healthplane.contracts import wire
+from healthplane.contracts.config import parse_cluster_config
 from healthplane_policy.rules import Output, PolicyState, Record, decide, policy_config
 
 T0 = datetime(2026, 11, 30, 9, 0, tzinfo=UTC)

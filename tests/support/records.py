@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from healthplane import wire
+from healthplane.contracts import wire
 
 
 def resource_report(node_id: str, *, cluster: str = "default", cores: int = 192, gpus: int = 8,

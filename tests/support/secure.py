@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from healthplane.natsserver import NatsCluster, NatsServer
+from healthplane.stack.natsserver import NatsCluster, NatsServer
 
 
 def creds_for(server: NatsServer | NatsCluster, role: str, name: str | None = None) -> str | None:

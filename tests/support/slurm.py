@@ -27,7 +27,7 @@ from typing import Any
 
 import pytest
 
-from healthplane.natsserver import die_with_parent
+from healthplane.stack.natsserver import die_with_parent
 
 # Full paths, never /usr/sbin/slurmctld: slurm-wlm-emulator, if ever installed, repoints
 # those alternatives at front-end binaries that cannot run this config.

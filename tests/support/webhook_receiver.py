@@ -1,7 +1,7 @@
 """A real HTTP receiver on 127.0.0.1 for webhook tests: stdlib asyncio, HTTP/1.1 keep-alive.
 
 Each request is parsed the way a site's receiver would: the CloudEvent with the SDK's
-``from_http`` and the signature with ``healthplane.webhooks.verify``. ``answer`` decides the
+``from_http`` and the signature with ``healthplane.contracts.webhooks.verify``. ``answer`` decides the
 response (a status, or a status and headers, and how long to take); ``connections`` counts
 the connections accepted (keep-alive shows as fewer connections than requests). Run as a
 process it is the benchmark's receiver that answers at once:
@@ -24,7 +24,7 @@ from typing import Any, ClassVar, Literal, Self
 
 from cloudevents.v1.http import from_http
 
-from healthplane.webhooks import verify
+from healthplane.contracts.webhooks import verify
 
 
 @dataclass

@@ -11,8 +11,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from healthplane import automation, reads, wire
-from healthplane.config import NodeHealth
+from healthplane.client import reads
+from healthplane.contracts import automation, wire
+from healthplane.contracts.config import NodeHealth
 from healthplane_api import fold, pages
 
 NOW = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)

@@ -52,9 +52,9 @@ def test_an_unknown_value_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -
 def test_bad_data_no_reader_expected_is_one_line(monkeypatch: pytest.MonkeyPatch,
                                                  capsys: pytest.CaptureFixture[str]) -> None:
     # Issue 15.1: whatever record a command meets, no traceback: one line naming it, exit 1.
-    from healthplane import wire
     from healthplane.cli import main as run_cli
     from healthplane.cli import node_cmd
+    from healthplane.contracts import wire
 
     async def meets_a_bad_record(args: object) -> int:
         return wire.decode(wire.NodeView, b"{not json").jobs

@@ -14,7 +14,7 @@ from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
-from healthplane import registry
+from healthplane.cli import registry
 from healthplane.cli.main import build_parser
 from healthplane.runtime import nats_internals
 

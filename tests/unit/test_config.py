@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from healthplane.config import (
+from healthplane.contracts.config import (
     ClusterConfig,
     ConfigError,
     load_cluster_config,

@@ -9,10 +9,10 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from healthplane import registry
+from healthplane.cli import registry
 from healthplane.cli.main import build_parser
-from healthplane.creds import Keystore
-from healthplane.natsserver import find_binary
+from healthplane.stack.keystore import Keystore
+from healthplane.stack.natsserver import find_binary
 
 ROOT = Path(__file__).resolve().parents[2]
 CLUSTER_CONF = ROOT / "deploy" / "nats" / "nats-server-cluster.conf"

@@ -16,9 +16,9 @@ import pytest
 import yaml
 
 from healthplane.cli.main import build_parser
-from healthplane.config import CollectorConfig
-from healthplane.creds import Keystore
-from healthplane.natsserver import find_binary
+from healthplane.contracts.config import CollectorConfig
+from healthplane.stack.keystore import Keystore
+from healthplane.stack.natsserver import find_binary
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = "./deploy/creds/issue-creds.sh"

@@ -12,8 +12,8 @@ from typing import Any
 import msgspec
 import pytest
 
-from healthplane import subjects, wire
-from healthplane.config import ClusterConfig, ConfigError, parse_cluster_config
+from healthplane.contracts import subjects, wire
+from healthplane.contracts.config import ClusterConfig, ConfigError, parse_cluster_config
 from healthplane.runtime.processor import Inbound
 from healthplane_collector.agent import Collector, Settings
 from healthplane_collector.sim import SimNode

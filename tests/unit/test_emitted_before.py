@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from nats.js.api import StreamConfig
 
+from healthplane.contracts.streams import STREAMS
 from healthplane.runtime.processor import EmittedBefore, drops_records
-from healthplane.streams import STREAMS
 
 
 def _scanned() -> EmittedBefore:

@@ -11,8 +11,8 @@ import msgspec
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from healthplane import subjects, wire
-from healthplane.config import ClusterConfig
+from healthplane.contracts import subjects, wire
+from healthplane.contracts.config import ClusterConfig
 from healthplane.runtime.processor import Emit, Inbound
 from healthplane_eviction import rules
 from healthplane_eviction.fold import EvictionCore, EvictionState

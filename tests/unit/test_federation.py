@@ -1,4 +1,4 @@
-"""FED-1, FED-2: the pure parts of ``healthplane.federation`` — names, the stream and consumer
+"""FED-1, FED-2: the pure parts of ``healthplane.client.federation`` — names, the stream and consumer
 each side keeps, what the hub knows of a member, and the listing it shows."""
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from healthplane import federation, permissions, reads, subjects, wire
+from healthplane.client import federation, reads
+from healthplane.contracts import permissions, subjects, wire
 
 NOW = datetime(2026, 12, 3, 12, 0, tzinfo=UTC)
 

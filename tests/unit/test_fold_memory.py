@@ -18,7 +18,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from healthplane import subjects, wire
+from healthplane.contracts import subjects, wire
 from healthplane.runtime.processor import Emit, Inbound
 from healthplane_collector.agent import Collector, Settings
 from healthplane_collector.sim import SimNode

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from healthplane import wire
+from healthplane.contracts import wire
 from healthplane_collector.agent import Collector, Settings
 from healthplane_collector.sim import SimNode
 from healthplane_health_ingest.fold import IngestCore

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from healthplane import isolation
+from healthplane_eviction import isolation
 
 
 def _isolate(nodes: list[str], faulty: set[str], cap: int = 8) -> tuple[isolation.Isolation, int]:

@@ -19,7 +19,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.parser import text_string_to_metric_families
 
-from healthplane import wire
+from healthplane.contracts import wire
 from healthplane.runtime import gzipped, metrics
 from healthplane_scorer.fold import NodeScore, ScorerConfig, ScorerState, node_health
 from healthplane_scorer.metrics import HEALTH_STATES, NodeSeries

@@ -7,9 +7,9 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from healthplane import wire
 from healthplane.cli.node_cmd import detail, show_text
-from healthplane.reads import staleness
+from healthplane.client.reads import staleness
+from healthplane.contracts import wire
 
 T0 = datetime(2026, 8, 11, 9, 14, 2, 734912, tzinfo=UTC)
 

@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from healthplane import streams, subjects
 from healthplane.cli.main import _partitions
+from healthplane.contracts import streams, subjects
 from healthplane.runtime.lifecycle import owner
 from healthplane.runtime.processor import Handoff
 

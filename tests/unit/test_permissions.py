@@ -9,8 +9,9 @@ import importlib.util
 from hypothesis import given
 from hypothesis import strategies as st
 
-from healthplane import permissions, registry, streams, subjects, wire
-from healthplane.subjects import encode_token
+from healthplane.cli import registry
+from healthplane.contracts import permissions, streams, subjects, wire
+from healthplane.contracts.subjects import encode_token
 
 
 def _expand(template: str, cluster: str = "", node: str = "", user: str = "") -> str:

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from healthplane.config import ConfigError, parse_cluster_config
+from healthplane.contracts.config import ConfigError, parse_cluster_config
 from healthplane_policy.breaker import (
     BreakerSettings,
     BreakerState,

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from healthplane import wire
+from healthplane.contracts import wire
 from healthplane_policy.rules import PolicyState
 from tests.support.policy import (
     Driver,

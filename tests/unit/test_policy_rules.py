@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from healthplane.config import ConfigError, parse_cluster_config
+from healthplane.contracts.config import ConfigError, parse_cluster_config
 from tests.support.policy import Driver, at, condition, config, fleet, score
 
 FATAL_GPU = {"kind": "HealthEvent",

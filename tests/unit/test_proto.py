@@ -9,7 +9,7 @@ import pydantic
 import pytest
 from pydantic_asyncapi.v3 import AsyncAPI
 
-from healthplane import proto, streams, wire
+from healthplane.contracts import proto, streams, wire
 
 PROTO = Path(__file__).resolve().parents[2] / "proto"
 
@@ -74,7 +74,7 @@ def test_asyncapi_is_a_valid_asyncapi_3_document() -> None:
 def test_every_channel_is_held_by_its_stream(channel: streams.Channel) -> None:
     # Issue 17: one table: a stream's subjects are derived from its channels, so every channel
     # the document lists is one a stream stores.
-    from healthplane.subjects import matches
+    from healthplane.contracts.subjects import matches
 
     concrete = ".".join("x" if token.startswith("{") else token for token in channel.address.split("."))
     holders = [s.name for s in streams.STREAMS if any(matches(p, concrete) for p in s.subjects)]

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from healthplane import remediation as rem
-from healthplane.config import ConfigError, parse_cluster_config
+from healthplane.contracts.config import ConfigError, parse_cluster_config
+from healthplane_eviction import ladder as rem
 
 T0 = datetime(2026, 12, 3, 9, 0, tzinfo=UTC)
 LADDER = (rem.Rung("gpu-reset", 300), rem.Rung("reboot", 900), rem.Rung("needs-attention", 600))

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from healthplane import subjects
+from healthplane.contracts import subjects
 from tests.unit.test_validation_runs import SUITE, Loop
 
 LADDER = {"ladders": [{"faultClass": "GPU_XID_ERRORS", "xids": [79], "steps": [

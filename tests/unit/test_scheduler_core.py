@@ -16,8 +16,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from healthplane import subjects, wire
-from healthplane.config import parse_cluster_config
+from healthplane.contracts import subjects, wire
+from healthplane.contracts.config import parse_cluster_config
 from healthplane.runtime.processor import Emit, Inbound, Reject
 from healthplane_scheduler.fold import SchedulerCore
 from healthplane_scheduler.rules import SchedulerState, allocation_id, parse_allocation_id

@@ -10,7 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from healthplane import reads, subjects, wire
+from healthplane.client import reads
+from healthplane.contracts import subjects, wire
 from healthplane.runtime import gzipped
 from healthplane.runtime.processor import Inbound
 from healthplane_scorer.fold import ScorerCore, node_view

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pydantic
 import pytest
 
-from healthplane.settings import EnvSettings, SettingsError
+from healthplane.runtime.settings import EnvSettings, SettingsError
 
 
 class Tuning(EnvSettings):

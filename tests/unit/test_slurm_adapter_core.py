@@ -20,7 +20,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from healthplane import subjects, wire
+from healthplane.contracts import subjects, wire
 from healthplane.runtime.processor import Emit, Inbound
 from healthplane_slurm_adapter.fold import (
     Action,

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from healthplane import subjects
+from healthplane.contracts import subjects
 
 KV_KEY = re.compile(r"^[-/_=.A-Za-z0-9]+$")
 ids = st.text(min_size=1, max_size=80)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from healthplane import subjects
+from healthplane.contracts import subjects
 from healthplane_substrate_bridge import fold
 from healthplane_substrate_bridge.rules import CapDecision, decide_cap, registration_event_id
 from tests.support.records import resource_report

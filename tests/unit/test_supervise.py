@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from healthplane.supervise import (
+from healthplane.stack.supervise import (
     GiveUp,
     LeaveStopped,
     Restart,

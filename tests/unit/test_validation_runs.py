@@ -12,8 +12,8 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from healthplane import subjects, wire
-from healthplane.config import parse_cluster_config
+from healthplane.contracts import subjects, wire
+from healthplane.contracts.config import parse_cluster_config
 from healthplane.runtime.processor import Emit, Inbound
 from healthplane_eviction.fold import EvictionCore
 from healthplane_scheduler.fold import SchedulerCore

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from healthplane.config import ConfigError, Suite, parse_cluster_config
-from healthplane.validation import judge, rule_of
+from healthplane.contracts.config import ConfigError, Suite, parse_cluster_config
+from healthplane_eviction.run_verdict import judge, rule_of
 
 DIAG = {"command": ["dcgmi", "diag", "-r", "2"], "timeoutSeconds": 900, "gpus": 8}
 

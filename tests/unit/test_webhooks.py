@@ -1,4 +1,4 @@
-"""``healthplane.webhooks``: the signature a receiver checks (WEB-3)."""
+"""``healthplane.contracts.webhooks``: the signature a receiver checks (WEB-3)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import httpx
 from hypothesis import given
 from hypothesis import strategies as st
 
-from healthplane.webhooks import sign, signature_headers, verify
+from healthplane.contracts.webhooks import sign, signature_headers, verify
 
 SECRET = "whsec-4f1c9a7e2b"
 NOW = 1_786_460_662

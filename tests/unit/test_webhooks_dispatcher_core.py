@@ -11,8 +11,8 @@ from cloudevents.v1.http import from_http
 from hypothesis import given
 from hypothesis import strategies as st
 
-from healthplane import subjects, wire
-from healthplane.config import parse_cluster_config
+from healthplane.contracts import subjects, wire
+from healthplane.contracts.config import parse_cluster_config
 from healthplane.runtime.logs import LogBudget
 from healthplane_webhook_dispatcher.rules import (
     CONTENT_TYPE,

@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 import msgspec
 import pytest
 
-from healthplane import wire
+from healthplane.contracts import wire
 
 NOW = datetime(2026, 11, 30, 8, 0, tzinfo=UTC)
 

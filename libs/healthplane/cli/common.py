@@ -16,7 +16,8 @@ from typing import TypedDict, TypeVar
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
-from healthplane import creds, permissions, tls, wire
+from healthplane.contracts import permissions, wire
+from healthplane.runtime import creds, tls
 from healthplane.runtime.connect import DEFAULT_URL, connect, default_creds
 
 R = TypeVar("R", bound=wire.Record)

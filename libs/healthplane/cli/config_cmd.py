@@ -9,7 +9,6 @@ from typing import Any
 
 import yaml
 
-from healthplane import configstore
 from healthplane.cli.common import (
     EXIT_RETRY,
     CommandFailed,
@@ -19,7 +18,8 @@ from healthplane.cli.common import (
     nats_client,
     warn,
 )
-from healthplane.config import ConfigError, load_cluster_config
+from healthplane.contracts.config import ConfigError, load_cluster_config
+from healthplane.runtime import configstore
 
 SECRET_MASK = "********"
 

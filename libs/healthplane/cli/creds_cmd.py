@@ -14,9 +14,11 @@ from pathlib import Path
 
 from nats.errors import Error as NatsError
 
-from healthplane import creds, permissions
 from healthplane.cli.common import EXIT_RETRY, CommandFailed, fail, one_of, output_flag
-from healthplane.creds import CredsError, Keystore
+from healthplane.contracts import permissions
+from healthplane.runtime.creds import CredsError
+from healthplane.stack import keystore
+from healthplane.stack.keystore import Keystore
 
 DEFAULT_DATA_DIR = ".healthplane"
 
@@ -108,7 +110,7 @@ def _run(args: argparse.Namespace) -> int:
         case "server-config":
             text = store.server_config(Path(args.resolver_dir).resolve())
             if args.out:
-                creds.write_secret(Path(args.out), text)
+                keystore.write_secret(Path(args.out), text)
             else:
                 sys.stdout.write(text)
     return 0
@@ -123,7 +125,7 @@ def _revoke(args: argparse.Namespace, store: Keystore) -> int:
               "server starts with this account", file=sys.stderr)
         return 0
     try:
-        asyncio.run(creds.push_account(url, store))
+        asyncio.run(keystore.push_account(url, store))
     except (ConnectionError, TimeoutError, CredsError, NatsError) as exc:  # NatsError: no responders, …
         raise CommandFailed(f"revoked in {store.directory}, but the server at {url} was not told "
                             f"({exc or type(exc).__name__}); run revoke again", EXIT_RETRY) from exc

@@ -12,7 +12,6 @@ import json
 
 from nats.js.errors import NotFoundError
 
-from healthplane import wire
 from healthplane.cli.common import (
     EXIT_USAGE,
     CommandFailed,
@@ -21,6 +20,7 @@ from healthplane.cli.common import (
     nats_client,
     one_of,
 )
+from healthplane.contracts import wire
 from healthplane.runtime import deadletters
 
 

@@ -15,7 +15,6 @@ import json
 from datetime import UTC, datetime
 from pathlib import Path
 
-from healthplane import federation, permissions
 from healthplane.cli.common import (
     EXIT_RETRY,
     CommandFailed,
@@ -24,8 +23,11 @@ from healthplane.cli.common import (
     nats_client,
     output_flag,
 )
-from healthplane.creds import CredsError, Keystore
+from healthplane.client import federation
+from healthplane.contracts import permissions
 from healthplane.runtime.connect import connect
+from healthplane.runtime.creds import CredsError
+from healthplane.stack.keystore import Keystore
 
 DEFAULT_DATA_DIR = ".healthplane"
 

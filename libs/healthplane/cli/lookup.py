@@ -7,8 +7,8 @@ from collections.abc import Iterable
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 
-from healthplane import subjects, wire
 from healthplane.cli.common import EXIT_USAGE, CommandFailed, decoded, decoded_or_skipped
+from healthplane.contracts import subjects, wire
 from healthplane.runtime.replay import read_all
 
 

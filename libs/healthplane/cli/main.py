@@ -14,13 +14,14 @@ import sys
 from collections.abc import Sequence
 from typing import Final
 
-from healthplane import __version__, registry, wire
+from healthplane import __version__
 from healthplane.cli import (
     creds_cmd,
     dead_letters_cmd,
     federation_cmd,
     node_cmd,
     policy_cmd,
+    registry,
     validate_cmd,
 )
 from healthplane.cli.common import (
@@ -31,7 +32,8 @@ from healthplane.cli.common import (
     one_of,
     output_flag,
 )
-from healthplane.streams import PARTITION_SLOTS
+from healthplane.contracts import wire
+from healthplane.contracts.streams import PARTITION_SLOTS
 
 PARTITIONS_ENV: Final = "HEALTHPLANE_PARTITIONS"
 

@@ -21,7 +21,6 @@ from typing import Any
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 
-from healthplane import federation, subjects, wire
 from healthplane.cli.common import (
     EXIT_OK,
     EXIT_REFUSED,
@@ -36,6 +35,8 @@ from healthplane.cli.common import (
     one_of,
 )
 from healthplane.cli.lookup import find_node, views_of
+from healthplane.client import federation
+from healthplane.contracts import subjects, wire
 from healthplane.runtime.publish import Publisher, PublishError
 from healthplane.runtime.replay import read_payloads
 

@@ -18,10 +18,11 @@ from typing import Any
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 
-from healthplane import federation, reads, wire
 from healthplane.cli import node_actions, validate_cmd
 from healthplane.cli.common import CommandFailed, connection_flags, fail, nats_client, one_of
 from healthplane.cli.lookup import find_node
+from healthplane.client import federation, reads
+from healthplane.contracts import wire
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -11,7 +11,6 @@ import asyncio
 import uuid
 from datetime import UTC, datetime
 
-from healthplane import subjects, wire
 from healthplane.cli.common import (
     CommandFailed,
     actor,
@@ -20,6 +19,7 @@ from healthplane.cli.common import (
     nats_client,
     publish_checked,
 )
+from healthplane.contracts import subjects, wire
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

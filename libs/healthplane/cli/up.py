@@ -4,7 +4,7 @@ Starts a JetStream nats-server on loopback (``--servers 3``: a three-server clus
 stream and bucket R3; none with ``--nats-url``), creates the streams,
 applies the config, starts every built service as its own process, prints what runs where
 and writes ``DATA_DIR/stack.json``. A service that dies is restarted like systemd's
-``Restart=on-failure`` (``healthplane.supervise``): with a growing delay, on the same metrics
+``Restart=on-failure`` (``healthplane.stack.supervise``): with a growing delay, on the same metrics
 port, its restart count in ``stack.json``; after repeated fast failures ``up`` gives up on it
 with one line and keeps the rest running. Ctrl-C (or SIGTERM) stops the services, then the
 server, and leaves no process behind.
@@ -27,13 +27,25 @@ from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
-from healthplane import configstore, federation, registry, streams, tls
-from healthplane.config import ClusterConfig, ConfigError, load_cluster_config
-from healthplane.creds import CredsError, Keystore, write_secret
-from healthplane.natsserver import Federation, NatsCluster, NatsServer, NatsServerError, free_port
+from healthplane.cli import registry
+from healthplane.client import federation
+from healthplane.contracts import streams
+from healthplane.contracts.config import ClusterConfig, ConfigError, load_cluster_config
+from healthplane.runtime import configstore
+from healthplane.runtime import tls as client_tls
 from healthplane.runtime.connect import connect
+from healthplane.runtime.creds import CredsError
 from healthplane.runtime.lease import INSTANCE_ENV
-from healthplane.supervise import (
+from healthplane.stack import tls
+from healthplane.stack.keystore import Keystore, write_secret
+from healthplane.stack.natsserver import (
+    Federation,
+    NatsCluster,
+    NatsServer,
+    NatsServerError,
+    free_port,
+)
+from healthplane.stack.supervise import (
     GiveUp,
     LeaveStopped,
     Restart,
@@ -121,7 +133,7 @@ def run(args: argparse.Namespace) -> int:
             print(INSECURE_WARNING, file=sys.stderr)
         server_tls = tls.make_throwaway(data_dir / "tls") if args.tls else None
         if server_tls is not None:  # every client of this stack, and what it starts, verifies it
-            os.environ[tls.ENV_CA] = str(server_tls.ca)
+            os.environ[client_tls.ENV_CA] = str(server_tls.ca)
         keystore = identities.keystore if identities else None
         replicas: int | None = None  # a server we did not start: its streams stay as they are
         if args.nats_url:
@@ -438,7 +450,7 @@ def _print_access(nats_url: str, identities: Identities | None, server_tls: tls.
     if identities is not None:
         exports.append(f"HEALTHPLANE_NATS_CREDS={identities.admin}")
     if server_tls is not None:
-        exports.append(f"{tls.ENV_CA}={server_tls.ca}")
+        exports.append(f"{client_tls.ENV_CA}={server_tls.ca}")
     if exports:
         print(f"export {' '.join(exports)}")
     if identities is not None:

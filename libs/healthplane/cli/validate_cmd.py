@@ -17,7 +17,6 @@ import uuid
 from datetime import UTC, datetime
 from typing import Any
 
-from healthplane import subjects, wire
 from healthplane.cli.common import (
     EXIT_OK,
     EXIT_REFUSED,
@@ -31,6 +30,7 @@ from healthplane.cli.common import (
     one_of,
 )
 from healthplane.cli.node_actions import send, target
+from healthplane.contracts import subjects, wire
 from healthplane.runtime.replay import read_all
 
 DEFAULT_TIMEOUT_S = 3600.0

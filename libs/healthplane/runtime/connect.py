@@ -22,9 +22,9 @@ from typing import Any
 
 from nats.aio.client import Client as NATS
 
-from healthplane import creds as credentials
+from healthplane.runtime import creds as credentials
 from healthplane.runtime.backoff import Backoff
-from healthplane.tls import ClientTls, TlsError
+from healthplane.runtime.tls import ClientTls, TlsError
 
 DEFAULT_URL = "nats://127.0.0.1:4222"
 PING_INTERVAL_S = 2

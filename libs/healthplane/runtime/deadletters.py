@@ -27,7 +27,8 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
-from healthplane import __version__, subjects
+from healthplane import __version__
+from healthplane.contracts import subjects
 from healthplane.runtime import metrics
 from healthplane.runtime.backoff import Backoff
 from healthplane.runtime.logs import LogBudget

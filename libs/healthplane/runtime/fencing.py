@@ -33,7 +33,7 @@ import msgspec
 from nats.js import JetStreamContext
 from nats.js.errors import APIError, NotFoundError
 
-from healthplane import streams
+from healthplane.contracts import streams
 
 EXPECT_SEQ: Final = "Nats-Expected-Last-Subject-Sequence"
 EXPECT_SUBJECT: Final = "Nats-Expected-Last-Subject-Sequence-Subject"

@@ -29,8 +29,8 @@ from nats.js import JetStreamContext
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError, NotFoundError
 from nats.js.kv import KeyValue
 
-from healthplane.streams import LEASE_TTL_S as TTL_S
-from healthplane.streams import LEASES_BUCKET as BUCKET
+from healthplane.contracts.streams import LEASE_TTL_S as TTL_S
+from healthplane.contracts.streams import LEASES_BUCKET as BUCKET
 
 HEADER = "Hp-Lease-Rev"
 RETRY_S = 0.5

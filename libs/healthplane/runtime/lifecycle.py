@@ -27,7 +27,7 @@ from nats.js import JetStreamContext
 from nats.js.errors import APIError, ServiceUnavailableError
 from prometheus_client.registry import Collector
 
-from healthplane import streams, subjects
+from healthplane.contracts import streams, subjects
 from healthplane.runtime import connect, gzipped, logs, metrics
 from healthplane.runtime.lease import ROUND_TIMEOUT_S, Lease, instance_name
 from healthplane.runtime.processor import Core, Input, LeaseLost, Processor

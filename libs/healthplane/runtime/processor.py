@@ -50,9 +50,18 @@ from nats.js import JetStreamContext
 from nats.js.api import StreamConfig
 from nats.js.errors import APIError
 
-from healthplane import configstore, streams, subjects, wire
-from healthplane.config import ConfigError
-from healthplane.runtime import consumers, deadletters, fencing, heap, lease, metrics, snapshots
+from healthplane.contracts import streams, subjects, wire
+from healthplane.contracts.config import ConfigError
+from healthplane.runtime import (
+    configstore,
+    consumers,
+    deadletters,
+    fencing,
+    heap,
+    lease,
+    metrics,
+    snapshots,
+)
 from healthplane.runtime.backoff import Backoff
 from healthplane.runtime.publish import Ack, Outbound, Publisher, PublishError, Run
 from healthplane.runtime.pull import Delivery, PullLoop

@@ -17,7 +17,7 @@ from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, ConsumerInfo, DeliverPolicy
 from nats.js.errors import NotFoundError
 
-from healthplane import streams
+from healthplane.contracts import streams
 from healthplane.runtime import nats_internals
 from healthplane.runtime.pull import stream_seq_of
 

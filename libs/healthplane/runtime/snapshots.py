@@ -17,7 +17,7 @@ from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 
-from healthplane import subjects, wire
+from healthplane.contracts import subjects, wire
 from healthplane.runtime.replay import read_payloads
 
 STREAM: Final = "HP_SNAPSHOTS"

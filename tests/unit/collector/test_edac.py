@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from healthplane import wire
+from healthplane.contracts import wire
 from healthplane_collector.edac import edac_signal
 from healthplane_collector.probe import read_edac
 from tests.unit.collector.memory_files import MemoryFiles

@@ -16,7 +16,7 @@ import msgspec
 import pynvml
 import pytest
 
-from healthplane import wire
+from healthplane.contracts import wire
 from healthplane_collector.gpu_nvml import (
     CLOCK_EVENT_REASONS,
     clock_event_reason_names,

@@ -18,7 +18,7 @@ import pytest
 import pyudev
 from nats.js import JetStreamContext
 
-from healthplane import subjects, wire
+from healthplane.contracts import subjects, wire
 from healthplane_collector import udev
 from healthplane_collector.agent import Collector, HostSources, Hotplug, Settings, run_agent
 from healthplane_collector.hotplug import DeviceEvent, Reprobe, reprobe_for

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from healthplane import wire
+from healthplane.contracts import wire
 from healthplane_collector.inventory import Inventory, InventoryError, inventory_of
 from healthplane_collector.mounts import READ_ONLY_BY_NATURE
 from healthplane_collector.probe import read_edac, read_inventory, read_ioerr, read_mounts

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from healthplane import wire
+from healthplane.contracts import wire
 from healthplane_collector.ioerr import ioerr_signal
 from healthplane_collector.probe import read_ioerr
 from tests.unit.collector.memory_files import MemoryFiles

@@ -13,7 +13,7 @@ from datetime import UTC, datetime, timedelta
 import msgspec
 import pytest
 
-from healthplane import wire
+from healthplane.contracts import wire
 from healthplane_collector.kmsg import (
     EdacFinding,
     Finding,

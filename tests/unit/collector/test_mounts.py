@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from healthplane import wire
+from healthplane.contracts import wire
 from healthplane_collector.mounts import decode_octal, parse_mounts
 from healthplane_collector.probe import read_mounts
 

@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from healthplane import wire
+from healthplane.contracts import wire
 from healthplane_collector import probe
 from healthplane_collector.agent import Collector, Settings
 from healthplane_collector.remediation import (

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from healthplane import wire
+from healthplane.contracts import wire
 from healthplane_collector.agent import (
     Collector,
     HostSources,

@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from healthplane import wire
+from healthplane.contracts import wire
 from healthplane_collector.agent import Collector, Settings
 from healthplane_collector.sim import FaultError, SimNode
 

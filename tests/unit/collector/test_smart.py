@@ -13,7 +13,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from healthplane import wire
+from healthplane.contracts import wire
 from healthplane_collector.probe import read_smart
 from healthplane_collector.smart import (
     EXIT_STATUS_BITS,

@@ -25,7 +25,7 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
-from healthplane import wire
+from healthplane.contracts import wire
 
 MIB = 1024 * 1024
 GIB = 1024 * MIB
@@ -142,7 +142,7 @@ class RuleSet(_Camel):
     def _expressions_compile(self) -> RuleSet:
         # Compiled here, at validate time, so a bad expression is refused naming its rule set
         # (the policy compiles the same text again and gets the cached program).
-        from healthplane.expressions import ExpressionError, compile_expression
+        from healthplane.contracts.expressions import ExpressionError, compile_expression
 
         for group in ("all", "any"):
             for index, rule in enumerate(getattr(self.match, group)):
@@ -166,7 +166,7 @@ class Detector(_Camel):
 
     @model_validator(mode="after")
     def _expression_compiles(self) -> Detector:
-        from healthplane.expressions import ExpressionError, compile_expression
+        from healthplane.contracts.expressions import ExpressionError, compile_expression
 
         if self.condition in ("heartbeat_missed", "telemetry_stale", "collector_failed"):
             raise ValueError(f"detector {self.name!r}: {self.condition} is the control plane's own "

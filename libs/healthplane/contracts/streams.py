@@ -1,7 +1,7 @@
 """The streams and the KV bucket of ARCHITECTURE.md, in one table, and ``ensure()``.
 
 The table says, per stream, every channel it holds (address, record, writer): the streams'
-subjects are derived from it, and so is ``proto/asyncapi.json`` (``healthplane.proto``), so
+subjects are derived from it, and so is ``proto/asyncapi.json`` (``healthplane.contracts.proto``), so
 the bus and its description cannot drift apart.
 
 ``ensure()`` is what ``healthplane up`` and every service call at start: it creates what is
@@ -63,7 +63,7 @@ class Channel:
     record: str | None
     writer: str
     description: str
-    # The identities (healthplane.permissions roles) nats-server lets publish here; a
+    # The identities (healthplane.contracts.permissions roles) nats-server lets publish here; a
     # ``{type}`` address takes its writers from EVENT_WRITERS instead, an ``{actor}`` or
     # ``{service}`` parameter is bound to the publisher's own identity.
     writers: tuple[str, ...] = ()
@@ -133,7 +133,7 @@ class StreamDef:
         return any(c.address.startswith(FENCE_PREFIX) for c in self.channels)
 
 
-# Who may publish what (SEC-1): the identities of healthplane.permissions. A collector writes
+# Who may publish what (SEC-1): the identities of healthplane.contracts.permissions. A collector writes
 # for its own node only, the simulated fleet for its own cluster.
 WRITES_NODE: Final = ("collector", "sim")
 # The control plane's services (registry.CONTROL_PLANE; the library does not import it).

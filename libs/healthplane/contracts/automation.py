@@ -12,8 +12,8 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Final
 
-from healthplane import wire
-from healthplane.config import NodeHealth
+from healthplane.contracts import wire
+from healthplane.contracts.config import NodeHealth
 
 POLICY: Final = "policy"
 # Automation's own holds: the policy's, and fault eviction's cordon (EVI-5); every other

@@ -12,8 +12,8 @@ from typing import Any
 
 import msgspec
 
-from healthplane import wire
-from healthplane.config import Suite
+from healthplane.contracts import wire
+from healthplane.contracts.config import Suite
 
 
 class Rule(msgspec.Struct, frozen=True, kw_only=True):

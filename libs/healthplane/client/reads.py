@@ -21,10 +21,11 @@ from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 
-from healthplane import automation, configstore, streams, subjects, wire
 from healthplane.cli.common import EXIT_USAGE, CommandFailed, decoded
 from healthplane.cli.lookup import find_node, is_view
-from healthplane.config import NodeHealth
+from healthplane.contracts import automation, streams, subjects, wire
+from healthplane.contracts.config import NodeHealth
+from healthplane.runtime import configstore
 from healthplane.runtime.replay import read_all, read_payloads, start_of_last
 
 DEFAULT_PAGE_SIZE = 50

@@ -19,8 +19,8 @@ from nats.js import JetStreamContext
 from nats.js.errors import APIError, NotFoundError
 from prometheus_client import Counter
 
-from healthplane import subjects, wire
-from healthplane.config import ClusterConfig, ConfigError, parse_cluster_config
+from healthplane.contracts import subjects, wire
+from healthplane.contracts.config import ClusterConfig, ConfigError, parse_cluster_config
 
 STREAM = "HP_CONFIG"
 

@@ -8,7 +8,8 @@ state; these functions are pure.
 
 from __future__ import annotations
 
-from healthplane import configstore, wire
+from healthplane.contracts import wire
+from healthplane.runtime import configstore
 
 
 def thresholds(envelope: wire.ConfigEnvelope) -> tuple[int, dict[str, int]]:

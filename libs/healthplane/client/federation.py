@@ -40,9 +40,10 @@ from typing import Any, Final
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 
-from healthplane import permissions, reads, subjects, wire
 from healthplane.cli.common import CommandFailed
-from healthplane.permissions import HUB_CONSUMER, SOURCED_STREAM
+from healthplane.client import reads
+from healthplane.contracts import permissions, subjects, wire
+from healthplane.contracts.permissions import HUB_CONSUMER, SOURCED_STREAM
 
 HUB_DOMAIN: Final = "hub"
 AGGREGATE_PREFIX: Final = "HP_FED_"

@@ -1,13 +1,13 @@
 """What each identity may publish and subscribe to (SEC-1), generated from the stream table.
 
 nats-server enforces this, not our code: every role becomes a *scoped signing key* in the
-control plane's account JWT (``healthplane.creds``), whose permission template is
+control plane's account JWT (``healthplane.stack.keystore``), whose permission template is
 :func:`template`. A user signed by that key gets exactly these permissions, the server
 filling in the user's own tags: ``{{tag(cluster)}}``/``{{tag(node)}}`` for a node,
 ``{{tag(user)}}`` for a person. The user JWTs themselves carry no permissions, so a change
 here reaches every identity with one push of the account JWT and no credential re-issued.
 
-Where the permissions come from (``healthplane.streams``, the table the streams come from):
+Where the permissions come from (``healthplane.contracts.streams``, the table the streams come from):
 
 * **publish**: every channel whose ``writers`` name the role, its address parameters bound
   to the publisher (``{cluster}``/``{node}`` to a node's own, ``{actor}``/``{service}`` to its
@@ -27,8 +27,8 @@ import re
 from dataclasses import dataclass
 from typing import Final
 
-from healthplane import streams
-from healthplane.subjects import encode_token
+from healthplane.contracts import streams
+from healthplane.contracts.subjects import encode_token
 
 NODE: Final = "collector"
 SIM: Final = "sim"
@@ -200,7 +200,7 @@ def _extra_subscribe(role: str) -> tuple[str, ...]:
 
 
 def member() -> Permissions:
-    """A federation member's leaf connection to the hub (FED, ``healthplane.federation``).
+    """A federation member's leaf connection to the hub (FED, ``healthplane.client.federation``).
 
     For a leaf connection nats-server reads a user's permissions from the hub's side:
     *subscribe* is what the hub may send into the member, *publish* what the member may send

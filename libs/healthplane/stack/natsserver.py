@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from healthplane.creds import Keystore
-    from healthplane.tls import ServerTls
+    from healthplane.stack.keystore import Keystore
+    from healthplane.stack.tls import ServerTls
 
 READY_TIMEOUT_S = 15.0
 
@@ -141,10 +141,10 @@ class Federation:
 class NatsServer:
     """One nats-server process with its store under ``store_dir``.
 
-    With a ``keystore`` (``healthplane.creds``) the server runs in operator mode: every
+    With a ``keystore`` (``healthplane.stack.keystore``) the server runs in operator mode: every
     connection authenticates and the account JWT's role templates are its permissions
     (SEC-1); without one it runs open, which only ``--insecure`` and a few tests ask for.
-    With ``tls`` (``healthplane.tls.ServerTls``) clients must speak TLS (SEC-4).
+    With ``tls`` (``healthplane.stack.tls.ServerTls``) clients must speak TLS (SEC-4).
     """
 
     def __init__(self, store_dir: Path | str, port: int = 0, host: str = "127.0.0.1",

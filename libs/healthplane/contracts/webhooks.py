@@ -12,7 +12,7 @@ The timestamp is inside the signed material, so a captured delivery cannot be re
 once it is older than the receiver's tolerance. A receiver checks a request with
 :func:`verify` before it trusts a byte of the body (docs/webhooks.md)::
 
-    from healthplane.webhooks import verify
+    from healthplane.contracts.webhooks import verify
 
     if not verify(SECRET, request.headers, raw_body):
         return 401

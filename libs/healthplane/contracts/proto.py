@@ -1,5 +1,5 @@
 """Generate ``proto/``: JSON Schema for every wire record and an AsyncAPI document listing
-every subject, its stream and its payload. ``just proto`` runs ``python -m healthplane.proto``;
+every subject, its stream and its payload. ``just proto`` runs ``python -m healthplane.contracts.proto``;
 a test fails when the committed files differ from what this produces.
 """
 
@@ -12,11 +12,11 @@ from typing import Any
 
 import msgspec
 
-from healthplane import streams, wire
+from healthplane.contracts import streams, wire
 
 PARAMETERS = {
-    "cluster": "Cluster name, encoded as one subject token (healthplane.subjects.encode_token)",
-    "node": "Node id, encoded as one subject token (healthplane.subjects.encode_token)",
+    "cluster": "Cluster name, encoded as one subject token (healthplane.contracts.subjects.encode_token)",
+    "node": "Node id, encoded as one subject token (healthplane.contracts.subjects.encode_token)",
     "type": "Node event type, e.g. CONDITION_RAISED",
     "verb": "Command verb: cordon, uncordon, drain, evict, deprovision, replace, hold-release, service",
     "alloc": "Allocation id, encoded as one subject token",

@@ -1,0 +1,1 @@
+"""Typed reads and commands: what the CLI, the api, federation and the simulator call."""

@@ -1,0 +1,1 @@
+"""What crosses the bus: wire records, subjects, streams, permissions, config."""

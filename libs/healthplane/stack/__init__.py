@@ -1,0 +1,1 @@
+"""What `healthplane up` starts and issues: nats-server, supervision, TLS, the keystore."""
