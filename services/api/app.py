@@ -9,7 +9,6 @@ already turned ``%2F`` into a separator.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import json
@@ -35,11 +34,17 @@ from starlette.responses import (
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from healthplane.cli import config_cmd
-from healthplane.cli.common import EXIT_RETRY, EXIT_USAGE, CommandFailed, PermissionDenied
-from healthplane.cli.lookup import NodeNotFound, find_node
-from healthplane.cli.node_actions import command_for, send, usage_error
-from healthplane.client import federation, reads
+from healthplane.client import commands, federation, reads
+from healthplane.client.config import in_force
+from healthplane.client.connection import Identity
+from healthplane.client.errors import (
+    EXIT_RETRY,
+    EXIT_USAGE,
+    CommandFailed,
+    NodeNotFound,
+    PermissionDenied,
+)
+from healthplane.client.nodes import find_node
 from healthplane.contracts import wire
 from healthplane.runtime import configstore
 from healthplane_api import auth, fold, live, openapi, pages
@@ -183,7 +188,7 @@ def build(backend: Backend) -> Starlette:
         found = await configstore.read(backend.js)
         if found.in_force is None:
             return _error(404, "no valid config applied yet; services use the built-in defaults")
-        return JSONResponse(config_cmd.in_force(found.in_force))
+        return JSONResponse(in_force(found.in_force))
 
     def current_summary() -> dict[str, Any]:
         feed = backend.feed
@@ -226,15 +231,16 @@ def build(backend: Backend) -> Starlette:
         timeout = fields.get("timeout", COMMAND_TIMEOUT_S)
         if not isinstance(timeout, int | float) or not 0 < timeout <= 60:
             raise BadRequest("timeout must be a number of seconds from 0 to 60")
-        # The CLI's own arguments for the CLI's own checks, command and wait; acting as the caller.
-        args = argparse.Namespace(node_command=verb, node=node_id, all=False, reason=reason or None,
-                                  active=bool(fields.get("active")), evict=bool(fields.get("evict")),
-                                  force=bool(fields.get("force")), hold_ids=[], effect=None,
-                                  cluster=fields.get("cluster"), identity=(caller.role, caller.name), output="json")
-        usage_error(args)
-        view = await find_node(backend.nc, backend.js, node_id, args.cluster)
-        sent = command_for(args, view.node_id, view.cluster, None)
-        outcomes = await send(caller.client, args, [sent], float(timeout))
+        # The CLI's own checks, command and wait (healthplane.client), acting as the caller.
+        cluster = fields.get("cluster")
+        commands.check(verb, node=node_id, reason=reason or None, evict=bool(fields.get("evict")),
+                       force=bool(fields.get("force")))
+        view = await find_node(backend.nc, backend.js, node_id, cluster)
+        sent = commands.command(commands.verb_of(verb), view.node_id, view.cluster, Identity(caller.role, caller.name),
+                                reason=reason or None, active=bool(fields.get("active")),
+                                evict=bool(fields.get("evict")), force=bool(fields.get("force")))
+        outcomes = await commands.send_and_wait(caller.client, Identity(caller.role, caller.name), [sent],
+                                                float(timeout))
         outcome = outcomes.get(sent.id)
         backend.log.info("command", actor=caller.name, verb=verb, node=view.node_id, cluster=view.cluster,
                          command_id=sent.id, result=outcome.result if outcome else "pending")

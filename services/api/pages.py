@@ -10,7 +10,7 @@ from typing import Any, Final
 
 import jinja2
 
-from healthplane.cli.node_cmd import detail
+from healthplane.client.reads import detail
 from healthplane.contracts import wire
 
 TEMPLATES: Final = Path(__file__).parent / "templates"

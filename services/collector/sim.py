@@ -343,11 +343,12 @@ def inject_subject(cluster: str) -> str:
 
 async def _tell_hardware(nc: Any, args: Any, reply: InjectReply) -> None:
     """Record the node's hidden truth for the reference scheduler (development only)."""
-    from healthplane.cli.common import EXIT_RETRY, CommandFailed, actor
+    from healthplane.cli.common import who
+    from healthplane.client.errors import EXIT_RETRY, CommandFailed
     from healthplane.contracts import subjects
 
     truth = wire.SimHardware(node_id=args.node, cluster=args.cluster, failing_gpus=reply.failing_gpus or [],
-                             set_at=datetime.now(UTC), actor=actor(args))
+                             set_at=datetime.now(UTC), actor=who(args).actor)
     try:
         await nc.jetstream().publish(subjects.hardware(args.cluster, args.node), wire.encode(truth), timeout=5)
     except Exception as exc:
@@ -497,7 +498,8 @@ def run_cli(args: Any) -> int:
     import signal
     import sys
 
-    from healthplane.cli.common import EXIT_RETRY, CommandFailed, fail, nats_client
+    from healthplane.cli.common import fail, nats_client
+    from healthplane.client.errors import EXIT_RETRY, CommandFailed
     from healthplane.runtime import logs, metrics
     from healthplane.runtime.connect import connect
     from healthplane.runtime.lifecycle import let_go

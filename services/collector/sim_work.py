@@ -20,7 +20,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from healthplane.cli.common import EXIT_RETRY, EXIT_USAGE, CommandFailed, decoded, fail, nats_client
+from healthplane.cli.common import fail, nats_client
+from healthplane.client.connection import decoded
+from healthplane.client.errors import EXIT_RETRY, EXIT_USAGE, CommandFailed
 from healthplane.contracts import subjects, wire
 from healthplane.runtime.publish import Publisher, PublishError
 from healthplane.runtime.replay import read_all

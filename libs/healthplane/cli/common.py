@@ -1,30 +1,22 @@
-"""What every CLI command shares: its place in the command table, connecting, and saying
-why it could not."""
+"""What every CLI command shares: its place in the command table, its flags, and saying why
+it could not. Everything a command asks of the bus is ``healthplane.client``'s."""
 
 from __future__ import annotations
 
 import argparse
-import asyncio
-import getpass
 import os
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import TypedDict, TypeVar
+from typing import TypedDict
 
 from nats.aio.client import Client as NATS
-from nats.aio.msg import Msg
 
-from healthplane.contracts import permissions, wire
-from healthplane.runtime import creds, tls
-from healthplane.runtime.connect import DEFAULT_URL, connect, default_creds
-
-R = TypeVar("R", bound=wire.Record)
-T = TypeVar("T")
-
-EXIT_OK, EXIT_REFUSED, EXIT_USAGE, EXIT_RETRY = 0, 1, 2, 3
-CONNECT_TIMEOUT_S = 5.0
+from healthplane.client.connection import Identity, connected
+from healthplane.client.errors import CommandFailed
+from healthplane.runtime import tls
+from healthplane.runtime.connect import DEFAULT_URL
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,18 +29,6 @@ class CommandGroup:
     help: str
     add_arguments: Callable[[argparse.ArgumentParser], None]
     run: Callable[[argparse.Namespace], int]
-
-
-class CommandFailed(Exception):
-    """A command that cannot go on; ``str()`` is the one line to print, ``code`` the exit code."""
-
-    def __init__(self, message: str, code: int = EXIT_REFUSED) -> None:
-        super().__init__(message)
-        self.code = code
-
-
-class PermissionDenied(CommandFailed):
-    """The server refused what this identity tried (SEC-1): the API's 403."""
 
 
 class Choices(TypedDict):
@@ -86,99 +66,8 @@ def export_tls_flags(args: argparse.Namespace) -> None:
             os.environ[variable] = os.path.abspath(value)
 
 
-def identity(args: argparse.Namespace) -> tuple[str, str] | None:
-    """``(role, name)`` this command acts as: the HTTP API's caller (``args.identity``), or
-    the credentials' (``--creds``, ``HEALTHPLANE_NATS_CREDS``); ``None`` without any."""
-    given: tuple[str, str] | None = getattr(args, "identity", None)
-    if given is not None:
-        return given
-    path = getattr(args, "creds", None) or default_creds()
-    if not path:
-        return None
-    try:
-        return creds.identity_of(path)
-    except creds.CredsError as exc:
-        raise CommandFailed(str(exc)) from exc
-
-
-def actor(args: argparse.Namespace) -> str:
-    """Who a command is from. With credentials, their identity: nats-server lets it publish
-    only commands that carry that name (SEC-1). Without (``--insecure``), the login name or
-    ``HEALTHPLANE_ACTOR``, unverified."""
-    found = identity(args)
-    if found is not None and found[0] in permissions.ROLES and found[1]:
-        return found[1]
-    if os.environ.get("HEALTHPLANE_ACTOR"):
-        return os.environ["HEALTHPLANE_ACTOR"]
-    try:
-        return getpass.getuser()
-    except Exception:
-        return "unknown"
-
-
-async def acked_or_refused(nc: NATS, args: argparse.Namespace, what: str, pending: Awaitable[T]) -> T:
-    """``pending`` (a publish waiting for its ack), or ``CommandFailed`` naming the permission
-    as soon as the server refuses it: a refused publish never gets an ack, and waiting one out
-    would only end in a timeout that does not say why."""
-    before = nc.last_error
-    task = asyncio.ensure_future(pending)
-    try:
-        while not task.done():
-            error = nc.last_error
-            if error is not None and error is not before and "permissions violation" in str(error).lower():
-                raise PermissionDenied(f"permission denied: {_identity(args)} may not {what} "
-                                    f"({str(error).removeprefix('nats: ')})")
-            await asyncio.wait({task}, timeout=0.02)
-        return task.result()
-    finally:
-        task.cancel()
-
-
-def _identity(args: argparse.Namespace) -> str:
-    try:
-        found = identity(args)
-    except CommandFailed:
-        found = None
-    return f"{found[1]} (role {found[0]})" if found is not None else "this identity"
-
-
-async def publish_checked(nc: NATS, args: argparse.Namespace, what: str, subject: str, payload: bytes,
-                          headers: dict[str, str] | None = None) -> None:
-    try:
-        await acked_or_refused(nc, args, what, nc.jetstream().publish(subject, payload, headers=headers,
-                                                                       timeout=CONNECT_TIMEOUT_S))
-    except TimeoutError as exc:
-        raise CommandFailed(f"no answer from JetStream for {subject}; retry", EXIT_RETRY) from exc
-
-
 def output_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-o", "--output", **one_of(["text", "json"]), default="text")
-
-
-def warn(message: str) -> None:
-    print(f"healthplane: warning: {message}", file=sys.stderr)
-
-
-def decoded_or_skipped(kind: type[R], data: bytes, where: Callable[[], str]) -> R | None:
-    """``data`` as a ``kind``, or ``None`` with one stderr line naming ``where()`` and why:
-    any client that may publish on a subject could have appended a record that is not one,
-    and it must never hide the others or end a read in a traceback (REL-3)."""
-    try:
-        return wire.decode(kind, data)
-    except wire.WireError as exc:
-        warn(f"{where()} skipped: {exc}")
-        return None
-
-
-def decoded(kind: type[R], messages: Iterable[Msg]) -> list[tuple[Msg, R]]:
-    """Each message with its record; one that is not a ``kind`` is named and skipped."""
-    out = []
-    for msg in messages:
-        record = decoded_or_skipped(kind, msg.data, lambda msg=msg: (  # type: ignore[misc]
-            f"{msg.metadata.stream} record {msg.metadata.sequence.stream} ({msg.subject})"))
-        if record is not None:
-            out.append((msg, record))
-    return out
 
 
 def fail(exc: CommandFailed) -> int:
@@ -186,14 +75,13 @@ def fail(exc: CommandFailed) -> int:
     return exc.code
 
 
+def who(args: argparse.Namespace) -> Identity:
+    """Who this command acts as: its credentials' identity (``--creds``, ``HEALTHPLANE_NATS_CREDS``)."""
+    return Identity.of_creds(getattr(args, "creds", None))
+
+
 @asynccontextmanager
 async def nats_client(args: argparse.Namespace) -> AsyncIterator[NATS]:
-    """A connection for one command; unreachable is retryable (exit 3), never a traceback."""
-    try:
-        nc = await connect(args.nats_url, name="healthplane-cli", creds=args.creds, give_up_after=CONNECT_TIMEOUT_S)
-    except ConnectionError as exc:
-        raise CommandFailed(str(exc), EXIT_RETRY) from exc
-    try:
+    """A connection for one command (``--nats-url``, ``--creds``)."""
+    async with connected(args.nats_url, args.creds) as nc:
         yield nc
-    finally:
-        await nc.close()

@@ -5,23 +5,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-from typing import Any
 
 import yaml
 
-from healthplane.cli.common import (
-    EXIT_RETRY,
-    CommandFailed,
-    acked_or_refused,
-    actor,
-    fail,
-    nats_client,
-    warn,
-)
+from healthplane.cli.common import fail, nats_client, who
+from healthplane.client.config import in_force
+from healthplane.client.connection import acked_or_refused, warn
+from healthplane.client.errors import EXIT_RETRY, CommandFailed
 from healthplane.contracts.config import ConfigError, load_cluster_config
 from healthplane.runtime import configstore
-
-SECRET_MASK = "********"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -49,8 +41,8 @@ async def _apply(args: argparse.Namespace) -> int:
     try:
         async with nats_client(args) as nc:
             try:
-                version = await acked_or_refused(nc, args, "apply config (publish hp.config)", configstore.apply(
-                    nc.jetstream(), config, actor=actor(args), on_skipped=lambda r: warn(r.line())))
+                version = await acked_or_refused(nc, who(args), "apply config (publish hp.config)", configstore.apply(
+                    nc.jetstream(), config, actor=who(args).actor, on_skipped=lambda r: warn(r.line())))
             except TimeoutError as exc:
                 raise CommandFailed("no answer from JetStream for hp.config; retry", EXIT_RETRY) from exc
     except configstore.ConfigConflict as exc:
@@ -59,26 +51,6 @@ async def _apply(args: argparse.Namespace) -> int:
         return fail(exc)
     print(f"config version {version} applied (cluster {config.cluster})")
     return 0
-
-
-def masked(config: dict[str, Any]) -> dict[str, Any]:
-    """The config with every webhook secret replaced: nothing prints secrets."""
-    hooks = [
-        {**hook, "secret": SECRET_MASK} if "secret" in hook else hook
-        for hook in config.get("nodeEventWebhooks", [])
-    ]
-    return {**config, "nodeEventWebhooks": hooks}
-
-
-def in_force(applied: configstore.InForce) -> dict[str, Any]:
-    """``config show -o json`` = ``GET /api/v1/config``: the version, who applied it, the config masked."""
-    envelope = applied.envelope
-    return {
-        "version": envelope.version,
-        "appliedAt": envelope.applied_at.isoformat().replace("+00:00", "Z"),
-        "actor": envelope.actor,
-        "config": masked(envelope.config),
-    }
 
 
 async def _show(args: argparse.Namespace) -> int:

@@ -14,7 +14,8 @@ from pathlib import Path
 
 from nats.errors import Error as NatsError
 
-from healthplane.cli.common import EXIT_RETRY, CommandFailed, fail, one_of, output_flag
+from healthplane.cli.common import fail, one_of, output_flag
+from healthplane.client.errors import EXIT_RETRY, CommandFailed
 from healthplane.contracts import permissions
 from healthplane.runtime.creds import CredsError
 from healthplane.stack import keystore

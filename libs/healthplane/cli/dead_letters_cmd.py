@@ -12,14 +12,8 @@ import json
 
 from nats.js.errors import NotFoundError
 
-from healthplane.cli.common import (
-    EXIT_USAGE,
-    CommandFailed,
-    connection_flags,
-    fail,
-    nats_client,
-    one_of,
-)
+from healthplane.cli.common import connection_flags, fail, nats_client, one_of
+from healthplane.client.errors import EXIT_USAGE, CommandFailed
 from healthplane.contracts import wire
 from healthplane.runtime import deadletters
 

@@ -15,15 +15,9 @@ import json
 from datetime import UTC, datetime
 from pathlib import Path
 
-from healthplane.cli.common import (
-    EXIT_RETRY,
-    CommandFailed,
-    connection_flags,
-    fail,
-    nats_client,
-    output_flag,
-)
+from healthplane.cli.common import connection_flags, fail, nats_client, output_flag
 from healthplane.client import federation
+from healthplane.client.errors import EXIT_RETRY, CommandFailed
 from healthplane.contracts import permissions
 from healthplane.runtime.connect import connect
 from healthplane.runtime.creds import CredsError

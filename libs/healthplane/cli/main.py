@@ -25,13 +25,13 @@ from healthplane.cli import (
     validate_cmd,
 )
 from healthplane.cli.common import (
-    EXIT_REFUSED,
     CommandGroup,
     connection_flags,
     export_tls_flags,
     one_of,
     output_flag,
 )
+from healthplane.client.errors import EXIT_REFUSED
 from healthplane.contracts import wire
 from healthplane.contracts.streams import PARTITION_SLOTS
 

@@ -15,30 +15,16 @@ import json
 import sys
 import uuid
 from collections.abc import Iterable
-from datetime import UTC, datetime
 from typing import Any
 
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 
-from healthplane.cli.common import (
-    EXIT_OK,
-    EXIT_REFUSED,
-    EXIT_RETRY,
-    EXIT_USAGE,
-    CommandFailed,
-    acked_or_refused,
-    actor,
-    connection_flags,
-    fail,
-    nats_client,
-    one_of,
-)
-from healthplane.cli.lookup import find_node, views_of
-from healthplane.client import federation
-from healthplane.contracts import subjects, wire
-from healthplane.runtime.publish import Publisher, PublishError
-from healthplane.runtime.replay import read_payloads
+from healthplane.cli.common import connection_flags, fail, nats_client, one_of, who
+from healthplane.client import commands, federation
+from healthplane.client.errors import EXIT_OK, EXIT_REFUSED, EXIT_RETRY, CommandFailed
+from healthplane.client.nodes import node_views, target
+from healthplane.contracts import wire
 
 ACTIONS = ("cordon", "uncordon", "drain", "evict", "deprovision", "hold", "service", "remediate")
 DEFAULT_TIMEOUT_S = 10.0
@@ -114,25 +100,14 @@ def run(args: argparse.Namespace) -> int:
 
 def usage_error(args: argparse.Namespace) -> None:
     """Flag combinations that are refused before anything is sent (exit 2)."""
-    verb = args.node_command
-    if verb == "hold":
-        if args.hold_ids and args.all:
-            raise CommandFailed("name hold ids or use --all, not both", EXIT_USAGE)
-        if not args.hold_ids and not args.all:
-            raise CommandFailed("name the hold id(s) to release, or use --all (with --node, --effect)", EXIT_USAGE)
-        return
-    if verb in ("drain", "evict", "deprovision"):
-        if args.all and args.node:
-            raise CommandFailed(f"{verb}: name a node or use --all, not both", EXIT_USAGE)
-        if not args.all and not args.node:
-            raise CommandFailed(f"{verb}: name a node, or use --all", EXIT_USAGE)
-    if verb == "deprovision" and args.force and (args.all or args.evict):
-        raise CommandFailed("--force cannot be combined with --all or --evict", EXIT_USAGE)
-    if verb == "service" and not args.reason:
-        raise CommandFailed("service: say what was done with --reason", EXIT_USAGE)
-    if getattr(args, "federation", False) and getattr(args, "all", False):
-        raise CommandFailed(f"{verb} --federation: name one node; --all belongs to the node's own cluster",
-                            EXIT_USAGE)
+    commands.check(_verb(args), node=getattr(args, "node", None), all_nodes=getattr(args, "all", False),
+                   reason=getattr(args, "reason", None), evict=getattr(args, "evict", False),
+                   force=getattr(args, "force", False), federation=getattr(args, "federation", False),
+                   hold_ids=getattr(args, "hold_ids", None) or ())
+
+
+def _verb(args: argparse.Namespace) -> wire.CommandVerb:
+    return "hold-release" if args.node_command == "hold" else args.node_command
 
 
 def confirm(question: str) -> bool:
@@ -147,85 +122,18 @@ def confirm(question: str) -> bool:
 # ---------------------------------------------------------------------------- sending
 
 
-def command_for(args: argparse.Namespace, node_id: str, cluster: str, batch_id: str | None) -> wire.Command:
-    verb: wire.CommandVerb = "hold-release" if args.node_command == "hold" else args.node_command
-    return wire.Command(
-        id=str(uuid.uuid4()), node_id=node_id, cluster=cluster, verb=verb, actor=actor(args),
-        issued_at=datetime.now(UTC), reason=getattr(args, "reason", None),
-        active=getattr(args, "active", False), evict=getattr(args, "evict", False),
-        force=getattr(args, "force", False), batch_id=batch_id,
-        hold_ids=list(getattr(args, "hold_ids", []) or []), effect=getattr(args, "effect", None))
+def command_for(args: argparse.Namespace, node_id: str, cluster: str, batch_id: str | None,
+                hold_ids: list[str] | None = None) -> wire.Command:
+    return commands.command(_verb(args), node_id, cluster, who(args), reason=getattr(args, "reason", None),
+                            active=getattr(args, "active", False), evict=getattr(args, "evict", False),
+                            force=getattr(args, "force", False), batch_id=batch_id,
+                            hold_ids=hold_ids if hold_ids is not None else getattr(args, "hold_ids", None) or (),
+                            effect=getattr(args, "effect", None))
 
 
-async def send(nc: NATS, args: argparse.Namespace, commands: list[wire.Command],
-               wait_s: float) -> dict[str, wire.CommandOutcome]:
-    """Append every command and collect the outcomes that arrive within ``wait_s`` seconds."""
-    wanted = {c.id for c in commands}
-    outcomes: dict[str, wire.CommandOutcome] = {}
-    done = asyncio.Event()
-    clusters = {c.cluster for c in commands}
-    filters = ([subjects.command_outcome(commands[0].cluster, commands[0].node_id)] if len(commands) == 1
-               else [f"{subjects.PREFIX}.outcome.{subjects.encode_token(c)}.>" for c in clusters])
-
-    async def on_outcome(msg: Any) -> None:
-        try:
-            outcome = wire.decode(wire.CommandOutcome, msg.data)
-        except wire.WireError:
-            return
-        if outcome.command_id in wanted:
-            outcomes[outcome.command_id] = outcome
-            if len(outcomes) == len(wanted):
-                done.set()
-
-    subscriptions = [await nc.subscribe(f, cb=on_outcome) for f in filters]
-    try:
-        publisher = Publisher(nc)
-        for command in commands:
-            await publisher.publish(subjects.command(command.cluster, command.node_id, command.verb, command.actor),
-                                    wire.encode(command), {"Nats-Msg-Id": command.id})
-        try:
-            await acked_or_refused(nc, args, f"send {commands[0].verb} commands (publish hp.cmd)", publisher.flush())
-        except PublishError as exc:  # nothing stored it (no responders, no ack): nothing was done
-            raise CommandFailed(f"{commands[0].verb} {commands[0].node_id}: not stored ({exc}); retry",
-                                EXIT_RETRY) from exc
-        try:
-            await asyncio.wait_for(done.wait(), wait_s)
-        except TimeoutError:
-            pass
-    finally:
-        for subscription in subscriptions:
-            await subscription.unsubscribe()
-    return outcomes
-
-
-async def _views(nc: NATS, js: JetStreamContext, cluster: str | None) -> list[wire.NodeView]:
-    payloads = await read_payloads(nc, js, "HP_NODES", subjects.node_views(cluster), last_per_subject=True)
-    return sorted(views_of(payloads), key=lambda v: (v.cluster, v.node_id))
-
-
-async def target(nc: NATS, js: JetStreamContext, node_id: str, cluster: str | None) -> tuple[str, str]:
-    """(node, cluster) for a named node. A node without a view yet is still sent (to the named
-    or default cluster): eviction is the one that knows, and refuses an unknown node."""
-    try:
-        view = await find_node(nc, js, node_id, cluster)
-    except CommandFailed as exc:
-        if exc.code == EXIT_USAGE:
-            raise
-        return node_id, cluster or "default"
-    return view.node_id, view.cluster
-
-
-async def _federated_target(nc: NATS, js: JetStreamContext, node_id: str, cluster: str | None,
-                            verb: str) -> tuple[str, str]:
-    """FED-3 on a hub: the node's own cluster, if the hub can reach it now; else nothing is
-    sent and the command is retryable."""
-    members = await federation.members(nc)
-    view = await find_node(nc, js, node_id, cluster, [m.stream for m in members])
-    member = federation.member_named(members, view.cluster)
-    if not member.reachable(datetime.now(UTC), federation.unreachable_after_s()):
-        raise CommandFailed(f"{verb} {view.node_id}: {member.why_no_health()}; only its own cluster executes "
-                            "commands for its nodes, so nothing was sent; retry when it is back", EXIT_RETRY)
-    return view.node_id, view.cluster
+async def send(nc: NATS, args: argparse.Namespace, sent: list[wire.Command], wait_s: float
+               ) -> dict[str, wire.CommandOutcome]:
+    return await commands.send_and_wait(nc, who(args), sent, wait_s)
 
 
 async def _run(args: argparse.Namespace) -> int:
@@ -237,7 +145,7 @@ async def _run(args: argparse.Namespace) -> int:
         if getattr(args, "all", False):
             return await _all(nc, js, args)
         if args.federation:
-            node_id, cluster = await _federated_target(nc, js, args.node, args.cluster, args.node_command)
+            node_id, cluster = await federation.command_target(nc, js, args.node, args.cluster, args.node_command)
         else:
             node_id, cluster = await target(nc, js, args.node, args.cluster)
         command = command_for(args, node_id, cluster, None)
@@ -266,17 +174,17 @@ def report_one(args: argparse.Namespace, command: wire.Command, outcome: wire.Co
 
 
 async def _all(nc: NATS, js: JetStreamContext, args: argparse.Namespace) -> int:
-    views = await _views(nc, js, args.cluster)
+    views = await node_views(nc, js, args.cluster)
     batch = str(uuid.uuid4())
-    commands = [command_for(args, v.node_id, v.cluster, batch) for v in views]
-    outcomes = await send(nc, args, commands, args.timeout) if commands else {}
-    return report_all(args, commands, outcomes)
+    sent = [command_for(args, v.node_id, v.cluster, batch) for v in views]
+    outcomes = await send(nc, args, sent, args.timeout) if sent else {}
+    return report_all(args, sent, outcomes)
 
 
-def report_all(args: argparse.Namespace, commands: list[wire.Command],
+def report_all(args: argparse.Namespace, sent: list[wire.Command],
                outcomes: dict[str, wire.CommandOutcome]) -> int:
-    answered = [outcomes[c.id] for c in commands if c.id in outcomes]
-    pending = [c for c in commands if c.id not in outcomes]
+    answered = [outcomes[c.id] for c in sent if c.id in outcomes]
+    pending = [c for c in sent if c.id not in outcomes]
     applied = [o for o in answered if o.result == "applied"]
     skipped = [o for o in answered if o.skipped]
     failed = [o for o in answered if o.result != "applied" and not o.skipped]
@@ -309,12 +217,12 @@ def _print_all(args: argparse.Namespace, applied: list[wire.CommandOutcome], ski
 async def _release(nc: NATS, js: JetStreamContext, args: argparse.Namespace) -> int:
     """``hold release ID…`` finds the node holding each id; ``--all [--node N] [--effect E]``
     releases every matching hold, on one node or across the cluster."""
-    views = await _views(nc, js, args.cluster)
+    views = await node_views(nc, js, args.cluster)
     if args.node:
         views = [v for v in views if v.node_id == args.node]
         if not views:
             raise CommandFailed(f"node {args.node} not found")
-    commands: list[wire.Command] = []
+    sent: list[wire.Command] = []
     batch = str(uuid.uuid4()) if args.all and not args.node else None
     if args.hold_ids:
         owners = {h.id: v for v in views for h in v.holds}
@@ -326,20 +234,19 @@ async def _release(nc: NATS, js: JetStreamContext, args: argparse.Namespace) -> 
             view = owners[hold_id]
             by_node.setdefault((view.cluster, view.node_id), []).append(hold_id)
         for (cluster, node_id), ids in by_node.items():
-            args.hold_ids = ids
-            commands.append(command_for(args, node_id, cluster, batch))
+            sent.append(command_for(args, node_id, cluster, batch, hold_ids=ids))
     elif args.node:  # eviction holds the truth about this node's holds: ask it directly
-        commands.append(command_for(args, views[0].node_id, views[0].cluster, batch))
+        sent.append(command_for(args, views[0].node_id, views[0].cluster, batch))
     else:
         for view in _holding(views, args.effect):
-            commands.append(command_for(args, view.node_id, view.cluster, batch))
-    if not commands:
+            sent.append(command_for(args, view.node_id, view.cluster, batch))
+    if not sent:
         print("0 hold(s) released: none matched")
         return EXIT_OK
-    outcomes = await send(nc, args, commands, args.timeout)
-    if len(commands) == 1:
-        return report_one(args, commands[0], outcomes.get(commands[0].id))
-    return report_all(args, commands, outcomes)
+    outcomes = await send(nc, args, sent, args.timeout)
+    if len(sent) == 1:
+        return report_one(args, sent[0], outcomes.get(sent[0].id))
+    return report_all(args, sent, outcomes)
 
 
 def _holding(views: Iterable[wire.NodeView], effect: str | None) -> list[wire.NodeView]:

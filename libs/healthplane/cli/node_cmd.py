@@ -19,9 +19,11 @@ from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 
 from healthplane.cli import node_actions, validate_cmd
-from healthplane.cli.common import CommandFailed, connection_flags, fail, nats_client, one_of
-from healthplane.cli.lookup import find_node
+from healthplane.cli.common import connection_flags, fail, nats_client, one_of
 from healthplane.client import federation, reads
+from healthplane.client.errors import CommandFailed
+from healthplane.client.nodes import find_node
+from healthplane.client.reads import detail
 from healthplane.contracts import wire
 
 
@@ -235,15 +237,6 @@ def show_text(view: wire.NodeView, now: datetime | None = None, automation: str 
 
 
 # ---------------------------------------------------------------------------- events
-
-
-def detail(event: wire.NodeEvent) -> str:
-    """The DETAIL column, worded as the reference's example: a raised condition by what was
-    found ("1 uncorrectable GPU ECC error(s) on GPU 0"), everything else by its message."""
-    change = event.condition
-    if event.type == "CONDITION_RAISED" and change is not None:
-        return change.message + (f" (was {change.previous_severity})" if change.previous_severity else "")
-    return event.message
 
 
 async def _events(nc: NATS, js: JetStreamContext, args: argparse.Namespace) -> int:

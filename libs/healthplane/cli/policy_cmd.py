@@ -11,14 +11,9 @@ import asyncio
 import uuid
 from datetime import UTC, datetime
 
-from healthplane.cli.common import (
-    CommandFailed,
-    actor,
-    connection_flags,
-    fail,
-    nats_client,
-    publish_checked,
-)
+from healthplane.cli.common import connection_flags, fail, nats_client, who
+from healthplane.client.connection import publish_checked
+from healthplane.client.errors import CommandFailed
 from healthplane.contracts import subjects, wire
 
 
@@ -41,9 +36,9 @@ def run(args: argparse.Namespace) -> int:
 
 async def _reset(args: argparse.Namespace) -> int:
     command = wire.PolicyCommand(id=str(uuid.uuid4()), cluster=args.cluster, action="breaker-reset",
-                                 actor=actor(args), issued_at=datetime.now(UTC), reason=args.reason)
+                                 actor=who(args).actor, issued_at=datetime.now(UTC), reason=args.reason)
     async with nats_client(args) as nc:
-        await publish_checked(nc, args, "reset the circuit breaker",
+        await publish_checked(nc, who(args), "reset the circuit breaker",
                               subjects.policy_command(args.cluster, "breaker-reset", command.actor),
                               wire.encode(command), {"Nats-Msg-Id": command.id})
     print(f"circuit breaker reset requested for cluster {args.cluster} (id {command.id}); "

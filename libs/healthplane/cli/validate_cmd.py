@@ -14,22 +14,13 @@ import asyncio
 import json
 import sys
 import uuid
-from datetime import UTC, datetime
 from typing import Any
 
-from healthplane.cli.common import (
-    EXIT_OK,
-    EXIT_REFUSED,
-    EXIT_RETRY,
-    CommandFailed,
-    actor,
-    connection_flags,
-    decoded,
-    fail,
-    nats_client,
-    one_of,
-)
-from healthplane.cli.node_actions import send, target
+from healthplane.cli.common import connection_flags, fail, nats_client, one_of, who
+from healthplane.client import commands
+from healthplane.client.connection import decoded
+from healthplane.client.errors import EXIT_OK, EXIT_REFUSED, EXIT_RETRY, CommandFailed
+from healthplane.client.nodes import target
 from healthplane.contracts import subjects, wire
 from healthplane.runtime.replay import read_all
 
@@ -73,21 +64,20 @@ def run_isolate(args: argparse.Namespace) -> int:
 
 def _command(args: argparse.Namespace, verb: wire.CommandVerb, node_id: str, cluster: str,
              batch_id: str | None = None, job_id: str | None = None) -> wire.Command:
-    return wire.Command(id=str(uuid.uuid4()), node_id=node_id, cluster=cluster, verb=verb, actor=actor(args),
-                        issued_at=datetime.now(UTC), suite=args.suite, batch_id=batch_id, job_id=job_id)
+    return commands.command(verb, node_id, cluster, who(args), suite=args.suite, batch_id=batch_id, job_id=job_id)
 
 
 async def _validate(args: argparse.Namespace) -> int:
     async with nats_client(args) as nc:
         js = nc.jetstream()
         batch = str(uuid.uuid4()) if len(args.nodes) > 1 else None
-        commands = []
+        sent = []
         for name in dict.fromkeys(args.nodes):
             node_id, cluster = await target(nc, js, name, args.cluster)
-            commands.append(_command(args, "validate", node_id, cluster, batch))
-        outcomes = await send(nc, args, commands, args.timeout)
-    answered = [outcomes[c.id] for c in commands if c.id in outcomes]
-    pending = [c for c in commands if c.id not in outcomes]
+            sent.append(_command(args, "validate", node_id, cluster, batch))
+        outcomes = await commands.send_and_wait(nc, who(args), sent, args.timeout)
+    answered = [outcomes[c.id] for c in sent if c.id in outcomes]
+    pending = [c for c in sent if c.id not in outcomes]
     if args.output == "json":
         print(json.dumps({"outcomes": [wire.to_builtins(o) for o in answered],
                           "pending": [{"commandId": c.id, "nodeId": c.node_id} for c in pending]}, indent=2))
@@ -116,7 +106,7 @@ async def _isolate(args: argparse.Namespace) -> int:
             raise CommandFailed(f"isolate {args.job}: no allocations of job {args.job} in cluster {cluster}",
                                 EXIT_REFUSED)
         command = _command(args, "isolate", nodes[0], cluster, job_id=args.job)
-        outcomes = await send(nc, args, [command], args.timeout)
+        outcomes = await commands.send_and_wait(nc, who(args), [command], args.timeout)
     outcome = outcomes.get(command.id)
     if outcome is None:
         print(f"isolate {args.job}: still running after {args.timeout:g}s (command {command.id}); each step is a "

@@ -40,8 +40,9 @@ from typing import Any, Final
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 
-from healthplane.cli.common import CommandFailed
 from healthplane.client import reads
+from healthplane.client.errors import EXIT_RETRY, CommandFailed
+from healthplane.client.nodes import find_node
 from healthplane.contracts import permissions, subjects, wire
 from healthplane.contracts.permissions import HUB_CONSUMER, SOURCED_STREAM
 
@@ -314,3 +315,16 @@ def member_named(found: Iterable[Member], name: str) -> Member:
         if member.name == name:
             return member
     raise FederationError(f"cluster {name} is not attached to this hub")
+
+
+async def command_target(nc: NATS, js: JetStreamContext, node_id: str, cluster: str | None,
+                         verb: str) -> tuple[str, str]:
+    """FED-3 on a hub: the node's own cluster, if the hub can reach it now; else nothing is
+    sent and the command is retryable."""
+    found = await members(nc)
+    view = await find_node(nc, js, node_id, cluster, [m.stream for m in found])
+    member = member_named(found, view.cluster)
+    if not member.reachable(datetime.now(UTC), unreachable_after_s()):
+        raise CommandFailed(f"{verb} {view.node_id}: {member.why_no_health()}; only its own cluster executes "
+                            "commands for its nodes, so nothing was sent; retry when it is back", EXIT_RETRY)
+    return view.node_id, view.cluster

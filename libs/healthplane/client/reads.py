@@ -21,8 +21,9 @@ from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 
-from healthplane.cli.common import EXIT_USAGE, CommandFailed, decoded
-from healthplane.cli.lookup import find_node, is_view
+from healthplane.client.connection import decoded
+from healthplane.client.errors import EXIT_USAGE, CommandFailed
+from healthplane.client.nodes import find_node, is_view
 from healthplane.contracts import automation, streams, subjects, wire
 from healthplane.contracts.config import NodeHealth
 from healthplane.runtime import configstore
@@ -349,3 +350,12 @@ def shown(view: wire.NodeView, automation_line: str) -> dict[str, Any]:
     """``node show -o json`` = ``GET /api/v1/nodes/{id}``: the stored view and, beside it,
     ``automation`` (API-4)."""
     return {**wire.to_builtins(view), "automation": automation_line}
+
+
+def detail(event: wire.NodeEvent) -> str:
+    """The DETAIL column, worded as the reference's example: a raised condition by what was
+    found ("1 uncorrectable GPU ECC error(s) on GPU 0"), everything else by its message."""
+    change = event.condition
+    if event.type == "CONDITION_RAISED" and change is not None:
+        return change.message + (f" (was {change.previous_severity})" if change.previous_severity else "")
+    return event.message

@@ -1,4 +1,5 @@
-"""Finding nodes in ``HP_NODES``: what ``node show | events`` and the node actions share."""
+"""Finding nodes by their views in ``HP_NODES`` (and, on a federation hub, in the members'
+aggregates): what every read and command of one node starts with."""
 
 from __future__ import annotations
 
@@ -7,13 +8,10 @@ from collections.abc import Iterable
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 
-from healthplane.cli.common import EXIT_USAGE, CommandFailed, decoded, decoded_or_skipped
+from healthplane.client.connection import decoded, decoded_or_skipped
+from healthplane.client.errors import EXIT_USAGE, CommandFailed, NodeNotFound
 from healthplane.contracts import subjects, wire
-from healthplane.runtime.replay import read_all
-
-
-class NodeNotFound(CommandFailed):
-    """No view of that node (the API's 404)."""
+from healthplane.runtime.replay import read_all, read_payloads
 
 
 async def find_node(nc: NATS, js: JetStreamContext, node_id: str, cluster: str | None,
@@ -42,3 +40,23 @@ def views_of(payloads: Iterable[bytes]) -> list[wire.NodeView]:
 
 def is_view(payload: bytes) -> bool:
     return bool(views_of([payload]))
+
+
+async def node_views(nc: NATS, js: JetStreamContext, cluster: str | None) -> list[wire.NodeView]:
+    """Every node's latest view (in ``cluster``, or everywhere), by cluster and node id."""
+    payloads = await read_payloads(nc, js, "HP_NODES", subjects.node_views(cluster), last_per_subject=True)
+    return sorted(views_of(payloads), key=lambda v: (v.cluster, v.node_id))
+
+
+async def target(nc: NATS, js: JetStreamContext, node_id: str, cluster: str | None) -> tuple[str, str]:
+    """(node, cluster) a command for ``node_id`` goes to. A node without a view yet is still
+    sent (to the named or default cluster): eviction is the one that knows, and refuses an
+    unknown node."""
+    try:
+        view = await find_node(nc, js, node_id, cluster)
+    except CommandFailed as exc:
+        if exc.code == EXIT_USAGE:
+            raise
+        return node_id, cluster or "default"
+    return view.node_id, view.cluster
+
