@@ -16,8 +16,7 @@ import pytest
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 
-from healthplane.contracts import streams
-from healthplane.runtime import heap
+from healthplane.runtime import converge, heap
 from healthplane.runtime.connect import connect
 from healthplane.stack.keystore import Keystore
 from healthplane.stack.natsserver import NatsServer
@@ -69,5 +68,5 @@ async def nc(nats_server: NatsServer) -> AsyncIterator[NATS]:
 @pytest.fixture
 async def js(nc: NATS) -> JetStreamContext:
     context = nc.jetstream()
-    await streams.ensure(context)
+    await converge.ensure(context)
     return context

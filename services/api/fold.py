@@ -16,7 +16,7 @@ from typing import Any, Final
 
 import msgspec
 
-from healthplane.client import reads
+from healthplane.contracts import views
 
 SORTS: Final = ("node", "cluster", "status", "health", "score", "jobs")
 _HEALTH_ORDER: Final = {"DEGRADED": 0, "UNKNOWN": 1, "HEALTHY": 2}
@@ -26,7 +26,7 @@ class PageError(ValueError):
     """A query the table cannot answer: one line naming the parameter."""
 
 
-def _visible(row: reads.ListRow) -> tuple[Any, ...]:
+def _visible(row: views.ListRow) -> tuple[Any, ...]:
     """What a page shows of a row: a view that only moved ``lastReportedAt`` changes nothing."""
     return (row.hostname, row.status, row.health, row.score, row.jobs,
             tuple((c.type, c.severity) for c in row.conditions), tuple((h.effect, h.actor) for h in row.holds))
@@ -38,16 +38,16 @@ def key_of(cluster: str, node_id: str) -> str:
 
 @dataclass
 class ViewIndex:
-    rows: dict[str, reads.ListRow] = field(default_factory=dict)
+    rows: dict[str, views.ListRow] = field(default_factory=dict)
     skipped: int = 0  # records that were not views (REL-3): counted, never fatal
     # Decommissioned nodes (NODE_DEPROVISIONED / NODE_REPLACED): the scorer purges their view,
     # which no consumer sees; a view reported before then and delivered after stays out.
     gone: dict[str, datetime] = field(default_factory=dict)
 
-    def apply(self, payload: bytes) -> reads.ListRow | None:
+    def apply(self, payload: bytes) -> views.ListRow | None:
         """Fold one stored view; the row when what a page shows of it changed, else ``None``."""
         try:
-            row = reads.decode_row(payload)
+            row = views.decode_row(payload)
         except msgspec.DecodeError:
             self.skipped += 1
             return None
@@ -95,16 +95,16 @@ class ViewIndex:
 
 @dataclass(frozen=True, slots=True)
 class Page:
-    rows: list[reads.ListRow]
+    rows: list[views.ListRow]
     total: int
     next_page_token: str | None
 
 
-def _by_node(row: reads.ListRow) -> tuple[str, str]:
+def _by_node(row: views.ListRow) -> tuple[str, str]:
     return row.cluster, row.node_id
 
 
-_SORT_KEYS: Final[dict[str, Callable[[reads.ListRow], Any]]] = {
+_SORT_KEYS: Final[dict[str, Callable[[views.ListRow], Any]]] = {
     "node": _by_node,
     "cluster": _by_node,
     "status": lambda r: (r.status, r.cluster, r.node_id),

@@ -9,16 +9,7 @@ import argparse
 from typing import Final
 
 from healthplane.cli.common import CommandGroup, connection_flags, one_of
-
-FAULTS: Final = (
-    "xid:<N>", "ecc-correctable", "ecc-uncorrectable", "row-remap-failure", "edac-ce", "edac-ue",
-    "mce-corrected", "mce-fatal", "hw-error-corrected", "hw-error-fatal", "smart-failing",
-    "io-errors", "readonly-mount", "throttle-thermal", "power-brake", "collector-failed:<signal>",
-    "silent-gpu", "silent", "resume", "clear",
-)
-DEADLINE_DEFAULT_S: Final = 30.0
-DEADLINE_MIN_S: Final = 1.0
-DEADLINE_MAX_S: Final = 55.0
+from healthplane_collector.choices import DEADLINE_DEFAULT_S, DEADLINE_MAX_S, DEADLINE_MIN_S, FAULTS
 
 
 def add_collector_arguments(parser: argparse.ArgumentParser) -> None:
@@ -111,7 +102,7 @@ def run_collector(args: argparse.Namespace) -> int:
 
 
 def run_sim(args: argparse.Namespace) -> int:
-    from healthplane_collector.sim import run_cli
+    from healthplane_collector.sim_cli import run_cli
 
     return run_cli(args)
 

@@ -39,7 +39,7 @@ from healthplane_collector.agent import (
     report_once,
     run_agent,
 )
-from healthplane_collector.cli import DEADLINE_DEFAULT_S, DEADLINE_MAX_S, DEADLINE_MIN_S
+from healthplane_collector.choices import DEADLINE_DEFAULT_S, DEADLINE_MAX_S, DEADLINE_MIN_S
 from healthplane_collector.inventory import InventoryError
 from healthplane_collector.metrics import count_remediation, rejecter
 from healthplane_collector.probe import read_inventory

@@ -12,16 +12,16 @@ emits it, so a restart from a snapshot plus a replay decides nothing twice (REL-
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
 import msgspec
 
 from healthplane.contracts import subjects, wire
+from healthplane.contracts.config import decode_config
 from healthplane.contracts.subjects import job_key, node_key
-from healthplane.runtime import configstore
-from healthplane.runtime.processor import Emit, Inbound, Input, Reject
+from healthplane.runtime.fold import Emit, Inbound, Input, Note, Reject, Step, note
 from healthplane_eviction import isolation, rules
 from healthplane_eviction import ladder as remediation
 from healthplane_eviction import remediating as rem
@@ -122,6 +122,7 @@ class Out:
         self.emits: list[Emit] = []
         self.event_ids: list[str] = []
         self.hold_ids: list[str] = []
+        self.notes: list[Note] = []  # told by the Processor, for a live input only
         # A tick has no input whose position dedupes its records after a restart: its records
         # carry their (deterministic) ids as message ids instead.
         self.tick = tick
@@ -168,7 +169,7 @@ class EvictionCore:
     def initial_state(self) -> EvictionState:
         return EvictionState()
 
-    def step(self, state: EvictionState, inbound: Inbound) -> tuple[EvictionState, Sequence[Emit]]:
+    def step(self, state: EvictionState, inbound: Inbound) -> Step[EvictionState]:
         out = Out.of(inbound)
         if inbound.stream == "HP_COMMANDS":
             if inbound.subject.startswith(f"{subjects.PREFIX}.provision."):
@@ -188,10 +189,10 @@ class EvictionCore:
             if report.remediation is not None:
                 self._remediation_outcome(state, node, report.remediation, out, inbound)
         elif inbound.stream == "HP_CONFIG":
-            state.config = _config(configstore.decode_config(wire.decode(wire.ConfigEnvelope, inbound.data)))
+            state.config = _config(decode_config(wire.decode(wire.ConfigEnvelope, inbound.data)))
         else:
             raise Reject(f"unexpected input stream {inbound.stream}")
-        return state, out.emits
+        return Step(state, out.emits, out.notes)
 
     @staticmethod
     def _node(state: EvictionState, cluster: str, node_id: str) -> Node:
@@ -846,12 +847,12 @@ class EvictionCore:
                       node.climb_actor or SERVICE, remediation=wire.RemediationRecord(
                           action=climb.rung.action, attempt=len(climb.attempts), reason=said,  # type: ignore[arg-type]
                           request_id=outcome.request_id))
-            inbound.note("warning", "remediation step refused", counter=f"remediation_{outcome.result}",
-                         node_id=node.node_id, action=outcome.action, reason=reason,
-                         retry=moved[1].why if moved[1].action == "retry" else None)
+            out.notes.append(note("warning", "remediation step refused", counter=f"remediation_{outcome.result}",
+                                  node_id=node.node_id, action=outcome.action, reason=reason,
+                                  retry=moved[1].why if moved[1].action == "retry" else None))
         self._climb(state, node, moved, out)
 
-    def tick(self, state: EvictionState, now: datetime) -> tuple[EvictionState, Sequence[Emit]]:
+    def tick(self, state: EvictionState, now: datetime) -> Step[EvictionState]:
         """REM-1: a step whose outcome never came, or whose fault persisted, fails at its
         deadline into the next step; never a silent stop."""
         emits: list[Emit] = []
@@ -876,7 +877,7 @@ class EvictionCore:
             node.climb_request = None
             self._climb(state, node, remediation.timed_out(climb, now, policy.max_attempts, policy.window), out)
             emits += out.emits
-        return state, emits
+        return Step(state, emits)
 
     # ------------------------------------------------------------------ health
 

@@ -19,9 +19,9 @@ from datetime import datetime
 from typing import Final
 
 from healthplane.contracts import subjects, wire
+from healthplane.contracts.config import decode_config
 from healthplane.contracts.subjects import node_key
-from healthplane.runtime import configstore
-from healthplane.runtime.processor import Emit, Inbound, Input, Reject
+from healthplane.runtime.fold import Emit, Inbound, Input, Note, Reject, Step, note
 from healthplane_health_ingest import detectors
 from healthplane_health_ingest.rules import (
     Change,
@@ -68,52 +68,53 @@ class IngestCore:
 
     # ------------------------------------------------------------------ inputs
 
-    def step(self, state: IngestState, inbound: Inbound) -> tuple[IngestState, Sequence[Emit]]:
+    def step(self, state: IngestState, inbound: Inbound) -> Step[IngestState]:
         if inbound.stream == "HP_REPORTS":
             report = wire.decode(wire.HealthReport, inbound.data)
             gone_at = state.gone.get(node_key(report.cluster, report.node_id))
             if gone_at is not None:
                 if report.sent_at <= gone_at:
-                    return state, []
+                    return Step(state, [])
                 state.gone = {k: v for k, v in state.gone.items() if k != node_key(report.cluster, report.node_id)}
-            detect = self._detect(state, inbound) if state.config.detectors or self.plugins else None
+            notes: list[Note] = []
+            detect = self._detect(state, notes) if state.config.detectors or self.plugins else None
             node, changes = assess(state, report, inbound.at, inbound.seq, detect)
             _schedule(state, node)
-            return state, self._records(node, changes, inbound, assessment=True)
+            return Step(state, self._records(node, changes, inbound, assessment=True), notes)
         if inbound.stream == "HP_NODE_EVENTS":
             event = wire.decode(wire.NodeEvent, inbound.data)
             if event.type == "NODE_SERVICED":
                 found, changes = serviced(state, event.cluster, event.node_id, inbound.at)
                 if found is None or not changes:
-                    return state, []
-                return state, self._records(found, changes, inbound, assessment=True)
+                    return Step(state, [])
+                return Step(state, self._records(found, changes, inbound, assessment=True))
             if event.type in ("VALIDATION_PASSED", "VALIDATION_FAILED"):
                 found, changes = validated(state, event)
                 if found is None or not changes:
-                    return state, []
-                return state, self._records(found, changes, inbound, assessment=True)
+                    return Step(state, [])
+                return Step(state, self._records(found, changes, inbound, assessment=True))
             if event.type in ("NODE_DEPROVISIONED", "NODE_REPLACED"):
                 key = node_key(event.cluster, event.node_id)
                 state.nodes.pop(key, None)  # its deadline in the index goes stale and is skipped
                 state.gone = {**state.gone, key: event.occurred_at}
-                return state, []
+                return Step(state, [])
             if event.type == "HEARTBEAT_MISSED":
                 silent = state.nodes.get(node_key(event.cluster, event.node_id))
                 if silent is not None and not silent.missed:
                     missed(silent, event.occurred_at)  # replay: the tick decided this before
                 # ING-4's warning, told once: when the tick's record comes back live, not in a replay.
                 last = silent.last_report_at if silent is not None else None
-                inbound.note("warning", "node missed its heartbeat", counter=HEARTBEAT_MISSED,
-                             node_id=event.node_id, cluster=event.cluster,
-                             last_report_at=last.isoformat() if last else None)
-            return state, []
+                return Step(state, (), (note("warning", "node missed its heartbeat", counter=HEARTBEAT_MISSED,
+                                             node_id=event.node_id, cluster=event.cluster,
+                                             last_report_at=last.isoformat() if last else None),))
+            return Step(state, [])
         if inbound.stream == "HP_RESOURCES":
             resources = wire.decode(wire.ResourceReport, inbound.data)
             state.facts[node_key(resources.cluster, resources.node_id)] = detectors.NodeFacts.of(resources)
-            return state, []
+            return Step(state, [])
         if inbound.stream == "HP_CONFIG":
             envelope = wire.decode(wire.ConfigEnvelope, inbound.data)
-            config = configstore.decode_config(envelope)
+            config = decode_config(envelope)
             health_config = config.node_health
             state.config = IngestConfig(
                 health_config.heartbeat_miss_threshold, health_config.quiet_reports_to_clear,
@@ -123,15 +124,15 @@ class IngestCore:
             state.config_version = envelope.version
             state.__dict__.pop(_DEADLINES, None)  # the threshold moves every deadline: rebuilt
             state.__dict__.pop(_SCHEDULED, None)
-            return state, []
+            return Step(state, [])
         raise Reject(f"unexpected input stream {inbound.stream}")
 
     # ------------------------------------------------------------------ detectors (POL-8)
 
-    def _detect(self, state: IngestState, inbound: Inbound) -> Detect:
+    def _detect(self, state: IngestState, notes: list[Note]) -> Detect:
         def failed(name: str, exc: Exception) -> None:
-            inbound.note("warning", "detector plug-in failed", counter=f"{DETECTOR_FAILED}{name}",
-                         detector=name, error=f"{type(exc).__name__}: {exc}")
+            notes.append(note("warning", "detector plug-in failed", counter=f"{DETECTOR_FAILED}{name}",
+                              detector=name, error=f"{type(exc).__name__}: {exc}"))
 
         def detect(report: wire.HealthReport, found: Mapping[str, wire.Condition]) -> list[detectors.Detection]:
             node = detectors.node_object(report, state.facts.get(node_key(report.cluster, report.node_id)), found)
@@ -141,7 +142,7 @@ class IngestCore:
 
     # ------------------------------------------------------------------ time
 
-    def tick(self, state: IngestState, now: datetime) -> tuple[IngestState, Sequence[Emit]]:
+    def tick(self, state: IngestState, now: datetime) -> Step[IngestState]:
         deadlines, scheduled = _deadlines(state)
         threshold = state.config.heartbeat_miss_threshold
         emits: list[Emit] = []
@@ -167,7 +168,7 @@ class IngestCore:
             # One miss per silence: the id is the node and the report it went silent after.
             stem = f"{SERVICE}:missed:{node.cluster}:{node.node_id}:{report_seq}"
             emits += self._emits(node, changes, now, stem, assessment=True)
-        return state, emits
+        return Step(state, emits)
 
     # ------------------------------------------------------------------ outputs
 

@@ -14,12 +14,11 @@ and tests inject a clock by writing the times they need.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from datetime import datetime
 
 from healthplane.contracts import subjects, wire
-from healthplane.runtime import configstore
-from healthplane.runtime.processor import Emit, Inbound, Input, Reject
+from healthplane.contracts.config import decode_config
+from healthplane.runtime.fold import Emit, Inbound, Input, Note, Reject, Step, note
 from healthplane_policy.rules import PolicyState, Record, decide, policy_config
 
 SERVICE = "policy"
@@ -72,7 +71,7 @@ def record_of(inbound: Inbound) -> tuple[Record, datetime | None]:
         raise Reject(f"unexpected subject {inbound.subject}")
     if stream == "HP_CONFIG":
         envelope = wire.decode(wire.ConfigEnvelope, data)
-        return policy_config(configstore.decode_config(envelope), envelope.version), None
+        return policy_config(decode_config(envelope), envelope.version), None
     raise Reject(f"unexpected input stream {stream}")
 
 
@@ -89,12 +88,13 @@ class PolicyCore:
     def initial_state(self) -> PolicyState:
         return PolicyState()
 
-    def step(self, state: PolicyState, inbound: Inbound) -> tuple[PolicyState, Sequence[Emit]]:
+    def step(self, state: PolicyState, inbound: Inbound) -> Step[PolicyState]:
         record, at = record_of(inbound)
+        notes: tuple[Note, ...] = ()
         if isinstance(record, wire.PolicyCommand):  # told by the Processor, for a live input only
-            inbound.note("warning", "circuit breaker reset", counter="breaker_reset",
-                         cluster=record.cluster, actor=record.actor, reason=record.reason)
+            notes = (note("warning", "circuit breaker reset", counter="breaker_reset",
+                          cluster=record.cluster, actor=record.actor, reason=record.reason),)
         state, outputs = decide(state, record, at, f"{inbound.stream}:{inbound.seq}", act=inbound.wants_output)
         if not inbound.wants_output:
-            return state, []  # a restart refolding what is already in the streams
-        return state, [emit_of(o) for o in outputs]
+            return Step(state, (), notes)  # a restart refolding what is already in the streams
+        return Step(state, [emit_of(o) for o in outputs], notes)

@@ -12,20 +12,19 @@ record that the fold turns back into the same state. Directives wait in the stat
 next tick, which runs only once every input is caught up: after a restart the tick sees what
 the scheduler already did (its records) before it obeys a directive a second time.
 
-Pure: a directive the tick does not obey is a note it returns (``tick(..., notes)``), never a
-log line; main.py tells the tick's notes (a tick runs on live state only, never in a replay).
+Pure: a directive the tick does not obey is a note it returns in its ``Step``, never a log
+line; the Processor tells the tick's notes (a tick runs on live state only, never in a replay).
 """
 
 from __future__ import annotations
 
 import heapq
-from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any, Final
 
 from healthplane.contracts import gating, subjects, wire
 from healthplane.contracts.subjects import job_key, node_key
-from healthplane.runtime.processor import Emit, Inbound, Input, Note, Reject
+from healthplane.runtime.fold import Emit, Inbound, Input, Note, Reject, Step
 from healthplane_scheduler.rules import (
     ACTIVE,
     TERMINAL,
@@ -178,7 +177,7 @@ class SchedulerCore:
 
     # ------------------------------------------------------------------ the fold
 
-    def step(self, state: SchedulerState, inbound: Inbound) -> tuple[SchedulerState, Sequence[Emit]]:
+    def step(self, state: SchedulerState, inbound: Inbound) -> Step[SchedulerState]:
         index = self.index(state)
         kind = inbound.subject.split(".", 2)[1] if inbound.subject.count(".") >= 2 else inbound.subject
         if inbound.stream == "HP_ALLOCATIONS" and kind == "job":
@@ -204,7 +203,7 @@ class SchedulerCore:
                 state.hardware.pop(key, None)
         else:
             raise Reject(f"unexpected input {inbound.subject} on {inbound.stream}")
-        return state, ()
+        return Step(state, ())
 
     def _on_job(self, state: SchedulerState, index: _Index, job: wire.Job, at: datetime) -> None:
         problem = check_job(job)
@@ -288,17 +287,17 @@ class SchedulerCore:
 
     # ------------------------------------------------------------------ time
 
-    def tick(self, state: SchedulerState, now: datetime,
-             notes: list[Note] | None = None) -> tuple[SchedulerState, Sequence[Emit]]:
-        """Obey, finish, start and place; what it has to say (a directive not obeyed) goes to
-        ``notes`` when the caller wants it."""
+    def tick(self, state: SchedulerState, now: datetime) -> Step[SchedulerState]:
+        """Obey, finish, start and place; what it has to say (a directive not obeyed) are its
+        notes (a tick runs on live state only: the Processor tells each once)."""
         index = self.index(state)
         emits: list[Emit] = []
-        self._obey(state, index, now, emits, [] if notes is None else notes)
+        notes: list[Note] = []
+        self._obey(state, index, now, emits, notes)
         self._finish(state, index, now, emits)
         self._start(state, index, now, emits)
         self._place(state, index, now, emits)
-        return state, emits
+        return Step(state, emits, notes)
 
     def _obey(self, state: SchedulerState, index: _Index, now: datetime, emits: list[Emit],
               notes: list[Note]) -> None:

@@ -11,9 +11,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from datetime import datetime
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping
 
 import pydantic
 from prometheus_client import REGISTRY
@@ -23,7 +21,7 @@ from prometheus_client.registry import Collector
 from healthplane.contracts.gating import gated
 from healthplane.runtime.lease import Lease
 from healthplane.runtime.lifecycle import Runner, ServiceContext, run_service, serve_replicated
-from healthplane.runtime.processor import Emit, Inbound, Note, Processor, tell
+from healthplane.runtime.processor import Processor
 from healthplane.runtime.settings import EnvSettings
 from healthplane_scheduler.fold import INPUTS, OUTPUTS, SERVICE, SchedulerCore
 from healthplane_scheduler.rules import SchedulerState, drain_below_for
@@ -66,27 +64,6 @@ class SchedulerSeries(Collector):
                                 value=gated_nodes)
 
 
-class Told:
-    """The scheduler's core, with what its tick notes logged and counted. A tick runs only on
-    live state, never in a replay, so each note is told once (a fold's notes the Processor
-    tells itself)."""
-
-    def __init__(self, core: SchedulerCore, log: Any) -> None:
-        self.core, self.log = core, log
-
-    def initial_state(self) -> SchedulerState:
-        return self.core.initial_state()
-
-    def step(self, state: SchedulerState, inbound: Inbound) -> tuple[SchedulerState, Sequence[Emit]]:
-        return self.core.step(state, inbound)
-
-    def tick(self, state: SchedulerState, now: datetime) -> tuple[SchedulerState, Sequence[Emit]]:
-        notes: list[Note] = []
-        state, emits = self.core.tick(state, now, notes)
-        tell(SERVICE, self.log, notes)
-        return state, emits
-
-
 def main(args: argparse.Namespace) -> int:
     try:
         settings = settings_from(os.environ)
@@ -102,7 +79,7 @@ def main(args: argparse.Namespace) -> int:
 
         async def lead(lease: Lease) -> list[Runner]:
             # One replica places work: two would both place the same job (HA-3).
-            core = Told(SchedulerCore(settings.slots_per_node, settings.validation_seconds), ctx.log)
+            core = SchedulerCore(settings.slots_per_node, settings.validation_seconds)
             proc = Processor(nc=ctx.nc, js=ctx.js, service=SERVICE, core=core, state_type=SchedulerState,
                              inputs=INPUTS, outputs=OUTPUTS, batch=512, log=ctx.log, fence=lease.fence)
             proc.tick_every_s = settings.tick_seconds

@@ -5,16 +5,15 @@ from __future__ import annotations
 
 import sys
 import zlib
-from collections.abc import Sequence
 from datetime import datetime
 from typing import Final
 
 import msgspec
 
-from healthplane.client import reads
-from healthplane.contracts import subjects, wire
-from healthplane.runtime import configstore, heap
-from healthplane.runtime.processor import Emit, Inbound, Input, Reject
+from healthplane.contracts import subjects, views, wire
+from healthplane.contracts.config import decode_config
+from healthplane.runtime import heap
+from healthplane.runtime.fold import Emit, Inbound, Input, Reject, Step
 from healthplane_scorer.rules import PenaltyTable, Tally, score
 
 SERVICE = "scorer"
@@ -95,11 +94,11 @@ class ScorerCore:
     def initial_state(self) -> ScorerState:
         return ScorerState()
 
-    def step(self, state: ScorerState, inbound: Inbound) -> tuple[ScorerState, Sequence[Emit]]:
+    def step(self, state: ScorerState, inbound: Inbound) -> Step[ScorerState]:
         if inbound.stream == "HP_ASSESSMENTS":
             assessment = wire.decode(wire.Assessment, inbound.data)
             if subjects.node_key(assessment.cluster, assessment.node_id) in state.gone:
-                return state, []
+                return Step(state, [])
             node = self._node(state, assessment.cluster, assessment.node_id)
             node.conditions, node.assessed = tuple(assessment.conditions), True
             node.definition = assessment.definition or node.definition
@@ -107,7 +106,7 @@ class ScorerCore:
             node.reports += reported_at != node.last_report_at
             node.health, node.last_report_at = assessment.health, reported_at
             node.report_interval_s = assessment.interval_seconds or node.report_interval_s
-            return state, self._rescore(state, node, inbound) + self._view(state, node, inbound)
+            return Step(state, self._rescore(state, node, inbound) + self._view(state, node, inbound))
         if inbound.stream == "HP_NODE_EVENTS":
             event = wire.decode(wire.NodeEvent, inbound.data)
             key = subjects.node_key(event.cluster, event.node_id)
@@ -116,14 +115,14 @@ class ScorerCore:
                 # view leaves HP_NODES ("its record is purged along with the instance").
                 state.nodes.pop(key, None)
                 state.gone = {**state.gone, key: event.occurred_at}
-                return state, [Emit(subjects.node_view(event.cluster, event.node_id), b"", purge_stream="HP_NODES")]
+                return Step(state, [Emit(subjects.node_view(event.cluster, event.node_id), b"", purge_stream="HP_NODES")])
             if key in state.gone:
-                return state, []
+                return Step(state, [])
             node = self._node(state, event.cluster, event.node_id)
             if event.type in ("NODE_NEEDS_ATTENTION", "NODE_SERVICED"):
                 node.attention = (wire.NeedsAttention(since=event.occurred_at, reason=event.message)
                                   if event.type == "NODE_NEEDS_ATTENTION" else None)
-                return state, self._view(state, node, inbound)
+                return Step(state, self._view(state, node, inbound))
             if event.type in ("HOLD_CREATED", "HOLD_RELEASED", "NODE_REGISTERED"):
                 if event.type == "HOLD_CREATED" and event.hold is not None:
                     node.holds = {**node.holds, event.hold.id: event.hold}
@@ -132,39 +131,39 @@ class ScorerCore:
                 else:
                     node.hostname = event.hostname or node.hostname
                     node.definition = event.definition or node.definition
-                return state, self._view(state, node, inbound)
+                return Step(state, self._view(state, node, inbound))
             node.tally.count += 1
             node.tally.last_failure_at = event.occurred_at
             fault = event.fault_class or "UNKNOWN"
             node.tally.by_fault = {**node.tally.by_fault, fault: node.tally.by_fault.get(fault, 0) + 1}
             # An unscored node stays unscored: a score needs an assessment (SCO-4).
             emits = self._rescore(state, node, inbound) if node.assessed else []
-            return state, emits + self._view(state, node, inbound)
+            return Step(state, emits + self._view(state, node, inbound))
         if inbound.stream == "HP_RESOURCES":
             resources = wire.decode(wire.ResourceReport, inbound.data)
             key = subjects.node_key(resources.cluster, resources.node_id)
             if key in state.gone:
                 if resources.sent_at <= state.gone[key]:
-                    return state, []
+                    return Step(state, [])
                 state.gone = {k: v for k, v in state.gone.items() if k != key}  # a new instance, same id
             node = self._node(state, resources.cluster, resources.node_id)
             node.hostname, node.ready = resources.hostname, resources.ready
             node.definition = resources.definition or node.definition
-            return state, self._view(state, node, inbound)
+            return Step(state, self._view(state, node, inbound))
         if inbound.stream == "HP_ALLOCATIONS":
             alloc = wire.decode(wire.Allocation, inbound.data)
             if subjects.node_key(alloc.cluster, alloc.node_id) in state.gone:
-                return state, []
+                return Step(state, [])
             node = self._node(state, alloc.cluster, alloc.node_id)
             running = alloc.state in ("placed", "started")
             if running == (alloc.id in node.allocations):
-                return state, []
+                return Step(state, [])
             node.allocations = ((*node.allocations, alloc.id) if running
                                 else tuple(a for a in node.allocations if a != alloc.id))
-            return state, self._view(state, node, inbound)
+            return Step(state, self._view(state, node, inbound))
         if inbound.stream == "HP_CONFIG":
             envelope = wire.decode(wire.ConfigEnvelope, inbound.data)
-            config = configstore.decode_config(envelope)
+            config = decode_config(envelope)
             health = config.node_health
             state.config = ScorerConfig(
                 degraded_at_or_below=health.degraded_at_or_below,
@@ -173,7 +172,7 @@ class ScorerCore:
                 definition_penalties={name: dict(d.node_health.penalties)
                                       for name, d in config.provisioner_definitions.items()
                                       if d.node_health.penalties is not None})
-            return state, []
+            return Step(state, [])
         raise Reject(f"unexpected input stream {inbound.stream}")
 
     @staticmethod
@@ -202,7 +201,7 @@ class ScorerCore:
 
     def _view(self, state: ScorerState, node: NodeScore, inbound: Inbound) -> list[Emit]:
         """The node's folded view, appended when it changed; a newer report alone rewrites it
-        only for a node policy watches, or when the refresh is due (reads.VIEW_REFRESH_INTERVALS)."""
+        only for a node policy watches, or when the refresh is due (views.VIEW_REFRESH_INTERVALS)."""
         view = node_view(state, node)
         reported_at = view.last_reported_at
         digest = zlib.crc32(wire.encode(msgspec.structs.replace(view, last_reported_at=None)))  # unlike hash(), stable
@@ -213,7 +212,7 @@ class ScorerCore:
         return [Emit(subjects.node_view(node.cluster, node.node_id), wire.encode(view))]
 
 
-REFRESH_EVERY_REPORTS: Final = 3  # within reads.VIEW_REFRESH_INTERVALS at a steady interval
+REFRESH_EVERY_REPORTS: Final = 3  # within views.VIEW_REFRESH_INTERVALS at a steady interval
 
 
 def _watched(node: NodeScore) -> bool:
@@ -230,7 +229,7 @@ def _refresh_due(node: NodeScore, reported_at: datetime | None) -> bool:
     if (node.reports + zlib.crc32(node.node_id.encode())) % REFRESH_EVERY_REPORTS == 0:
         return True
     interval = node.report_interval_s or 30
-    return (reported_at - node.view_reported_at).total_seconds() >= reads.VIEW_REFRESH_INTERVALS * interval
+    return (reported_at - node.view_reported_at).total_seconds() >= views.VIEW_REFRESH_INTERVALS * interval
 
 
 def node_status(node: NodeScore) -> wire.NodeStatus:

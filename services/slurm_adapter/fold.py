@@ -27,7 +27,8 @@ from datetime import datetime, timedelta
 from typing import Final
 
 from healthplane.contracts import gating, subjects, wire
-from healthplane.runtime.processor import Emit, Inbound, Input, Note, Reject
+from healthplane.runtime.fold import Emit, Inbound, Input, Note, Reject, Step
+from healthplane_slurm_adapter.records import SlurmError, SlurmJob, SlurmNode
 from healthplane_slurm_adapter.rules import (
     ENDED,
     RUNNING,
@@ -51,7 +52,6 @@ from healthplane_slurm_adapter.rules import (
     sbatch_argv,
     slurm_job_of,
 )
-from healthplane_slurm_adapter.slurm import SlurmError, SlurmJob, SlurmNode
 
 SERVICE = "slurm-adapter"
 ACTOR = "slurm"  # who an administrator's RESUME in Slurm is recorded as (its commands' actor)
@@ -162,7 +162,7 @@ class AdapterCore:
 
     # ------------------------------------------------------------------ the fold
 
-    def step(self, state: AdapterState, inbound: Inbound) -> tuple[AdapterState, Sequence[Emit]]:
+    def step(self, state: AdapterState, inbound: Inbound) -> Step[AdapterState]:
         if inbound.stream == "HP_NODES":
             view = wire.decode(wire.NodeView, inbound.data)
             if view.cluster == self.cluster:
@@ -185,7 +185,7 @@ class AdapterCore:
                 state.pending = [d for d in state.pending if d.id != result.directive_id]
         else:
             raise Reject(f"unexpected input {inbound.subject} on {inbound.stream}")
-        return state, ()
+        return Step(state, ())
 
     def _on_directive(self, state: AdapterState, directive: wire.Directive) -> None:
         if directive.cluster != self.cluster:
@@ -239,7 +239,7 @@ class AdapterCore:
         state.job_reasons = {j: r for j, r in state.job_reasons.items() if j in jobs}
         return state, out
 
-    def settle(self, state: AdapterState, outcomes: Sequence[Outcome], now: datetime) -> tuple[AdapterState, list[Emit]]:
+    def settle(self, state: AdapterState, outcomes: Sequence[Outcome], now: datetime) -> Step[AdapterState]:
         """The commands' results: a termination's answer; a directive whose command could not
         reach Slurm is sent again at the next pass, one Slurm refused is dropped and said."""
         emits: list[Emit] = []
@@ -258,7 +258,7 @@ class AdapterCore:
                 if not error.transient:
                     state.pending = [d for d in state.pending if d.id != action.directive_id]
                     state.job_reasons.pop(str(action.job_id), None)  # Slurm did not do it: not our end
-        return state, emits
+        return Step(state, emits)
 
     def _answer(self, state: AdapterState, directive: wire.Directive, accepted: bool, message: str,
                 now: datetime) -> Emit:

@@ -26,7 +26,7 @@ import os
 import pwd
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -35,9 +35,10 @@ from prometheus_client import Counter, Gauge, Histogram
 
 from healthplane.contracts import wire
 from healthplane.runtime.backoff import Backoff
+from healthplane.runtime.fold import Step
 from healthplane.runtime.lease import Lease
 from healthplane.runtime.lifecycle import Runner, ServiceContext, run_service, serve_replicated
-from healthplane.runtime.processor import Emit, Processor, tell
+from healthplane.runtime.processor import Processor, tell
 from healthplane.runtime.settings import EnvSettings
 from healthplane_slurm_adapter.fold import (
     INPUTS,
@@ -57,8 +58,9 @@ from healthplane_slurm_adapter.fold import (
     Submit,
     Unreserve,
 )
+from healthplane_slurm_adapter.records import SlurmError
 from healthplane_slurm_adapter.rules import ENDED, AdapterState, NodeNames, Observation, output_path
-from healthplane_slurm_adapter.slurm import Slurm, SlurmError, read_tail
+from healthplane_slurm_adapter.slurm import Slurm, read_tail
 
 COMMANDS = Counter("healthplane_slurm_commands_total",
                    "Slurm commands the adapter ran, by command and result (ok, retry: Slurm unreachable or "
@@ -198,10 +200,10 @@ class Reconciler:
         REACHABLE.set(1)
         decided: list[Pass] = []
 
-        def decide(state: AdapterState, now: datetime) -> tuple[AdapterState, Sequence[Emit]]:
+        def decide(state: AdapterState, now: datetime) -> Step[AdapterState]:
             state, found = self.core.reconcile(state, seen, now)
             decided.append(found)
-            return state, found.emits
+            return Step(state, found.emits)
 
         if not await self.proc.act(decide):
             return True  # rebuilding: the next pass decides

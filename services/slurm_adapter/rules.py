@@ -19,7 +19,7 @@ from typing import Final
 import msgspec
 
 from healthplane.contracts import gating, wire
-from healthplane_slurm_adapter.slurm import SlurmJob, SlurmNode
+from healthplane_slurm_adapter.records import SlurmJob, SlurmNode
 
 # Slurm job states (squeue's job_state) and what an allocation makes of them.
 RUNNING: Final = frozenset({"RUNNING", "SUSPENDED"})

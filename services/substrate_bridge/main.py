@@ -25,13 +25,14 @@ from healthplane.runtime.backoff import Backoff
 from healthplane.runtime.deadletters import SetAside
 from healthplane.runtime.lease import Lease
 from healthplane.runtime.lifecycle import Runner, ServiceContext, run_service, serve_replicated
+from healthplane.runtime.logs import LogBudget
 from healthplane.runtime.publish import Outbound, Publisher, PublishError
 from healthplane.runtime.pull import Delivery, PullLoop
 from healthplane.runtime.replay import read_all
 from healthplane.runtime.settings import EnvSettings, SettingsError
 from healthplane_substrate_bridge import fold
 from healthplane_substrate_bridge.metrics import GAUGES, PUT_FAILURES
-from healthplane_substrate_bridge.rules import decide_cap, rejection_log
+from healthplane_substrate_bridge.rules import REJECTION_LOG_INTERVAL_S, decide_cap
 
 SERVICE = "substrate-bridge"
 CONSUMER = "substrate-bridge"
@@ -79,7 +80,8 @@ class Bridge:
         self._js = ctx.js
         self._log = ctx.log
         self.state = fold.BridgeState()
-        self._rejections = rejection_log()
+        # BRG-2: at most one error line per interval about rejected puts; the rest are counted.
+        self._rejections = LogBudget(interval_s=REJECTION_LOG_INTERVAL_S)
         self._sample_interval_s = sample_interval_s
         self._publisher = Publisher(ctx.nc, window=4096)
         self._set_aside = SetAside(ctx.nc, self._publisher, SERVICE, f"{SERVICE}.0", ctx.log)

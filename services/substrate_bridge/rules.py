@@ -8,7 +8,6 @@ from datetime import datetime
 
 from healthplane.contracts import wire
 from healthplane.contracts.config import clamp_nodes_bucket_cap
-from healthplane.runtime.logs import LogBudget
 
 REJECTION_LOG_INTERVAL_S = 30.0
 
@@ -26,11 +25,6 @@ def decide_cap(configured: int | None) -> CapDecision:
         return CapDecision(None, None, False)
     in_force = clamp_nodes_bucket_cap(configured)
     return CapDecision(in_force, configured, in_force != configured)
-
-
-def rejection_log() -> LogBudget:
-    """BRG-2: at most one error line per interval about rejected puts; the rest are counted."""
-    return LogBudget(interval_s=REJECTION_LOG_INTERVAL_S)
 
 
 def registration_event(report: wire.ResourceReport, occurred_at: datetime) -> wire.NodeEvent:

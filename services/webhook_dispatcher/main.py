@@ -29,7 +29,7 @@ from nats.aio.msg import Msg
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
 from healthplane.contracts import subjects, wire
-from healthplane.contracts.config import ConfigError
+from healthplane.contracts.config import ConfigError, decode_config
 from healthplane.contracts.webhooks import signature_headers
 from healthplane.runtime import configstore, consumers, metrics
 from healthplane.runtime.deadletters import SetAside
@@ -266,7 +266,7 @@ class Dispatcher:
         if applied.version <= self.config_version:
             return
         try:
-            config = configstore.decode_config(applied)
+            config = decode_config(applied)
         except ConfigError as exc:
             self._log.warning("config does not validate; webhook endpoints unchanged",
                               version=applied.version, reason=_scrub_config_error(str(exc), applied))

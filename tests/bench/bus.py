@@ -17,7 +17,8 @@ from nats.js.api import AckPolicy, ConsumerConfig
 
 from healthplane.contracts import subjects, wire
 from healthplane.runtime import heap
-from healthplane.runtime.processor import Inbound, Processor
+from healthplane.runtime.fold import Inbound
+from healthplane.runtime.processor import Processor
 from healthplane.runtime.publish import Outbound, Publisher
 from healthplane.runtime.pull import Delivery, PullLoop
 from healthplane.stack.natsserver import NatsServer
@@ -124,7 +125,7 @@ def core_cpu_per_record(core: Any, state: Any, inbounds: list[Inbound]) -> float
     try:
         started = time.process_time()
         for inbound in inbounds:
-            state, _ = core.step(state, inbound)
+            state, _, _ = core.step(state, inbound)
         return (time.process_time() - started) / len(inbounds) * 1e6
     finally:
         gc.unfreeze()

@@ -48,7 +48,8 @@ import nats
 import pytest
 from nats.js import JetStreamContext
 
-from healthplane.contracts import streams, subjects, wire
+from healthplane.contracts import subjects, wire
+from healthplane.runtime import converge
 from healthplane.runtime.connect import connect
 from healthplane.stack.keystore import Keystore, push_account
 from healthplane.stack.natsserver import NatsServer
@@ -263,7 +264,7 @@ async def _round(number: int, mode: str, ids: Identities, reports: list[tuple[st
         admin = await connect(server.url, name="bench", creds=str(ids.admin) if on else None, give_up_after=10)
         try:
             js = admin.jetstream()
-            await streams.ensure(js)
+            await converge.ensure(js)
             node_s = await _from_nodes(server.url, reports[:NODE_PUBLISHERS], ids.nodes if on else None)
             sim = await connect(server.url, name="bench-sim", creds=str(ids.sim) if on else None, give_up_after=10)
             try:
@@ -303,7 +304,7 @@ async def test_health_ingest_runs_on_its_shipped_permissions(identities: Identit
         admin = await connect(server.url, name="bench", creds=str(identities.admin), give_up_after=10)
         try:
             js = admin.jetstream()
-            await streams.ensure(js)
+            await converge.ensure(js)
             sim = await connect(server.url, name="bench-sim", creds=str(identities.sim), give_up_after=10)
             await publish_all(sim, await _reports(count))
             await sim.close()

@@ -26,7 +26,8 @@ from typing import Any
 import pytest
 
 from healthplane.client import federation
-from healthplane.contracts import streams, subjects
+from healthplane.contracts import subjects
+from healthplane.runtime import converge
 from healthplane.runtime.connect import connect
 from healthplane.runtime.publish import Publisher
 from healthplane.stack.natsserver import Federation, NatsServer, free_port
@@ -73,7 +74,7 @@ class Pair:
     async def open(self) -> None:
         self.hub_nc = await connect(self.hub.url, name="bench-hub", give_up_after=10)
         self.member_nc = await connect(self.member.url, name="bench-member", give_up_after=10)
-        await streams.ensure(self.member_nc.jetstream())
+        await converge.ensure(self.member_nc.jetstream())
         if self.kind == "aggregate":
             await federation.offer_to_hub(self.member_nc, MEMBER)
             await federation.attach(self.hub_nc, MEMBER)

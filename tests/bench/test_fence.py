@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from healthplane.contracts import streams
+from healthplane.runtime import converge
 from healthplane.runtime.connect import connect
 from healthplane.runtime.processor import Processor
 from healthplane.stack.natsserver import NatsCluster, NatsServer
@@ -46,7 +46,7 @@ def servers(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[NatsServ
 async def bus(servers: NatsServer | NatsCluster) -> AsyncIterator[tuple[object, object]]:
     nc = await connect(servers.url, name="bench", give_up_after=10)
     js = nc.jetstream()
-    await streams.ensure(js, servers=len(nc.servers))
+    await converge.ensure(js, servers=len(nc.servers))
     try:
         yield nc, js
     finally:

@@ -38,7 +38,8 @@ import nats
 import pytest
 from nats.js.api import AckPolicy, ConsumerConfig
 
-from healthplane.contracts import streams, wire
+from healthplane.contracts import wire
+from healthplane.runtime import converge
 from healthplane.runtime.pull import Delivery, PullLoop
 from healthplane.stack.natsserver import NatsServer, terminate
 from tests.bench import harness
@@ -274,7 +275,7 @@ async def _server_alone(tmp: Path, nodes: int) -> list[Window]:
     server = NatsServer(tmp / f"alone-{nodes}").start()
     nc = await nats.connect(server.url)
     js = nc.jetstream()
-    await streams.ensure(js)
+    await converge.ensure(js)
     loops = []
     for stream in ("HP_REPORTS", "HP_RESOURCES"):
         await js.add_consumer(stream, ConsumerConfig(durable_name=f"ack-{stream}", ack_policy=AckPolicy.EXPLICIT,

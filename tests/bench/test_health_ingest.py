@@ -10,7 +10,8 @@ from datetime import UTC, datetime, timedelta
 from nats.js import JetStreamContext
 
 from healthplane.contracts import subjects, wire
-from healthplane.runtime.processor import Inbound, Processor
+from healthplane.runtime.fold import Inbound
+from healthplane.runtime.processor import Processor
 from healthplane.runtime.replay import replay
 from healthplane.stack.natsserver import NatsServer
 from healthplane_collector.agent import Collector, Settings

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from healthplane.contracts import streams
+from healthplane.runtime import converge
 from healthplane.runtime import processor as processor_module
 from healthplane.runtime.connect import connect
 from healthplane.runtime.processor import Processor
@@ -69,7 +69,7 @@ async def test_cpu_per_report_at_a_fleets_pace(tmp_path: Path) -> None:
     server = NatsServer(tmp_path / "nats").start()
     nc = await connect(server.url, name="bench", give_up_after=10)
     js = nc.jetstream()
-    await streams.ensure(js)
+    await converge.ensure(js)
     reports = await fleet_reports(RATE * SECONDS)
     try:
         results: dict[str, list[tuple[float, float]]] = {"alone": [], "none": [], "linger": []}

@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from healthplane.contracts import streams, subjects
-from healthplane.runtime import logs
+from healthplane.contracts import subjects
+from healthplane.runtime import converge, logs
 from healthplane.runtime.connect import connect
 from healthplane.runtime.publish import Publisher
 from healthplane.stack.natsserver import NatsServer
@@ -51,7 +51,7 @@ async def test_loadgen_ceiling_and_memory_per_node(tmp_path: Path) -> None:
     server = NatsServer(tmp_path / "nats").start()
     nc = await connect(server.url, name="bench", give_up_after=10)
     try:
-        await streams.ensure(nc.jetstream())
+        await converge.ensure(nc.jetstream())
         # Memory: every node's first cycle made (its identity kept), nothing sent.
         fleet = LoadFleet(NODES, "bench", interval_s=1)
         templates = await Templates.build("bench", 1, 8)

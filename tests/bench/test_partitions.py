@@ -16,9 +16,10 @@ from typing import Any
 import pytest
 from nats.js import JetStreamContext
 
-from healthplane.contracts import streams
+from healthplane.runtime import converge
 from healthplane.runtime.connect import connect
-from healthplane.runtime.processor import Input, Processor
+from healthplane.runtime.fold import Input
+from healthplane.runtime.processor import Processor
 from healthplane.stack.natsserver import NatsServer
 from healthplane_health_ingest.fold import INPUTS as INGEST_INPUTS
 from healthplane_health_ingest.fold import OUTPUTS as INGEST_OUTPUTS
@@ -40,7 +41,7 @@ async def bus(tmp_path: Path) -> AsyncIterator[tuple[Any, JetStreamContext]]:
     server = NatsServer(tmp_path / "nats").start()
     nc = await connect(server.url, name="bench", give_up_after=10)
     js = nc.jetstream()
-    await streams.ensure(js, slotted=True)
+    await converge.ensure(js, slotted=True)
     try:
         yield nc, js
     finally:

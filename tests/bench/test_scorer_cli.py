@@ -12,7 +12,8 @@ from datetime import UTC, datetime
 from nats.js import JetStreamContext
 
 from healthplane.contracts import subjects, wire
-from healthplane.runtime.processor import Inbound, Processor
+from healthplane.runtime.fold import Inbound
+from healthplane.runtime.processor import Processor
 from healthplane.stack.natsserver import NatsServer
 from healthplane_scorer.fold import INPUTS, OUTPUTS, ScorerCore, ScorerState
 from tests.bench import harness

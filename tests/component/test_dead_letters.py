@@ -15,8 +15,7 @@ import pytest
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 
-from healthplane.contracts import streams
-from healthplane.runtime import deadletters, metrics
+from healthplane.runtime import converge, deadletters, metrics
 from healthplane.runtime.connect import connect
 from healthplane.stack.natsserver import NatsServer
 from tests.support import toy
@@ -33,7 +32,7 @@ def _inputs(keys: Sequence[str]) -> list[bytes]:
 
 async def _setup(js: JetStreamContext, inputs: list[bytes]) -> str:
     suffix = f"d{os.urandom(3).hex()}"
-    await streams.ensure(js)
+    await converge.ensure(js)
     await toy.ensure_toy_streams(js, suffix)
     for data in inputs:
         await js.publish(f"toy{suffix}.in.x", data)
@@ -119,7 +118,7 @@ async def test_an_input_as_large_as_the_server_takes_still_fits(nats_server: Nat
     assert len(payload) == 1024 * 1024 - deadletters.HEADROOM_BYTES and headers[deadletters.ERROR] == "boom with a second line"
     nc = await connect(nats_server.url, name="t", give_up_after=5)
     js = nc.jetstream()
-    await streams.ensure(js)
+    await converge.ensure(js)
     await js.publish(subject, payload, headers=headers)
     [dead] = await deadletters.read(nc, js, "s")
     assert dead.truncated and dead.input_seq == 7

@@ -23,6 +23,7 @@ from nats.js import JetStreamContext
 from nats.js.errors import APIError
 
 from healthplane.contracts import streams, wire
+from healthplane.runtime import converge
 from healthplane.runtime.connect import connect
 from healthplane.runtime.replay import read_all
 from healthplane.stack.keystore import Keystore
@@ -60,16 +61,16 @@ async def test_ha1_every_stream_and_bucket_is_r3_and_more_than_the_cluster_has_i
     try:
         js = nc.jetstream()
         assert len(nc.servers) == 3
-        await streams.ensure(js, servers=len(nc.servers))
+        await converge.ensure(js, servers=len(nc.servers))
         for name in [s.name for s in streams.STREAMS] + [f"KV_{streams.NODES_BUCKET}", f"KV_{streams.LEASES_BUCKET}"]:
             info = await js.stream_info(name)
             assert info.config.num_replicas == 3, name
             assert info.cluster is not None and len(info.cluster.replicas or []) == 2, name
-        with pytest.raises(streams.StreamConflict, match=r"stream HP_REPORTS: 5 replicas asked.*at least 5"):
-            await streams.ensure(js, replicas=5)
-        await streams.ensure(js, replicas=1)
+        with pytest.raises(converge.StreamConflict, match=r"stream HP_REPORTS: 5 replicas asked.*at least 5"):
+            await converge.ensure(js, replicas=5)
+        await converge.ensure(js, replicas=1)
         assert (await js.stream_info("HP_NODES")).config.num_replicas == 1
-        again = await streams.ensure(js, replicas=3)  # in place: nothing recreated, records kept
+        again = await converge.ensure(js, replicas=3)  # in place: nothing recreated, records kept
         assert again.created == () and "HP_NODES" in again.updated
         assert (await js.stream_info(f"KV_{streams.LEASES_BUCKET}")).config.num_replicas == 3
     finally:
@@ -79,8 +80,8 @@ async def test_ha1_every_stream_and_bucket_is_r3_and_more_than_the_cluster_has_i
 async def test_ha1_one_server_refuses_r3_naming_the_stream(nats_server: NatsServer, js: JetStreamContext) -> None:
     # HA-1: R1 on one server, and R3 asked of it is one line, not a traceback.
     assert (await js.stream_info("HP_REPORTS")).config.num_replicas == 1
-    with pytest.raises(streams.StreamConflict, match=r"stream HP_REPORTS: 3 replicas asked.*at least 3"):
-        await streams.ensure(js, replicas=3)
+    with pytest.raises(converge.StreamConflict, match=r"stream HP_REPORTS: 3 replicas asked.*at least 3"):
+        await converge.ensure(js, replicas=3)
 
 
 Lose = Callable[[NATS, JetStreamContext, dict[str, subprocess.Popen[bytes]], Fleet], Awaitable[float]]
@@ -91,7 +92,7 @@ async def _under_load(servers: NatsServer | NatsCluster, tmp_path: Path, lose: L
     away mid-run and says how long the pipeline took to notice; then everything is counted."""
     nc, sim_nc = await clients(servers, "ha")
     js = nc.jetstream()
-    await streams.ensure(js, servers=len(nc.servers))
+    await converge.ensure(js, servers=len(nc.servers))
     processes = {label: service(servers, name, tmp_path / f"{label}.log")
                  for label, name in (("health-ingest", "health-ingest"), ("scorer", "scorer"), ("scorer-2", "scorer"))}
     fleet = Fleet(sim_nc.jetstream(), NODES)

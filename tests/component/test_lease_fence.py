@@ -16,8 +16,8 @@ from nats.js import JetStreamContext
 
 from healthplane.contracts import subjects, wire
 from healthplane.runtime.connect import connect
+from healthplane.runtime.fold import Inbound
 from healthplane.runtime.lease import HEADER, Lease
-from healthplane.runtime.processor import Inbound
 from healthplane.runtime.replay import read_all, replay
 from healthplane.stack.natsserver import NatsServer
 from healthplane_scorer.fold import ScorerCore, node_view
@@ -150,7 +150,7 @@ async def _differences_from_replay(nc, js: JetStreamContext) -> list[str]:  # ty
     """The nodes whose latest view is not what a replay of the latest assessments folds to."""
     core, state = ScorerCore(), ScorerCore().initial_state()
     async for seq, msg in _numbered(js):
-        state, _ = core.step(state, Inbound("HP_ASSESSMENTS", seq, msg.subject, msg.data, {}, T0, True))
+        state, _, _ = core.step(state, Inbound("HP_ASSESSMENTS", seq, msg.subject, msg.data, {}, T0, True))
     latest = {wire.decode(wire.NodeView, m.data).node_id: wire.decode(wire.NodeView, m.data)
               for m in await read_all(nc, js, "HP_NODES", "hp.node.>", last_per_subject=True)}
     return sorted({*NODES} - {*latest}) + [node.node_id for node in state.nodes.values()

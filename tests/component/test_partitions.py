@@ -17,6 +17,7 @@ from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 
 from healthplane.contracts import streams, subjects, wire
+from healthplane.runtime import converge
 from healthplane.runtime.replay import read_all
 from healthplane.stack.natsserver import NatsServer
 from tests.support import pipeline
@@ -80,7 +81,7 @@ async def test_ha4_replicas_share_the_partitions_and_take_a_dead_ones_share_and_
     # joins: it is handed its share. Every node's records stay in order in one partition.
     nc, sim_nc = await pipeline.clients(nats_server, "ha4")
     js = nc.jetstream()
-    await streams.ensure(js, slotted=True)
+    await converge.ensure(js, slotted=True)
     processes = {label: service(nats_server, name, tmp_path / f"{label}.log", "--partitions", p)
                  for label, name, p in (("health-ingest", "health-ingest", "2"), ("scorer-a", "scorer", "4"),
                                         ("scorer-b", "scorer", "4"))}
@@ -122,7 +123,7 @@ async def test_ha4_changing_p_hands_over_where_the_last_layout_stood_without_emi
     # taking every input the old layout had folded as emitted, and go on live.
     nc, sim_nc = await pipeline.clients(nats_server, "ha4-p")
     js = nc.jetstream()
-    await streams.ensure(js, slotted=True)
+    await converge.ensure(js, slotted=True)
     processes = {"health-ingest": service(nats_server, "health-ingest", tmp_path / "health-ingest.log"),
                  "scorer-p2": service(nats_server, "scorer", tmp_path / "scorer-p2.log", "--partitions", "2")}
     fleet = Fleet(sim_nc.jetstream(), NODES)
@@ -172,5 +173,5 @@ async def test_ha4_a_partition_of_an_install_without_slots_refuses_to_start(
     assert "Traceback" not in scorer_log + policy_log
     # And the layout of streams that hold records is not changed in place.
     await js.publish(subjects.report(CLUSTER, "n00"), b"{}")
-    with pytest.raises(streams.StreamConflict, match=r"HP_REPORTS holds 1 records without partition slots"):
-        await streams.ensure(js, slotted=True)
+    with pytest.raises(converge.StreamConflict, match=r"HP_REPORTS holds 1 records without partition slots"):
+        await converge.ensure(js, slotted=True)

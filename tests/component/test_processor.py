@@ -22,9 +22,9 @@ from hypothesis import strategies as st
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 
-from healthplane.contracts import streams
+from healthplane.runtime import converge
 from healthplane.runtime.connect import connect
-from healthplane.runtime.processor import Emit, Inbound
+from healthplane.runtime.fold import Emit, Inbound
 from healthplane.stack.natsserver import NatsServer
 from tests.support import toy
 
@@ -60,7 +60,7 @@ async def _toy_bus(nats_server: NatsServer, suffix: str, inputs: list[bytes], **
     ``inputs`` published to the toy's."""
     nc = await connect(nats_server.url, name="test", give_up_after=5)
     js = nc.jetstream()
-    await streams.ensure(js)
+    await converge.ensure(js)
     await toy.ensure_toy_streams(js, suffix, **options)
     await _publish(js, inputs, suffix)
     return nc, js
@@ -76,7 +76,7 @@ async def test_exactly_once_after_kill_9_mid_batch(nats_server: NatsServer, tmp_
     # emitted twice, even with the de-duplication window too short to help.
     nc = await connect(nats_server.url, name="test", give_up_after=5)
     js = nc.jetstream()
-    await streams.ensure(js)
+    await converge.ensure(js)
     await toy.ensure_toy_streams(js, duplicate_window=0.1)
     inputs = _inputs(6000)
     await _publish(js, inputs)
@@ -133,7 +133,7 @@ def test_replay_equals_live_state(nats_server: NatsServer, count: int, stops: li
     async def scenario() -> None:
         admin = await connect(nats_server.url, name="admin", give_up_after=5)
         js = admin.jetstream()
-        await streams.ensure(js)
+        await converge.ensure(js)
         await toy.ensure_toy_streams(js, suffix, duplicate_window=0.1)
         await _publish(js, inputs, suffix)
         for stop_after, clean in sorted(stops):
@@ -246,7 +246,7 @@ async def test_issue25_a_live_burst_is_caught_up_though_records_are_pending(nats
     # stored a moment ago is caught up (its /readyz says so, its ticks run), not "replaying".
     nc = await connect(nats_server.url, name="test", give_up_after=5)
     js = nc.jetstream()
-    await streams.ensure(js)
+    await converge.ensure(js)
     await toy.ensure_toy_streams(js, suffix="burst")
     core = _Watching("burst")
     proc = toy.processor(nc, js, "burst", snapshot_every=10**9, batch=20, core=core)

@@ -24,7 +24,8 @@ from healthplane.contracts import subjects, wire
 from healthplane.contracts.config import parse_cluster_config
 from healthplane.runtime import configstore, logs, snapshots
 from healthplane.runtime.connect import connect
-from healthplane.runtime.processor import FENCE_MARKS, Inbound, Processor
+from healthplane.runtime.fold import Inbound
+from healthplane.runtime.processor import FENCE_MARKS, Processor
 from healthplane.runtime.replay import read_all
 from healthplane.stack.natsserver import NatsServer
 from healthplane_collector.sim import Fleet
@@ -114,14 +115,14 @@ async def replayed(nc: NATS, js: JetStreamContext) -> SchedulerState:
             if msg.subject.startswith(FENCE_MARKS):
                 continue  # a lease holder's mark, not a record: the Processor passes over it too
             meta = msg.metadata
-            state, _ = core.step(state, Inbound(spec.stream, meta.sequence.stream, msg.subject, msg.data, {},
+            state, _, _ = core.step(state, Inbound(spec.stream, meta.sequence.stream, msg.subject, msg.data, {},
                                                 meta.timestamp, True))
     return state
 
 
 def settled(state: SchedulerState, core: SchedulerCore, now: datetime) -> SchedulerState:
     """After a tick every directive is obeyed or dropped; a quiet fleet emits nothing more."""
-    state, emits = core.tick(state, now)
+    state, emits, _ = core.tick(state, now)
     assert list(emits) == []
     return state
 

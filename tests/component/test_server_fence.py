@@ -12,8 +12,9 @@ from nats.js import JetStreamContext
 
 from healthplane.contracts import streams, subjects, wire
 from healthplane.runtime.connect import connect
+from healthplane.runtime.fold import Emit, Step
 from healthplane.runtime.lease import HEADER
-from healthplane.runtime.processor import Emit, LeaseLost, Processor
+from healthplane.runtime.processor import LeaseLost, Processor
 from healthplane.runtime.replay import read_all
 from healthplane.stack.natsserver import NatsServer
 from healthplane_scorer.fold import INPUTS, OUTPUTS, SERVICE, ScorerCore, ScorerState
@@ -62,8 +63,8 @@ async def test_a_superseded_holder_is_refused_by_the_server(nats_server: NatsSer
         await b.start()  # B marks every stream it writes (and the snapshots)
         running_b = asyncio.create_task(b.run())
 
-        def queued(state: ScorerState, now: datetime) -> tuple[ScorerState, list[Emit]]:
-            return state, [Emit(a_view.subject, a_view.data), Emit(subjects.event("lab", "n1", "SCORE_CHANGED"), b"{}")]
+        def queued(state: ScorerState, now: datetime) -> Step[ScorerState]:
+            return Step(state, [Emit(a_view.subject, a_view.data), Emit(subjects.event("lab", "n1", "SCORE_CHANGED"), b"{}")])
 
         with pytest.raises(LeaseLost):
             await a.act(queued)

@@ -7,15 +7,16 @@ from nats.js import JetStreamContext
 from nats.js.api import RetentionPolicy, StorageType, StreamConfig
 
 from healthplane.contracts import streams
+from healthplane.runtime import converge
 
 pytestmark = pytest.mark.nats
 
 
 async def test_ensure_twice_is_a_no_op(nc) -> None:  # type: ignore[no-untyped-def]
     js = nc.jetstream()
-    first = await streams.ensure(js)
+    first = await converge.ensure(js)
     assert set(first.created) == {s.name for s in streams.STREAMS} | {"KV_substrate-nodes", "KV_healthplane-leases"}
-    second = await streams.ensure(js)
+    second = await converge.ensure(js)
     assert second.created == () and second.updated == ()
     info = await js.stream_info("HP_NODE_EVENTS")
     assert info.config.max_age == pytest.approx(90 * 86400)
@@ -26,7 +27,7 @@ async def test_updatable_drift_is_converged(js: JetStreamContext) -> None:
     drifted = streams.STREAMS_BY_NAME["HP_REPORTS"].config(1)
     drifted.max_msgs_per_subject = 5
     await js.update_stream(drifted)
-    result = await streams.ensure(js)
+    result = await converge.ensure(js)
     assert result.updated == ("HP_REPORTS",)
     assert (await js.stream_info("HP_REPORTS")).config.max_msgs_per_subject == 64
 
@@ -35,5 +36,5 @@ async def test_conflicting_stream_is_reported_by_name_and_field(nc) -> None:  # 
     js = nc.jetstream()
     await js.add_stream(StreamConfig(name="HP_DIRECTIVES", subjects=["hp.directive.>"],
                                      retention=RetentionPolicy.WORK_QUEUE, storage=StorageType.FILE))
-    with pytest.raises(streams.StreamConflict, match=r"HP_DIRECTIVES .*retention is workqueue, want limits"):
-        await streams.ensure(js)
+    with pytest.raises(converge.StreamConflict, match=r"HP_DIRECTIVES .*retention is workqueue, want limits"):
+        await converge.ensure(js)

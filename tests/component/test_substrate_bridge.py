@@ -18,7 +18,7 @@ from nats.js.api import KeyValueConfig, StorageType
 
 from healthplane.contracts import streams, subjects, wire
 from healthplane.contracts.config import parse_cluster_config
-from healthplane.runtime import configstore, deadletters
+from healthplane.runtime import configstore, converge, deadletters
 from healthplane.runtime.replay import replay
 from healthplane.stack.natsserver import NatsServer, free_port
 from healthplane_substrate_bridge.metrics import BucketGauges
@@ -183,7 +183,7 @@ async def test_full_bucket_rejects_then_redelivers_until_space(nats_server: Nats
     size = len(wire.encode(resource_report("n-00")))
     await js.create_key_value(KeyValueConfig(bucket=streams.NODES_BUCKET, history=1, max_bytes=int(size * 4.5),
                                              storage=StorageType.FILE, direct=True))
-    await streams.ensure(js)
+    await converge.ensure(js)
     bridge = _start(bridges, nats_server, tmp_path)
     kv = await js.key_value(streams.NODES_BUCKET)
     for i in range(4):

@@ -13,7 +13,8 @@ from nats.js import JetStreamContext
 
 from healthplane.runtime import logs
 from healthplane.runtime.connect import connect
-from healthplane.runtime.processor import Emit, Inbound, Input, Processor, Reject
+from healthplane.runtime.fold import Emit, Inbound, Input, Reject, Step, note
+from healthplane.runtime.processor import Processor
 
 
 class ToyState(msgspec.Struct):
@@ -44,14 +45,13 @@ class ToyCore:
     def initial_state(self) -> ToyState:
         return ToyState()
 
-    def step(self, state: ToyState, inbound: Inbound) -> tuple[ToyState, Sequence[Emit]]:
+    def step(self, state: ToyState, inbound: Inbound) -> Step[ToyState]:
         try:
             item = _decode_input(inbound.data)
         except msgspec.DecodeError as exc:
             raise Reject(str(exc)) from exc
         count = state.counts.get(item.key, 0) + 1
-        if item.key == self.notes_on:
-            inbound.note("warning", "toy key seen", counter="seen", key=item.key)
+        notes = [note("warning", "toy key seen", counter="seen", key=item.key)] if item.key == self.notes_on else []
         if item.key == self.raises_on:
             state.counts[item.key] = 10**6  # half a change: only a rebuild undoes it
             raise RuntimeError(f"cannot fold {item.key}")
@@ -64,7 +64,7 @@ class ToyCore:
         if self.pairs:
             out.append(Emit(f"{self.out_prefix}.{item.key}.echo", msgspec.json.encode(
                 {"key": item.key, "count": count, "cause": inbound.seq, "echo": True})))
-        return new, out
+        return Step(new, out, notes)
 
 
 def fold(inputs: Sequence[bytes], without: Sequence[int] = ()) -> ToyState:
@@ -75,7 +75,7 @@ def fold(inputs: Sequence[bytes], without: Sequence[int] = ()) -> ToyState:
         if seq in without:
             continue
         try:
-            state, _ = core.step(state, Inbound("TOY_IN", seq, "", data, {}, None, True))  # type: ignore[arg-type]
+            state, _, _ = core.step(state, Inbound("TOY_IN", seq, "", data, {}, None, True))  # type: ignore[arg-type]
         except Reject:
             pass
     return state

@@ -12,21 +12,21 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from healthplane.client import reads
-from healthplane.contracts import automation, wire
+from healthplane.contracts import automation, views, wire
 from healthplane.contracts.config import NodeHealth
 from healthplane_api import fold, pages
 
 NOW = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
 
 rows = st.lists(st.builds(
-    reads.ListRow, node_id=st.from_regex(r"n[0-9]{1,3}", fullmatch=True), cluster=st.sampled_from(["a", "b", "c"]),
+    views.ListRow, node_id=st.from_regex(r"n[0-9]{1,3}", fullmatch=True), cluster=st.sampled_from(["a", "b", "c"]),
     hostname=st.none() | st.just("h"), status=st.sampled_from(["READY", "CORDONED", "OFFLINE"]),
     health=st.sampled_from(["HEALTHY", "DEGRADED", "UNKNOWN"]), score=st.none() | st.integers(0, 100),
     jobs=st.integers(0, 3), last_reported_at=st.just(NOW), report_interval_seconds=st.just(30)),
     max_size=40, unique_by=lambda r: (r.cluster, r.node_id))
 
 
-def _index(found: list[reads.ListRow]) -> fold.ViewIndex:
+def _index(found: list[views.ListRow]) -> fold.ViewIndex:
     index = fold.ViewIndex()
     for row in found:
         index.apply(msgspec.json.encode(row))
@@ -36,12 +36,12 @@ def _index(found: list[reads.ListRow]) -> fold.ViewIndex:
 @given(rows, st.sampled_from(fold.SORTS), st.booleans(), st.integers(1, 7), st.none() | st.sampled_from(["a", "b"]),
        st.lists(st.sampled_from(["HEALTHY", "DEGRADED", "UNKNOWN"]), max_size=2))
 def test_api3_paging_the_nodes_table_shows_every_matching_node_once_in_order(
-        found: list[reads.ListRow], sort: str, descending: bool, size: int, cluster: str | None,
+        found: list[views.ListRow], sort: str, descending: bool, size: int, cluster: str | None,
         health: list[str]) -> None:
     index = _index(found)
     key = f"-{sort}" if descending else sort
     whole = index.page(cluster=cluster, health=health, sort=key, page_size=None)
-    seen: list[reads.ListRow] = []
+    seen: list[views.ListRow] = []
     token = None
     while True:
         page = index.page(cluster=cluster, health=health, sort=key, page_size=size, token=token)
@@ -57,14 +57,14 @@ def test_api3_paging_the_nodes_table_shows_every_matching_node_once_in_order(
 
 
 def test_api3_the_score_sort_puts_the_lowest_first_and_unscored_last() -> None:
-    found = [reads.ListRow("n1", "a", None, "READY", "HEALTHY", 100), reads.ListRow("n2", "a", None, "READY",
-             "DEGRADED", 40), reads.ListRow("n3", "a", None, "READY", "UNKNOWN", None)]
+    found = [views.ListRow("n1", "a", None, "READY", "HEALTHY", 100), views.ListRow("n2", "a", None, "READY",
+             "DEGRADED", 40), views.ListRow("n3", "a", None, "READY", "UNKNOWN", None)]
     assert [r.node_id for r in _index(found).page(sort="score").rows] == ["n2", "n1", "n3"]
 
 
 def test_api3_a_view_that_only_moved_its_report_time_changes_no_page() -> None:
     index = fold.ViewIndex()
-    row = reads.ListRow("n1", "a", None, "READY", "HEALTHY", 100, last_reported_at=NOW)
+    row = views.ListRow("n1", "a", None, "READY", "HEALTHY", 100, last_reported_at=NOW)
     assert index.apply(msgspec.json.encode(row)) is not None
     later = msgspec.structs.replace(row, last_reported_at=NOW + timedelta(seconds=30))
     assert index.apply(msgspec.json.encode(later)) is None
@@ -91,10 +91,10 @@ def test_api3_a_cluster_row_says_the_worst_state_present(counts: dict[str, int],
 
 
 def test_api3_the_summary_counts_a_stale_view_as_unknown_not_its_last_answer() -> None:
-    fresh = reads.ListRow("n1", "a", None, "READY", "DEGRADED", 40, last_reported_at=NOW, report_interval_seconds=30)
-    stale = reads.ListRow("n2", "a", None, "READY", "HEALTHY", 100, last_reported_at=NOW - timedelta(minutes=5),
+    fresh = views.ListRow("n1", "a", None, "READY", "DEGRADED", 40, last_reported_at=NOW, report_interval_seconds=30)
+    stale = views.ListRow("n2", "a", None, "READY", "HEALTHY", 100, last_reported_at=NOW - timedelta(minutes=5),
                           report_interval_seconds=30)
-    other = reads.ListRow("n3", "b", None, "READY", "HEALTHY", 100, last_reported_at=NOW, report_interval_seconds=30)
+    other = views.ListRow("n3", "b", None, "READY", "HEALTHY", 100, last_reported_at=NOW, report_interval_seconds=30)
     summary = reads.summarize([fresh, stale, other], NOW)
     assert [(c["cluster"], c["health"], c["worstScore"], c["label"]) for c in summary["clusters"]] == [
         ("a", {"healthy": 0, "degraded": 1, "unknown": 1}, 40, "1 unknown; 1 degraded, worst 40"),
@@ -171,7 +171,7 @@ def test_api3_the_trend_steps_through_each_score_change_and_holds_to_now() -> No
 
 def test_api3_a_decommissioned_node_leaves_the_table_and_a_late_view_does_not_bring_it_back() -> None:
     index = fold.ViewIndex()
-    row = reads.ListRow("n1", "a", None, "READY", "HEALTHY", 100, last_reported_at=NOW)
+    row = views.ListRow("n1", "a", None, "READY", "HEALTHY", 100, last_reported_at=NOW)
     index.apply(msgspec.json.encode(row))
     assert index.remove("a", "n1", NOW + timedelta(seconds=1)) and index.rows == {}
     assert index.apply(msgspec.json.encode(row)) is None and index.rows == {}

@@ -14,7 +14,7 @@ import pytest
 
 from healthplane.contracts import subjects, wire
 from healthplane.contracts.config import ClusterConfig, ConfigError, parse_cluster_config
-from healthplane.runtime.processor import Inbound
+from healthplane.runtime.fold import Inbound
 from healthplane_collector.agent import Collector, Settings
 from healthplane_collector.sim import SimNode
 from healthplane_health_ingest import detectors
@@ -57,8 +57,7 @@ class Node:
         self.seq += 1
         at = T0 + timedelta(seconds=30 * self.seq)
         inbound = Inbound(stream, self.seq, subject, data, {}, at, True)
-        self.state, emits = self.core.step(self.state, inbound)
-        self.notes = inbound.notes
+        self.state, emits, self.notes = self.core.step(self.state, inbound)
         return [wire.decode(wire.NodeEvent, e.payload) for e in emits if ".event." in e.subject]
 
     def labels(self, annotations: dict[str, str]) -> None:

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from healthplane.contracts import subjects, wire
 from healthplane.contracts.config import ClusterConfig
-from healthplane.runtime.processor import Emit, Inbound
+from healthplane.runtime.fold import Emit, Inbound
 from healthplane_eviction import rules
 from healthplane_eviction.fold import EvictionCore, EvictionState
 
@@ -36,7 +36,7 @@ class Harness:
         inbound = Inbound(stream=stream, seq=self.seq, subject=subject, data=wire.encode(record), headers={},
                           at=T0 + timedelta(seconds=self.seq), caught_up=True)
         self.inputs.append(inbound)
-        self.state, emits = self.core.step(self.state, inbound)
+        self.state, emits, _ = self.core.step(self.state, inbound)
         self.emitted += emits
         return list(emits)
 
@@ -436,7 +436,7 @@ def test_rel1_replaying_the_inputs_rebuilds_the_same_state(script: list[str]) ->
     state = again.initial_state()
     records: list[Emit] = []
     for inbound in h.inputs:
-        state, emits = again.step(state, inbound)
+        state, emits, _ = again.step(state, inbound)
         records += emits
     assert msgspec.json.encode(state) == msgspec.json.encode(h.state)
     assert [e.payload for e in records] == [e.payload for e in h.emitted]

@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from healthplane.client import federation, reads
-from healthplane.contracts import permissions, subjects, wire
+from healthplane.contracts import permissions, subjects, views, wire
 
 NOW = datetime(2026, 12, 3, 12, 0, tzinfo=UTC)
 
@@ -24,7 +24,7 @@ def _view(node: str, cluster: str, health: str = "HEALTHY", score: int | None = 
 
 
 def _listing(*payloads: bytes) -> reads.Listing:
-    return reads.Listing(list(payloads), [reads.decode_row(p) for p in payloads])
+    return reads.Listing(list(payloads), [views.decode_row(p) for p in payloads])
 
 
 @pytest.mark.parametrize("name", ["a", "gpu-east_2", "0" * 32])

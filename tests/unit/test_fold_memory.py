@@ -19,7 +19,7 @@ import msgspec
 import pytest
 
 from healthplane.contracts import subjects, wire
-from healthplane.runtime.processor import Emit, Inbound
+from healthplane.runtime.fold import Emit, Inbound
 from healthplane_collector.agent import Collector, Settings
 from healthplane_collector.sim import SimNode
 from healthplane_health_ingest.fold import IngestCore
@@ -60,7 +60,7 @@ def _outputs(core: Any, fed: Fed, prefix: str) -> Fed:
     stream = {"hp.assess": "HP_ASSESSMENTS", "hp.node.": "HP_NODES"}[prefix]
     state, out = core.initial_state(), []
     for seq, (stream_in, subject, data, at) in enumerate(fed, 1):
-        state, emits = core.step(state, Inbound(stream_in, seq, subject, data, {}, at, True))
+        state, emits, _ = core.step(state, Inbound(stream_in, seq, subject, data, {}, at, True))
         out += [(stream, e.subject, e.payload, at) for e in emits if e.subject.startswith(prefix)]
     return out
 
@@ -74,14 +74,14 @@ def _bytes_per_node(core: Any, fed: Fed, nodes: Callable[[Any], int]) -> float:
     # node, shared by every record of it in the process) is therefore not counted.
     first = core.initial_state()
     for seq, (stream, subject, data, at) in enumerate(fed, 1):
-        first, _ = core.step(first, Inbound(stream, seq, subject, data, {}, at, False))
+        first, _, _ = core.step(first, Inbound(stream, seq, subject, data, {}, at, False))
     state = core.initial_state()
     emits: list[Emit] = []
     tracemalloc.start()
     try:
         before = tracemalloc.get_traced_memory()[0]
         for seq, (stream, subject, data, at) in enumerate(fed, 1):
-            state, emits = core.step(state, Inbound(stream, seq, subject, data, {}, at, False))
+            state, emits, _ = core.step(state, Inbound(stream, seq, subject, data, {}, at, False))
         del emits
         held = tracemalloc.get_traced_memory()[0] - before
     finally:

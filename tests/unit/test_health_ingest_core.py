@@ -242,19 +242,19 @@ async def test_tick_marks_a_silent_node_missed_once_and_a_report_resumes_it() ->
     state = core.initial_state()
     s = Scenario()
     report = await sim_report(s.node)
-    from healthplane.runtime.processor import Inbound
+    from healthplane.runtime.fold import Inbound
 
-    state, _ = core.step(state, Inbound("HP_REPORTS", 1, "hp.report.c.n1", wire.encode(report), {}, T0, True))
-    _, emits = core.tick(state, T0 + timedelta(seconds=89))
+    state, _, _ = core.step(state, Inbound("HP_REPORTS", 1, "hp.report.c.n1", wire.encode(report), {}, T0, True))
+    _, emits, _ = core.tick(state, T0 + timedelta(seconds=89))
     assert emits == []
-    _, emits = core.tick(state, T0 + timedelta(seconds=91))
+    _, emits, _ = core.tick(state, T0 + timedelta(seconds=91))
     kinds = [msgspec.json.decode(e.payload).get("type") for e in emits]
     assert kinds == ["HEARTBEAT_MISSED", "CONDITION_RAISED", None]  # None: the assessment
     assert all(e.msg_id for e in emits)
     assert core.tick(state, T0 + timedelta(seconds=200))[1] == []  # once per silence
     node = state.nodes["c\x00n1"]
     assert health(node) == "UNKNOWN"
-    _, emits = core.step(state, Inbound("HP_REPORTS", 2, "hp.report.c.n1", wire.encode(report), {},
+    _, emits, _ = core.step(state, Inbound("HP_REPORTS", 2, "hp.report.c.n1", wire.encode(report), {},
                                         T0 + timedelta(seconds=300), True))
     kinds = [msgspec.json.decode(e.payload).get("type") for e in emits]
     assert kinds[:2] == ["HEARTBEAT_RESUMED", "CONDITION_CLEARED"] and health(node) == "HEALTHY"
@@ -263,20 +263,20 @@ async def test_tick_marks_a_silent_node_missed_once_and_a_report_resumes_it() ->
 async def test_a_decommissioned_node_is_forgotten_and_never_missed() -> None:
     """NODE_DEPROVISIONED: no heartbeat miss for an instance that is gone, and a report that was
     in flight when it went is ignored; a report sent later (a new instance) is a node again."""
-    from healthplane.runtime.processor import Inbound
+    from healthplane.runtime.fold import Inbound
 
     core = IngestCore()
     state = core.initial_state()
     report = await sim_report(SimNode("n1"))
-    state, _ = core.step(state, Inbound("HP_REPORTS", 1, "hp.report.c.n1", wire.encode(report), {}, T0, True))
+    state, _, _ = core.step(state, Inbound("HP_REPORTS", 1, "hp.report.c.n1", wire.encode(report), {}, T0, True))
     gone = wire.NodeEvent(id="g", node_id="n1", cluster="c", type="NODE_DEPROVISIONED",
                           occurred_at=T0 + timedelta(seconds=5), message="deprovisioned", actor="eviction")
-    state, _ = core.step(state, Inbound("HP_NODE_EVENTS", 2, "", wire.encode(gone), {}, T0, True))
+    state, _, _ = core.step(state, Inbound("HP_NODE_EVENTS", 2, "", wire.encode(gone), {}, T0, True))
     assert core.tick(state, T0 + timedelta(hours=1))[1] == []
-    state, emits = core.step(state, Inbound("HP_REPORTS", 3, "hp.report.c.n1", wire.encode(report), {}, T0, True))
+    state, emits, _ = core.step(state, Inbound("HP_REPORTS", 3, "hp.report.c.n1", wire.encode(report), {}, T0, True))
     assert emits == [] and state.nodes == {}
     later = msgspec.structs.replace(report, sent_at=T0 + timedelta(minutes=5))
-    state, emits = core.step(state, Inbound("HP_REPORTS", 4, "hp.report.c.n1", wire.encode(later), {}, T0, True))
+    state, emits, _ = core.step(state, Inbound("HP_REPORTS", 4, "hp.report.c.n1", wire.encode(later), {}, T0, True))
     assert emits and "c\x00n1" in state.nodes
 
 
@@ -294,9 +294,9 @@ def test_heartbeat_sweep_is_proportional_to_what_is_due() -> None:
         state.nodes[f"c\x00n{i}"] = NodeState(cluster="c", node_id=f"n{i}", last_report_at=T0 + timedelta(seconds=i),
                                               last_report_seq=i)
     core = IngestCore()
-    _, emits = core.tick(state, T0 + timedelta(seconds=100))
+    _, emits, _ = core.tick(state, T0 + timedelta(seconds=100))
     assert len([e for e in emits if b"HEARTBEAT_MISSED" in e.payload]) == 11  # deadlines T0+90 .. T0+100
-    _, emits = core.tick(state, T0 + timedelta(seconds=100))
+    _, emits, _ = core.tick(state, T0 + timedelta(seconds=100))
     assert emits == []
 
 
@@ -348,7 +348,7 @@ def test_snapshot_and_replay_equal_live_state(steps: list[str], cut: int) -> Non
     # in the same state, and the same events, as folding straight through.
     import asyncio
 
-    from healthplane.runtime.processor import Inbound
+    from healthplane.runtime.fold import Inbound
 
     async def reports() -> list[bytes]:
         node = SimNode("n1")
@@ -368,7 +368,7 @@ def test_snapshot_and_replay_equal_live_state(steps: list[str], cut: int) -> Non
             if seq == snapshot_at:
                 state = msgspec.json.decode(msgspec.json.encode(state), type=IngestState)
                 core = IngestCore()  # a restarted process: fresh derived indexes
-            state, emits = core.step(state, Inbound("HP_REPORTS", seq, "", data, {}, T0 + timedelta(seconds=30 * seq), True))
+            state, emits, _ = core.step(state, Inbound("HP_REPORTS", seq, "", data, {}, T0 + timedelta(seconds=30 * seq), True))
             emitted += [e.payload for e in emits]
         return msgspec.json.encode(state), emitted
 
@@ -386,7 +386,7 @@ def test_every_silence_is_missed_once_at_its_deadline(steps: list[tuple[str, int
     # report + 3 x interval, floor 15 s) has passed since their last report, once per silence.
     import asyncio
 
-    from healthplane.runtime.processor import Inbound
+    from healthplane.runtime.fold import Inbound
 
     template = asyncio.run(sim_report(Scenario().node))
     core = IngestCore()
@@ -401,12 +401,12 @@ def test_every_silence_is_missed_once_at_its_deadline(steps: list[tuple[str, int
             seq += 1
             report = msgspec.structs.replace(template, node_id=node_id, hostname=node_id, sent_at=now,
                                              interval_seconds=interval)
-            state, _ = core.step(state, Inbound("HP_REPORTS", seq, f"hp.report.c.{node_id}", wire.encode(report),
+            state, _, _ = core.step(state, Inbound("HP_REPORTS", seq, f"hp.report.c.{node_id}", wire.encode(report),
                                                 {}, now, True))
             last[node_id] = (now, interval)
             missed_already.discard(node_id)
             continue
-        state, emits = core.tick(state, now)
+        state, emits, _ = core.tick(state, now)
         reported = {msgspec.json.decode(e.payload)["nodeId"] for e in emits if b'"HEARTBEAT_MISSED"' in e.payload}
         due = {n for n, (at, every) in last.items()
                if n not in missed_already and at + timedelta(seconds=max(15, 3 * every)) <= now}

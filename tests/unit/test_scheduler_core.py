@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from healthplane.contracts import subjects, wire
 from healthplane.contracts.config import parse_cluster_config
-from healthplane.runtime.processor import Emit, Inbound, Reject
+from healthplane.runtime.fold import Emit, Inbound, Reject
 from healthplane_scheduler.fold import SchedulerCore
 from healthplane_scheduler.rules import SchedulerState, allocation_id, parse_allocation_id
 
@@ -111,16 +111,16 @@ class Bus:
     def put(self, *records: wire.Record, when: datetime = T0) -> None:
         for record in records:
             stream, subject = subject_of(record)
-            self.state, emits = self.core.step(self.state, self.append(stream, subject, wire.encode(record), when))
+            self.state, emits, _ = self.core.step(self.state, self.append(stream, subject, wire.encode(record), when))
             assert not emits  # the fold decides nothing
 
     def tick(self, seconds: float) -> list[Any]:
         now = at(seconds)
-        self.state, emits = self.core.tick(self.state, now)
+        self.state, emits, _ = self.core.tick(self.state, now)
         for emit in emits:
             inbound = self.append(stream_of(emit), emit.subject, emit.payload, now)
             if self.echo:
-                self.state, again = self.core.step(self.state, inbound)
+                self.state, again, _ = self.core.step(self.state, inbound)
                 assert not again
         return [decoded(e) for e in emits]
 
@@ -327,7 +327,7 @@ def test_folding_its_own_records_again_changes_nothing() -> None:
     before = msgspec.json.encode(bus.state)
     for stream in ("HP_ALLOCATIONS", "HP_COMMANDS"):
         for seq, (subject, payload, when) in enumerate(bus.streams[stream], 1):
-            bus.state, _ = bus.core.step(bus.state, Inbound(stream, seq, subject, payload, {}, when, True))
+            bus.state, _, _ = bus.core.step(bus.state, Inbound(stream, seq, subject, payload, {}, when, True))
     assert msgspec.json.encode(bus.state) == before
 
 
@@ -387,10 +387,10 @@ class Live:
             self.cursor[stream] += 1
             seq = self.cursor[stream]
             subject, payload, when = self.streams[stream][seq - 1]
-            self.state, _ = self.core.step(self.state, Inbound(stream, seq, subject, payload, {}, when, True))
+            self.state, _, _ = self.core.step(self.state, Inbound(stream, seq, subject, payload, {}, when, True))
 
     def tick(self) -> list[Emit]:
-        self.state, emits = self.core.tick(self.state, self.now)
+        self.state, emits, _ = self.core.tick(self.state, self.now)
         for emit in emits:
             self.append(stream_of(emit), emit.subject, emit.payload)
             self.msg_ids.append(emit.msg_id)
@@ -414,7 +414,7 @@ def replay(streams: dict[str, list[tuple[str, bytes, datetime]]], order: list[st
             name = next(n for n in names if cursor.get(n, 0) < len(streams[n]))
         cursor[name] = cursor.get(name, 0) + 1
         subject, payload, when = streams[name][cursor[name] - 1]
-        state, _ = core.step(state, Inbound(name, cursor[name], subject, payload, {}, when, True))
+        state, _, _ = core.step(state, Inbound(name, cursor[name], subject, payload, {}, when, True))
         remaining -= 1
     return state
 
@@ -471,9 +471,9 @@ def test_replaying_the_records_equals_the_live_state(ops: list[tuple[Any, ...]],
         restored = msgspec.json.decode(live.snapshot[0], type=SchedulerState)
         rebuilt.append(replay(live.streams, order, SchedulerCore(), restored, live.snapshot[1]))
     then = live.now + timedelta(seconds=5)
-    live_state, live_next = live.core.tick(live.state, then)
+    live_state, live_next, _ = live.core.tick(live.state, then)
     for state in rebuilt:
-        state, next_emits = SchedulerCore().tick(state, then)
+        state, next_emits, _ = SchedulerCore().tick(state, then)
         assert [(e.subject, e.payload, e.msg_id) for e in next_emits] == [
             (e.subject, e.payload, e.msg_id) for e in live_next]
         assert state == live_state

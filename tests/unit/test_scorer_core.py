@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from healthplane.client import reads
 from healthplane.contracts import subjects, wire
 from healthplane.runtime import gzipped
-from healthplane.runtime.processor import Inbound
+from healthplane.runtime.fold import Inbound
 from healthplane_scorer.fold import ScorerCore, node_view
 from healthplane_scorer.rules import DEFAULT_PENALTIES, PenaltyTable, Tally, score, tally_deduction
 
@@ -39,7 +39,7 @@ def test_gpu_ecc_100_90_55() -> None:
                                 assessment(cond("gpu_ecc_errors", "GpuEccCorrectable")),
                                 assessment(cond("gpu_ecc_errors", "GpuEccUncorrectable", "critical")),
                                 assessment(cond("gpu_ecc_errors", "GpuEccUncorrectable", "critical"))], 1):
-        state, emits = core.step(state, Inbound("HP_ASSESSMENTS", seq, "", data, {}, T0, True))
+        state, emits, _ = core.step(state, Inbound("HP_ASSESSMENTS", seq, "", data, {}, T0, True))
         messages += [wire.decode(wire.NodeEvent, e.payload).message for e in emits if ".event." in e.subject]
     assert messages == ["score 100", "score 100 -> 90", "score 90 -> 55"]  # and nothing on no change (SCO-5)
 
@@ -48,7 +48,7 @@ def test_smart_failing_60_back_to_100_one_report_after_recovery() -> None:
     core, state = ScorerCore(), ScorerCore().initial_state()
     scores = []
     for seq, data in enumerate([assessment(cond("disk_degraded", "SmartFailing", "critical")), assessment()], 1):
-        state, emits = core.step(state, Inbound("HP_ASSESSMENTS", seq, "", data, {}, T0, True))
+        state, emits, _ = core.step(state, Inbound("HP_ASSESSMENTS", seq, "", data, {}, T0, True))
         scores += [wire.decode(wire.NodeEvent, e.payload).score for e in emits if ".event." in e.subject]
     assert scores == [60, 100]
 
@@ -89,9 +89,9 @@ def test_unscored_node_stays_unscored_until_assessed() -> None:
     core, state = ScorerCore(), ScorerCore().initial_state()
     failure = wire.encode(wire.NodeEvent(id="f1", node_id="n", cluster="c", type="JOB_FAILURE_ATTRIBUTED",
                                          occurred_at=T0, message="m", actor="eviction", fault_class="DISK_DEGRADED"))
-    state, emits = core.step(state, Inbound("HP_NODE_EVENTS", 1, "", failure, {}, T0, True))
+    state, emits, _ = core.step(state, Inbound("HP_NODE_EVENTS", 1, "", failure, {}, T0, True))
     assert [e for e in emits if ".event." in e.subject] == [] and state.nodes["c\x00n"].score is None
-    state, emits = core.step(state, Inbound("HP_ASSESSMENTS", 2, "", assessment(node="n"), {}, T0, True))
+    state, emits, _ = core.step(state, Inbound("HP_ASSESSMENTS", 2, "", assessment(node="n"), {}, T0, True))
     assert wire.decode(wire.NodeEvent, emits[0].payload).score == 95
     view = wire.decode(wire.NodeView, emits[1].payload)
     # 95 is at the default degradedAtOrBelow: the node reads Degraded (ING-5).
@@ -135,7 +135,7 @@ def test_view_counts_the_allocations_running_on_the_node() -> None:
         nonlocal state
         record = wire.Allocation(id=alloc_id, job_id=alloc_id, node_id="n", cluster="c", state=alloc_state,  # type: ignore[arg-type]
                                  at=T0)
-        state, emits = core.step(state, Inbound("HP_ALLOCATIONS", seq, "", wire.encode(record), {}, T0, True))
+        state, emits, _ = core.step(state, Inbound("HP_ALLOCATIONS", seq, "", wire.encode(record), {}, T0, True))
         views = [wire.decode(wire.NodeView, e.payload) for e in emits]
         return views[-1].jobs if views else -1
 
@@ -150,23 +150,23 @@ def test_a_decommissioned_node_leaves_the_read_model_and_stays_gone() -> None:
     """NODE_DEPROVISIONED purges the node's view; late records about the instance are ignored,
     and only a resource report sent afterwards (a new instance, same id) brings it back."""
     core, state = ScorerCore(), ScorerCore().initial_state()
-    state, _ = core.step(state, Inbound("HP_ASSESSMENTS", 1, "", assessment(node="n"), {}, T0, True))
+    state, _, _ = core.step(state, Inbound("HP_ASSESSMENTS", 1, "", assessment(node="n"), {}, T0, True))
     gone = wire.NodeEvent(id="g", node_id="n", cluster="c", type="NODE_DEPROVISIONED", occurred_at=T0,
                           message="deprovisioned", actor="eviction")
-    state, emits = core.step(state, Inbound("HP_NODE_EVENTS", 2, "", wire.encode(gone), {}, T0, True))
+    state, emits, _ = core.step(state, Inbound("HP_NODE_EVENTS", 2, "", wire.encode(gone), {}, T0, True))
     assert [(e.subject, e.purge_stream) for e in emits] == [(subjects.node_view("c", "n"), "HP_NODES")]
     assert not state.nodes
-    state, emits = core.step(state, Inbound("HP_ASSESSMENTS", 3, "", assessment(node="n"), {}, T0, True))
+    state, emits, _ = core.step(state, Inbound("HP_ASSESSMENTS", 3, "", assessment(node="n"), {}, T0, True))
     assert emits == [] and not state.nodes
 
     def resources(sent_at: datetime) -> bytes:
         return wire.encode(wire.ResourceReport(node_id="n", cluster="c", hostname="n", sent_at=sent_at, ready=True,
                                                cores=1, memory_bytes=1))
 
-    state, emits = core.step(state, Inbound("HP_RESOURCES", 4, "", resources(T0), {}, T0, True))
+    state, emits, _ = core.step(state, Inbound("HP_RESOURCES", 4, "", resources(T0), {}, T0, True))
     assert emits == []
     later = T0 + timedelta(hours=1)
-    state, emits = core.step(state, Inbound("HP_RESOURCES", 5, "", resources(later), {}, later, True))
+    state, emits, _ = core.step(state, Inbound("HP_RESOURCES", 5, "", resources(later), {}, later, True))
     assert [wire.decode(wire.NodeView, e.payload).node_id for e in emits] == ["n"]
 
 
@@ -175,13 +175,13 @@ def test_rem1_needs_attention_shows_in_the_view_node_show_and_a_series_until_ser
     from healthplane_scorer.metrics import NodeSeries
 
     core, state = ScorerCore(), ScorerCore().initial_state()
-    state, _ = core.step(state, Inbound("HP_ASSESSMENTS", 1, "", assessment(node="n"), {}, T0, True))
+    state, _, _ = core.step(state, Inbound("HP_ASSESSMENTS", 1, "", assessment(node="n"), {}, T0, True))
 
     def event(seq: int, kind: str, message: str) -> wire.NodeView:
         nonlocal state
         record = wire.NodeEvent(id=f"e{seq}", node_id="n", cluster="c", type=kind,  # type: ignore[arg-type]
                                 occurred_at=T0, message=message, actor="eviction")
-        state, emits = core.step(state, Inbound("HP_NODE_EVENTS", seq, "", wire.encode(record), {}, T0, True))
+        state, emits, _ = core.step(state, Inbound("HP_NODE_EVENTS", seq, "", wire.encode(record), {}, T0, True))
         return wire.decode(wire.NodeView, emits[-1].payload)
 
     def series() -> str:
@@ -209,14 +209,14 @@ def test_issue25_a_quiet_nodes_view_is_rewritten_every_third_report_a_watched_no
     core, state = ScorerCore(), ScorerCore().initial_state()
     written = []
     for seq in range(1, 31):  # 15 minutes of a quiet node at a 30 s interval
-        state, emits = core.step(state, _report(seq, T0 + timedelta(seconds=30 * seq)))
+        state, emits, _ = core.step(state, _report(seq, T0 + timedelta(seconds=30 * seq)))
         written += [seq for e in emits if e.subject.startswith("hp.node.")]
     gaps = [b - a for a, b in itertools.pairwise(written)]
     assert written[0] == 1 and 1 <= gaps[0] <= 3, written  # the first report; its refresh at the node's phase
     assert set(gaps[1:]) == {3}, written  # then every third
     ecc = cond("gpu_ecc_errors", "GpuEccCorrectable")
     for seq in range(31, 36):  # a condition: policy re-checks on every report (POL-3's second reading)
-        state, emits = core.step(state, _report(seq, T0 + timedelta(seconds=30 * seq), ecc))
+        state, emits, _ = core.step(state, _report(seq, T0 + timedelta(seconds=30 * seq), ecc))
         assert [e for e in emits if e.subject.startswith("hp.node.")], seq
 
 
@@ -231,7 +231,7 @@ def test_issue25_the_view_written_is_current_and_never_stale_between_reports(
     ecc = cond("gpu_ecc_errors", "GpuEccCorrectable")
     times = [T0 + timedelta(seconds=30 * i + jitter) for i, jitter in enumerate(jitters)]
     for seq, at in enumerate(times, start=1):
-        state, emits = core.step(state, _report(seq, at, *([ecc] if seq - 1 in faulty else [])))
+        state, emits, _ = core.step(state, _report(seq, at, *([ecc] if seq - 1 in faulty else [])))
         latest = next((wire.decode(wire.NodeView, e.payload) for e in emits if e.subject.startswith("hp.node.")), latest)
         assert latest is not None
         folded = node_view(state, state.nodes[subjects.node_key("c", "n")])
@@ -249,7 +249,7 @@ def test_issue25_a_fleet_that_came_up_at_once_refreshes_its_views_evenly() -> No
     for round_ in range(1, 8):
         views = 0
         for index in range(3000):
-            state, emits = core.step(state, _report(round_ * 3000 + index, T0 + timedelta(seconds=30 * round_),
+            state, emits, _ = core.step(state, _report(round_ * 3000 + index, T0 + timedelta(seconds=30 * round_),
                                                     node=f"node-{index:04d}"))
             views += sum(e.subject.startswith("hp.node.") for e in emits)
         per_round.append(views)

@@ -21,7 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from healthplane.contracts import subjects, wire
-from healthplane.runtime.processor import Emit, Inbound
+from healthplane.runtime.fold import Emit, Inbound
 from healthplane_slurm_adapter.fold import (
     Action,
     AdapterCore,
@@ -36,6 +36,13 @@ from healthplane_slurm_adapter.fold import (
     Submit,
     Unreserve,
 )
+from healthplane_slurm_adapter.records import (
+    AllocatedNode,
+    JobResources,
+    SlurmError,
+    SlurmJob,
+    SlurmNode,
+)
 from healthplane_slurm_adapter.rules import (
     AdapterState,
     NodeNames,
@@ -46,14 +53,7 @@ from healthplane_slurm_adapter.rules import (
     run_end,
     time_limit_minutes,
 )
-from healthplane_slurm_adapter.slurm import (
-    AllocatedNode,
-    JobResources,
-    SlurmError,
-    SlurmJob,
-    SlurmNode,
-    read_tail,
-)
+from healthplane_slurm_adapter.slurm import read_tail
 
 T0 = datetime(2026, 8, 11, 9, 0, tzinfo=UTC)
 PREFIX = "healthplane:"
@@ -162,7 +162,7 @@ class Adapter:
         self.seq += 1
         inbound = Inbound(stream=stream, seq=self.seq, subject=subject, data=data, headers={}, at=at(self.seq),
                           caught_up=True)
-        self.state, emits = self.core.step(self.state, inbound)
+        self.state, emits, _ = self.core.step(self.state, inbound)
         assert list(emits) == []  # the fold only folds; the pass writes
 
     def refold(self, emits: Iterable[Emit]) -> None:
@@ -186,7 +186,7 @@ class Adapter:
         return found
 
     def settle(self, outcomes: Sequence[tuple[Action, SlurmError | None]], now: datetime) -> list[Emit]:
-        self.state, emits = self.core.settle(self.state, outcomes, now)
+        self.state, emits, _ = self.core.settle(self.state, outcomes, now)
         self.emitted += emits
         return emits
 

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from healthplane.contracts import subjects, wire
 from healthplane.contracts.config import parse_cluster_config
-from healthplane.runtime.processor import Emit, Inbound
+from healthplane.runtime.fold import Emit, Inbound
 from healthplane_eviction.fold import EvictionCore
 from healthplane_scheduler.fold import SchedulerCore
 
@@ -64,13 +64,13 @@ class Loop:
 
     def to_eviction(self, stream: str, subject: str, record: wire.Record | bytes) -> None:
         payload = record if isinstance(record, bytes) else wire.encode(record)
-        self.es, emits = self.eviction.step(self.es, self._inbound(stream, subject, payload))
+        self.es, emits, _ = self.eviction.step(self.es, self._inbound(stream, subject, payload))
         for emit in emits:
             self._from_eviction(emit)
 
     def to_scheduler(self, stream: str, subject: str, record: wire.Record | bytes) -> None:
         payload = record if isinstance(record, bytes) else wire.encode(record)
-        self.ss, emits = self.scheduler.step(self.ss, self._inbound(stream, subject, payload))
+        self.ss, emits, _ = self.scheduler.step(self.ss, self._inbound(stream, subject, payload))
         assert not emits
 
     def _from_eviction(self, emit: Emit) -> None:
@@ -93,10 +93,10 @@ class Loop:
         end = self.now + timedelta(seconds=seconds)
         while self.now < end:
             self.now += timedelta(seconds=1)
-            self.es, ticked = self.eviction.tick(self.es, self.now)
+            self.es, ticked, _ = self.eviction.tick(self.es, self.now)
             for emit in ticked:
                 self._from_eviction(emit)
-            self.ss, emits = self.scheduler.tick(self.ss, self.now)
+            self.ss, emits, _ = self.scheduler.tick(self.ss, self.now)
             for emit in emits:
                 self.to_scheduler("HP_ALLOCATIONS", emit.subject, emit.payload)
                 alloc = wire.decode(wire.Allocation, emit.payload)

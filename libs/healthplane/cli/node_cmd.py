@@ -24,7 +24,7 @@ from healthplane.client import federation, reads
 from healthplane.client.errors import CommandFailed
 from healthplane.client.nodes import find_node
 from healthplane.client.reads import detail
-from healthplane.contracts import wire
+from healthplane.contracts import views, wire
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -101,7 +101,7 @@ async def _federated(nc: NATS, js: JetStreamContext, args: argparse.Namespace) -
         member = federation.member_named(members, view.cluster)
         now = datetime.now(UTC)
         if not member.reachable(now, threshold):
-            row = reads.ListRow(node_id=view.node_id, cluster=view.cluster, hostname=view.hostname,
+            row = views.ListRow(node_id=view.node_id, cluster=view.cluster, hostname=view.hostname,
                                 status="UNKNOWN", health="UNKNOWN", score=None)
             _print(args, lambda: federation.unknown_row(row, member),
                    lambda: f"Node:      {view.node_id} ({view.hostname or 'hostname unknown'}, cluster {view.cluster})\n"
@@ -135,7 +135,7 @@ def _print(args: argparse.Namespace, data: Callable[[], Any], text: Callable[[],
 
 async def _list(nc: NATS, js: JetStreamContext, args: argparse.Namespace) -> int:
     listing = await reads.read_listing(nc, js, args.cluster)
-    order = reads.list_order(listing.rows)
+    order = views.list_order(listing.rows)
     if args.output == "json":
         # The stored views are already the JSON shape: no decode, no re-encode.
         sys.stdout.flush()
@@ -162,7 +162,7 @@ def _status(status: str) -> str:
     return status.replace("_", " ").capitalize()
 
 
-def list_text(views: list[reads.ListRow], order: list[int] | None = None) -> str:
+def list_text(views: list[views.ListRow], order: list[int] | None = None) -> str:
     """The reference's table: columns padded to their widest cell, three spaces apart; rows
     in ``order`` (positions in ``views``), else as given.
 

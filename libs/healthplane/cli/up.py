@@ -29,9 +29,8 @@ from pathlib import Path
 
 from healthplane.cli import registry
 from healthplane.client import federation
-from healthplane.contracts import streams
 from healthplane.contracts.config import ClusterConfig, ConfigError, load_cluster_config
-from healthplane.runtime import configstore
+from healthplane.runtime import configstore, converge
 from healthplane.runtime import tls as client_tls
 from healthplane.runtime.connect import connect
 from healthplane.runtime.creds import CredsError
@@ -142,7 +141,7 @@ def run(args: argparse.Namespace) -> int:
             ports = [args.nats_port + i for i in range(args.servers)] if args.nats_port else None
             nats = NatsCluster(data_dir / "nats-cluster", args.servers, ports=ports, keystore=keystore,
                                tls=server_tls).start()
-            nats_url, replicas = nats.url, streams.replicas_for(args.servers)
+            nats_url, replicas = nats.url, converge.replicas_for(args.servers)
         else:
             # In a federation each server says which control plane it is (the hub's logs name the members').
             nats = NatsServer(data_dir / "nats", port=args.nats_port, keystore=keystore, tls=server_tls,
@@ -152,7 +151,7 @@ def run(args: argparse.Namespace) -> int:
             asyncio.run(_prepare(nats_url, config, identities.admin if identities else None, replicas,
                                  slotted=True if args.partitions > 1 else None,
                                  offer_to_hub=fed is not None and fed.hub_url is not None))
-        except (ConnectionError, streams.StreamConflict, configstore.ConfigConflict,
+        except (ConnectionError, converge.StreamConflict, configstore.ConfigConflict,
                 federation.FederationError) as exc:
             raise CannotStart(str(exc)) from exc
 
@@ -291,7 +290,7 @@ async def _prepare(nats_url: str, config: ClusterConfig, admin: Path | None, rep
     nc = await connect(nats_url, name="healthplane-up", creds=str(admin) if admin else None, give_up_after=10)
     try:
         js = nc.jetstream()
-        await streams.ensure(js, replicas, servers=len(nc.servers), slotted=slotted)
+        await converge.ensure(js, replicas, servers=len(nc.servers), slotted=slotted)
         await configstore.apply(js, config, actor="healthplane-up", on_skipped=lambda record: print(
             f"healthplane up: warning: {record.line()}", file=sys.stderr))
         if offer_to_hub:  # a federation member: the consumer the hub sources through (FED-1)

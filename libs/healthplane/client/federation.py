@@ -43,7 +43,7 @@ from nats.js import JetStreamContext
 from healthplane.client import reads
 from healthplane.client.errors import EXIT_RETRY, CommandFailed
 from healthplane.client.nodes import find_node
-from healthplane.contracts import permissions, subjects, wire
+from healthplane.contracts import permissions, subjects, views, wire
 from healthplane.contracts.permissions import HUB_CONSUMER, SOURCED_STREAM
 
 HUB_DOMAIN: Final = "hub"
@@ -231,7 +231,7 @@ async def members(nc: NATS, now: datetime | None = None) -> list[Member]:
 # ---------------------------------------------------------------------------- the federated listing
 
 
-def unknown_row(row: reads.ListRow, member: Member) -> dict[str, Any]:
+def unknown_row(row: views.ListRow, member: Member) -> dict[str, Any]:
     """A node of an unreachable member: who it is, and nothing it was (FED-2): its status,
     health and score are no longer known to be true."""
     return {"nodeId": row.node_id, "cluster": row.cluster, "hostname": row.hostname, "status": "UNKNOWN",
@@ -256,22 +256,22 @@ class FederatedListing:
         parts: list[bytes] = []
         for member in self.members:
             listing = self.listings[member.name]
-            order = reads.list_order(listing.rows)
+            order = views.list_order(listing.rows)
             if self.reachable(member):
                 parts += [listing.payloads[i] for i in order]
             else:
                 parts += [json.dumps(unknown_row(listing.rows[i], member)).encode() for i in order]
         return b"[" + b",".join(parts) + b"]"
 
-    def rows(self) -> list[reads.ListRow]:
+    def rows(self) -> list[views.ListRow]:
         """The rows for the table: an unreachable member's with no health and no score."""
-        out: list[reads.ListRow] = []
+        out: list[views.ListRow] = []
         for member in self.members:
             listing = self.listings[member.name]
             shown = self.reachable(member)
-            for i in reads.list_order(listing.rows):
+            for i in views.list_order(listing.rows):
                 row = listing.rows[i]
-                out.append(row if shown else reads.ListRow(
+                out.append(row if shown else views.ListRow(
                     node_id=row.node_id, cluster=row.cluster, hostname=row.hostname, status="UNKNOWN",
                     health="UNKNOWN", score=None))
         return out

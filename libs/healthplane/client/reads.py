@@ -26,39 +26,11 @@ from healthplane.client.errors import EXIT_USAGE, CommandFailed
 from healthplane.client.nodes import find_node, is_view
 from healthplane.contracts import automation, streams, subjects, wire
 from healthplane.contracts.config import NodeHealth
+from healthplane.contracts.views import STALE_AFTER_INTERVALS, ListRow, decode_row
 from healthplane.runtime import configstore
 from healthplane.runtime.replay import read_all, read_payloads, start_of_last
 
 DEFAULT_PAGE_SIZE = 50
-
-
-class ConditionRow(msgspec.Struct, rename="camel"):
-    type: str
-    severity: str
-
-
-class HoldRow(msgspec.Struct, rename="camel"):
-    effect: str
-    actor: str
-
-
-class ListRow(msgspec.Struct, rename="camel"):
-    """What a listing needs of a view: decoding only these keeps 100,000 nodes fast."""
-
-    node_id: str
-    cluster: str
-    hostname: str | None
-    status: str
-    health: str
-    score: int | None
-    jobs: int = 0
-    conditions: list[ConditionRow] = []
-    holds: list[HoldRow] = []
-    last_reported_at: datetime | None = None
-    report_interval_seconds: int | None = None
-
-
-decode_row = msgspec.json.Decoder(ListRow).decode
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,16 +74,6 @@ async def latest_views(js: JetStreamContext, nodes: Sequence[tuple[str, str]], i
     return [payload for payload in found if payload]
 
 
-def list_order(rows: Sequence[ListRow]) -> list[int]:
-    """Positions of ``rows`` by cluster, then node id.
-
-    The server sends the views in the order they were last written, which for a live fleet
-    is no order at all; one string per row ("cluster NUL node", NUL sorting below every
-    character a name can hold) sorts three to four times faster than (cluster, node) tuples."""
-    keys = [f"{row.cluster}\0{row.node_id}" for row in rows]
-    return sorted(range(len(keys)), key=keys.__getitem__)
-
-
 # ---------------------------------------------------------------------------- staleness
 
 
@@ -122,18 +84,6 @@ class Reported(Protocol):
     def last_reported_at(self) -> datetime | None: ...
     @property
     def report_interval_seconds(self) -> int | None: ...
-
-
-# The scorer rewrites a quiet node's unchanged view (no condition, score 100) every third
-# report, at a phase of the node's own, and at the latest when its newest report is this many
-# of the node's intervals past the view's. Each view costs a store and a fold in policy, the
-# scheduler and the api, and nothing in them changes (docs/benchmarks.md, "Fleet"). A node with
-# a condition or a lower score, and any change, is written at once.
-VIEW_REFRESH_INTERVALS = 2.5
-# A view older than this many of the node's intervals, on a node not OFFLINE, means nothing
-# has folded its reports: health-ingest's heartbeat rule (3 intervals) would otherwise have made
-# it OFFLINE, and the scorer's refresh (above) would have rewritten it.
-STALE_AFTER_INTERVALS = 4
 
 
 def stale_for(view: Reported, now: datetime) -> float | None:

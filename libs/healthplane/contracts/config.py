@@ -544,3 +544,8 @@ def load_collector_config(path: Path | str) -> CollectorConfig:
         return CollectorConfig.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(f"{path}: {describe(exc)}") from exc
+
+
+def decode_config(envelope: wire.ConfigEnvelope) -> ClusterConfig:
+    """The config one ``hp.config`` record carries; ``ConfigError`` names what is wrong."""
+    return parse_cluster_config(envelope.config, f"hp.config version {envelope.version}")

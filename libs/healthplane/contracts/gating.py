@@ -9,12 +9,12 @@ state; these functions are pure.
 from __future__ import annotations
 
 from healthplane.contracts import wire
-from healthplane.runtime import configstore
+from healthplane.contracts.config import decode_config
 
 
 def thresholds(envelope: wire.ConfigEnvelope) -> tuple[int, dict[str, int]]:
     """``(cluster drainBelow, drainBelow per provisioner definition)`` of one applied config."""
-    config = configstore.decode_config(envelope)
+    config = decode_config(envelope)
     return (config.node_health.drain_below,
             {name: config.node_health_for(name).drain_below for name in config.provisioner_definitions})
 

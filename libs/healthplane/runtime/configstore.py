@@ -20,7 +20,7 @@ from nats.js.errors import APIError, NotFoundError
 from prometheus_client import Counter
 
 from healthplane.contracts import subjects, wire
-from healthplane.contracts.config import ClusterConfig, ConfigError, parse_cluster_config
+from healthplane.contracts.config import ClusterConfig, ConfigError, decode_config
 
 STREAM = "HP_CONFIG"
 
@@ -126,10 +126,6 @@ async def apply(js: JetStreamContext, config: ClusterConfig, actor: str | None =
             raise ConfigConflict("another config was applied at the same time; apply again") from exc
         raise
     return version
-
-
-def decode_config(envelope: wire.ConfigEnvelope) -> ClusterConfig:
-    return parse_cluster_config(envelope.config, f"hp.config version {envelope.version}")
 
 
 def _whoami() -> str:

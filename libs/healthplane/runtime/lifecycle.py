@@ -28,9 +28,10 @@ from nats.js.errors import APIError, ServiceUnavailableError
 from prometheus_client.registry import Collector
 
 from healthplane.contracts import streams, subjects
-from healthplane.runtime import connect, gzipped, logs, metrics
+from healthplane.runtime import connect, converge, gzipped, logs, metrics
+from healthplane.runtime.fold import Core, Input
 from healthplane.runtime.lease import ROUND_TIMEOUT_S, Lease, instance_name
-from healthplane.runtime.processor import Core, Input, LeaseLost, Processor
+from healthplane.runtime.processor import LeaseLost, Processor
 
 S = TypeVar("S")
 
@@ -65,7 +66,7 @@ async def _run(name: str, main: ServiceMain, nats_url: str | None, creds: str | 
     try:
         # Existing streams keep the replicas their operator chose; missing ones get R3 on a
         # cluster, R1 on one server (HA-1).
-        await streams.ensure(js, servers=len(nc.servers))
+        await converge.ensure(js, servers=len(nc.servers))
         ctx = ServiceContext(name, nc, js, log, endpoint.url, stopping)
         log.info("service started", nats_url=nats_url or connect.default_url())
         await main(ctx)
@@ -113,7 +114,7 @@ def run_service(name: str, main: ServiceMain, *, nats_url: str | None = None,
                 creds: str | None = None, metrics_port: int = 0) -> int:
     try:
         return asyncio.run(_run(name, main, nats_url, creds, metrics_port))
-    except streams.StreamConflict as exc:
+    except converge.StreamConflict as exc:
         logs.get(service=name).error("cannot start", reason=str(exc))
         return 1
     except (nats_errors.Error, APIError) as exc:

@@ -39,9 +39,9 @@ import gc
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Generic, Literal, Protocol, TypeVar, cast
+from typing import Any, Generic, TypeVar, cast
 
 import msgspec
 from nats.aio.client import Client as NATS
@@ -55,6 +55,7 @@ from healthplane.contracts.config import ConfigError
 from healthplane.runtime import (
     configstore,
     consumers,
+    converge,
     deadletters,
     fencing,
     heap,
@@ -63,6 +64,7 @@ from healthplane.runtime import (
     snapshots,
 )
 from healthplane.runtime.backoff import Backoff
+from healthplane.runtime.fold import Core, Emit, Inbound, Input, Note, Reject, Step, TickingCore
 from healthplane.runtime.publish import Ack, Outbound, Publisher, PublishError, Run
 from healthplane.runtime.pull import Delivery, PullLoop
 from healthplane.runtime.replay import read_all
@@ -72,12 +74,6 @@ S = TypeVar("S")
 PRODUCER_HEADER = "Hp-Producer"
 CAUSATION_HEADER = "Hp-Causation"
 MSG_ID_HEADER = "Nats-Msg-Id"
-
-
-class Reject(Exception):
-    """Raised by a core for an input it cannot fold (malformed, wrong shape), before it changes
-    the state. The input is dead-lettered, terminated, logged and counted; later inputs go on
-    (REL-3)."""
 
 
 FENCE_MARKS = streams.FENCE_PREFIX + "."
@@ -104,80 +100,6 @@ class LeaseLost(Exception):
 class _Rebuild(Exception):
     """The state may be half-changed (a core raised, an output was refused for good): rebuild
     it from the snapshot and a replay that passes over the dead-lettered inputs."""
-
-
-@dataclass(frozen=True, slots=True)
-class Input:
-    stream: str
-    filter_subjects: tuple[str, ...] = ()
-    # Requests (commands) that must be judged against everything the other inputs already
-    # hold: consumed only once every other input has folded what it had at start, so a
-    # restart never refuses a command for a node whose registration is still being replayed.
-    after_others: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class Inbound:
-    """One input record as a core sees it. ``at`` is the stream's timestamp: time is data."""
-
-    stream: str
-    seq: int
-    subject: str
-    data: bytes
-    headers: dict[str, str]
-    at: datetime
-    caught_up: bool
-    # False while refolding an input whose outputs are already in the streams (a restart):
-    # a core may skip building records that would be discarded, never its state changes.
-    wants_output: bool = True
-    # What the fold has to say about this input (a node missed its heartbeat, a plug-in
-    # failed): a fold never logs or counts, since a replay would repeat it; it adds a Note
-    # here and the processor logs it, and counts it, for live inputs only.
-    notes: list[Note] = field(default_factory=list)
-
-    def note(self, level: NoteLevel, event: str, *, counter: str | None = None, **fields: object) -> None:
-        self.notes.append(Note(level, event, counter, fields))
-
-
-NoteLevel = Literal["info", "warning", "error"]
-
-
-@dataclass(frozen=True, slots=True)
-class Note:
-    """A log line (and optionally a count) a fold asks for: ``counter`` names a label value of
-    ``healthplane_fold_notes_total{service,note}``."""
-
-    level: NoteLevel
-    event: str
-    counter: str | None
-    fields: dict[str, object]
-
-
-@dataclass(frozen=True, slots=True)
-class Emit:
-    subject: str
-    payload: bytes
-    headers: dict[str, str] = field(default_factory=dict)
-    # Set by ticks, which have no input to derive an id from: it must be deterministic (the
-    # same decision always gets the same id) so a repeat after a restart is de-duplicated.
-    msg_id: str | None = None
-    # Not a record but the removal of every record on ``subject`` from this stream (a
-    # decommissioned node's latest view): idempotent, so a repeat after a restart is harmless.
-    purge_stream: str | None = None
-
-
-class Core(Protocol[S]):
-    def initial_state(self) -> S: ...
-
-    def step(self, state: S, inbound: Inbound) -> tuple[S, Sequence[Emit]]: ...
-
-
-class TickingCore(Core[S], Protocol[S]):
-    """A core with time-driven decisions (heartbeat deadlines). ``tick`` runs only while every
-    input is caught up, so decisions never race the replay of what already happened; the
-    core must fold its own emitted records (an input) to the same state the tick reached."""
-
-    def tick(self, state: S, now: datetime) -> tuple[S, Sequence[Emit]]: ...
 
 
 def tell(service: str, log: Any, notes: Sequence[Note], **where: object) -> None:
@@ -423,7 +345,7 @@ class Processor(Generic[S]):
             if definition is not None and definition.slotted is not None:
                 info = await self._js.stream_info(spec.stream)
                 if info.config.subject_transform is None:
-                    raise streams.StreamConflict(
+                    raise converge.StreamConflict(
                         f"{self.service} cannot run as partition {self.partition} of {self.partitions}: stream "
                         f"{spec.stream} has no partition slots (partitions are chosen at install: up --partitions, "
                         f"docs/operations.md \"Partitions\")")
@@ -560,7 +482,7 @@ class Processor(Generic[S]):
         """Every input has been folded up to where it stood at start: live decisions may be taken."""
         return all(self._caught_up.values())
 
-    async def act(self, decide: Callable[[S, datetime], tuple[S, Sequence[Emit]]]) -> bool:
+    async def act(self, decide: Callable[[S, datetime], Step[S]]) -> bool:
         """One live decision on the folded state, its records stored before the state moves on
         (a tick's path). A service whose decisions need I/O first (the Slurm adapter reads Slurm,
         then decides) calls this itself; ``decide`` is pure and runs under the fold's lock.
@@ -568,9 +490,11 @@ class Processor(Generic[S]):
         async with self._lock:
             if self._rebuilding:
                 return False
-            state, emits = decide(self.state, datetime.now(UTC))
+            state, emits, notes = decide(self.state, datetime.now(UTC))
             await self._emit_all([(e, _tick_headers(e, self.producer)) for e in emits])
             self.state = state
+            if notes:  # a live decision's: told once
+                self._tell(notes)
             return True
 
     def _consumer_name(self, spec: Input) -> str:
@@ -765,7 +689,7 @@ class Processor(Generic[S]):
                 inbound = Inbound(stream, seq, msg.subject, msg.data, msg.headers or {},  # positional: cheaper
                                   datetime.fromtimestamp(delivery.timestamp_ns / 1e9, UTC), caught_up, wants_output)
                 try:
-                    state, outputs = step(state, inbound)
+                    state, outputs, notes = step(state, inbound)
                 except (Reject, wire.WireError, ConfigError) as exc:  # a record that cannot be folded
                     malformed.append((delivery, str(exc)))
                     positions[stream] = seq
@@ -785,8 +709,8 @@ class Processor(Generic[S]):
                 stored = already_emitted.stored_of(stream, seq) if already_emitted else None
                 if stored is not None:
                     already_emitted.passed(stream, seq)
-                elif inbound.notes:  # live, not a refold of what a life before this one told
-                    self._tell(inbound.notes, stream=stream, seq=seq)
+                elif notes:  # live, not a refold of what a life before this one told
+                    self._tell(notes, stream=stream, seq=seq)
                 if outputs:
                     causation = f"{stream}:{seq}"
                     # A cut write stored a prefix: every output up to the last one found is in
@@ -820,7 +744,7 @@ class Processor(Generic[S]):
             if taken is not None:
                 self._writing = asyncio.create_task(self._store_snapshot(taken))
 
-    def _tell(self, notes: list[Note], **where: object) -> None:
+    def _tell(self, notes: Sequence[Note], **where: object) -> None:
         tell(self.service, self._log, notes, **where)
 
     def _fenced_off(self, stream: str, headers: dict[str, str]) -> bool:

@@ -1,0 +1,105 @@
+"""What a service's fold is, to the runtime that runs it: nats-free, so a fold imports nothing
+that does I/O (no nats, no clock, no logging) and is tested by calling it.
+
+A core has ``initial_state()`` and ``step(state, inbound) -> Step``; a core with time-driven
+decisions also ``tick(state, now) -> Step``. A ``Step`` is what happened: the state after,
+the records to append (``Emit``), and what the fold has to say (``Note``s: a node missed its
+heartbeat, a plug-in failed). A fold never logs or counts, since a replay would repeat it;
+the runtime (``runtime.processor``) logs and counts the notes of live inputs only, and
+appends the emits exactly once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Generic, Literal, NamedTuple, Protocol, TypeVar
+
+S = TypeVar("S")
+
+
+class Reject(Exception):
+    """Raised by a core for an input it cannot fold (malformed, wrong shape), before it changes
+    the state. The input is dead-lettered, terminated, logged and counted; later inputs go on
+    (REL-3)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Input:
+    stream: str
+    filter_subjects: tuple[str, ...] = ()
+    # Requests (commands) that must be judged against everything the other inputs already
+    # hold: consumed only once every other input has folded what it had at start, so a
+    # restart never refuses a command for a node whose registration is still being replayed.
+    after_others: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Inbound:
+    """One input record as a core sees it. ``at`` is the stream's timestamp: time is data."""
+
+    stream: str
+    seq: int
+    subject: str
+    data: bytes
+    headers: dict[str, str]
+    at: datetime
+    caught_up: bool
+    # False while refolding an input whose outputs are already in the streams (a restart):
+    # a core may skip building records that would be discarded, never its state changes.
+    wants_output: bool = True
+
+
+NoteLevel = Literal["info", "warning", "error"]
+
+
+@dataclass(frozen=True, slots=True)
+class Note:
+    """A log line (and optionally a count) a fold asks for: ``counter`` names a label value of
+    ``healthplane_fold_notes_total{service,note}``."""
+
+    level: NoteLevel
+    event: str
+    counter: str | None
+    fields: dict[str, object]
+
+
+@dataclass(frozen=True, slots=True)
+class Emit:
+    subject: str
+    payload: bytes
+    headers: dict[str, str] = field(default_factory=dict)
+    # Set by ticks, which have no input to derive an id from: it must be deterministic (the
+    # same decision always gets the same id) so a repeat after a restart is de-duplicated.
+    msg_id: str | None = None
+    # Not a record but the removal of every record on ``subject`` from this stream (a
+    # decommissioned node's latest view): idempotent, so a repeat after a restart is harmless.
+    purge_stream: str | None = None
+
+
+def note(level: NoteLevel, event: str, *, counter: str | None = None, **fields: object) -> Note:
+    return Note(level, event, counter, fields)
+
+
+class Step(NamedTuple, Generic[S]):
+    """What one input (or tick) did. Built positionally on hot paths: a NamedTuple's keyword
+    constructor costs seven times its positional one (1.5 against 0.2 us)."""
+
+    state: S
+    emits: Sequence[Emit] = ()
+    notes: Sequence[Note] = ()
+
+
+class Core(Protocol[S]):
+    def initial_state(self) -> S: ...
+
+    def step(self, state: S, inbound: Inbound) -> Step[S]: ...
+
+
+class TickingCore(Core[S], Protocol[S]):
+    """A core with time-driven decisions (heartbeat deadlines). ``tick`` runs only while every
+    input is caught up, so decisions never race the replay of what already happened; the
+    core must fold its own emitted records (an input) to the same state the tick reached."""
+
+    def tick(self, state: S, now: datetime) -> Step[S]: ...

@@ -1,0 +1,99 @@
+"""``healthplane sim …``: the simulator's commands (``run``, ``load``, ``inject``; ``submit``,
+``jobs``, ``provider`` through ``sim_work``), run as the CLI process. The fleets themselves are
+``sim.Fleet`` and ``loadgen.LoadFleet``."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime
+from typing import Any
+
+import msgspec
+
+from healthplane.contracts import wire
+from healthplane_collector.sim import (
+    HIDDEN_FAULTS,
+    STOP_S,
+    Fleet,
+    InjectReply,
+    InjectRequest,
+    inject_subject,
+)
+
+
+async def _tell_hardware(nc: Any, args: Any, reply: InjectReply) -> None:
+    """Record the node's hidden truth for the reference scheduler (development only)."""
+    from healthplane.cli.common import who
+    from healthplane.client.errors import EXIT_RETRY, CommandFailed
+    from healthplane.contracts import subjects
+
+    truth = wire.SimHardware(node_id=args.node, cluster=args.cluster, failing_gpus=reply.failing_gpus or [],
+                             set_at=datetime.now(UTC), actor=who(args).actor)
+    try:
+        await nc.jetstream().publish(subjects.hardware(args.cluster, args.node), wire.encode(truth), timeout=5)
+    except Exception as exc:
+        raise CommandFailed(f"{reply.message}, but the reference scheduler was not told: {exc}", EXIT_RETRY) from exc
+
+
+def run_cli(args: Any) -> int:
+    import signal
+    import sys
+
+    from healthplane.cli.common import fail, nats_client
+    from healthplane.client.errors import EXIT_RETRY, CommandFailed
+    from healthplane.runtime import logs, metrics
+    from healthplane.runtime.connect import connect
+    from healthplane.runtime.lifecycle import let_go
+
+    async def run_fleet() -> int:
+        log = logs.configure("sim")
+        endpoint = metrics.serve(args.metrics_port)
+        log.info("metrics endpoint", url=endpoint.url)
+        stopping = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stopping.set)
+        nc = await connect(args.nats_url, name="healthplane-sim", creds=args.creds, log=log)
+        if args.sim_command == "load":
+            from healthplane_collector.loadgen import LoadFleet
+
+            fleet: Any = LoadFleet(args.nodes, args.cluster, args.interval, prefix=args.prefix, gpus=args.gpus,
+                                   in_flight=args.in_flight)
+        else:
+            fleet = Fleet(args.nodes, args.cluster, args.interval, gpus=args.gpus, provisioned=args.provisioned)
+        log.info("simulated fleet running", nodes=args.nodes, cluster=args.cluster, interval_s=args.interval)
+        running = asyncio.create_task(fleet.run(nc, stopping, log))
+        try:
+            # A signal stops it within STOP_S whatever the bus does (a drain waits on a server
+            # that may be gone, and a fleet blocked on a full window would never look).
+            await asyncio.wait([running, asyncio.create_task(stopping.wait())], return_when=asyncio.FIRST_COMPLETED)
+            if not running.done():
+                await asyncio.wait([running], timeout=STOP_S)
+                running.cancel()
+            await asyncio.gather(running, return_exceptions=True)
+        finally:
+            await let_go(nc)
+        return 0
+
+    async def inject() -> int:
+        request = InjectRequest(node_id=args.node, fault=args.fault, gpu=args.gpu)
+        try:
+            async with nats_client(args) as nc:
+                try:
+                    msg = await nc.request(inject_subject(args.cluster), msgspec.json.encode(request), timeout=5)
+                except Exception as exc:
+                    raise CommandFailed(f"no simulator answers for cluster {args.cluster} "
+                                        "(is `healthplane sim run` up?)", EXIT_RETRY) from exc
+                reply = msgspec.json.decode(msg.data, type=InjectReply)
+                if reply.ok and args.fault in HIDDEN_FAULTS and reply.failing_gpus is not None:
+                    await _tell_hardware(nc, args, reply)
+        except CommandFailed as exc:
+            return fail(exc)
+        print(reply.message, file=sys.stdout if reply.ok else sys.stderr)
+        return 0 if reply.ok else 1
+
+    if args.sim_command in ("submit", "jobs", "provider"):
+        from healthplane_collector.sim_work import run_work
+
+        return run_work(args)
+    return asyncio.run(run_fleet() if args.sim_command in ("run", "load") else inject())
