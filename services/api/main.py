@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import os
 import socket
 import sys
 from collections.abc import Iterator
@@ -21,9 +20,10 @@ import pydantic
 import uvicorn
 
 from healthplane.client import federation
+from healthplane.runtime import metrics
 from healthplane.runtime.connect import default_creds
 from healthplane.runtime.lifecycle import ServiceContext, run_service
-from healthplane.runtime.settings import EnvSettings, SettingsError
+from healthplane.runtime.settings import EnvSettings
 from healthplane_api import auth, live
 from healthplane_api.app import Backend, build
 from healthplane_api.metrics import FEDERATION_DATA_AGE, FEDERATION_LAG, FEDERATION_REACHABLE
@@ -46,11 +46,6 @@ class _Embedded(uvicorn.Server):
 
 
 def main(args: argparse.Namespace) -> int:
-    try:
-        settings = Settings.from_env(os.environ)
-    except SettingsError as exc:
-        print(f"healthplane service api: {exc}", file=sys.stderr)
-        return 2
     # Without credentials of its own the API is on an open bus (up --insecure): nothing can
     # say who a caller is, so it serves reads to anyone and takes no commands.
     callers = auth.Callers(args.nats_url, open_bus=not (args.creds or default_creds()))
@@ -61,7 +56,11 @@ def main(args: argparse.Namespace) -> int:
         return 2
 
     async def serve(ctx: ServiceContext) -> None:
+        settings: Settings = ctx.settings
         feed = live.Feed(ctx.log)
+        # /readyz: ready once every node's latest view is in the index (the first full read).
+        metrics.readiness(SERVICE, lambda: (True, "node views read") if feed.loaded.is_set() and feed.readable
+                          else (False, feed.unreadable_reason if feed.loaded.is_set() else "reading node views"))
         backend = Backend(ctx.nc, ctx.js, feed, callers, ctx.log, hub=settings.federation_hub)
         server = _Embedded(uvicorn.Config(build(backend), host=settings.host, port=settings.port, http="h11",
                                           ws="none", lifespan="off", log_config=None, access_log=False,
@@ -83,7 +82,8 @@ def main(args: argparse.Namespace) -> int:
         await asyncio.gather(serving, folding, sweeping, *([watching] if watching else []), return_exceptions=True)
         await callers.close()
 
-    return run_service(SERVICE, serve, nats_url=args.nats_url, creds=args.creds, metrics_port=args.metrics_port)
+    return run_service(SERVICE, serve, nats_url=args.nats_url, creds=args.creds, metrics_port=args.metrics_port,
+                       settings=Settings)
 
 
 def _listen(host: str, port: int) -> socket.socket:

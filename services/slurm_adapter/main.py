@@ -24,20 +24,17 @@ import argparse
 import asyncio
 import os
 import pwd
-import sys
 import time
-from collections.abc import Mapping
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 
 import pydantic
 from prometheus_client import Counter, Gauge, Histogram
 
 from healthplane.contracts import wire
 from healthplane.runtime.backoff import Backoff
-from healthplane.runtime.fold import Step
-from healthplane.runtime.lease import Lease
-from healthplane.runtime.lifecycle import Runner, ServiceContext, run_service, serve_replicated
+from healthplane.runtime.fold import Core, Step
+from healthplane.runtime.lifecycle import ServiceContext, run_processor_service
 from healthplane.runtime.processor import Processor, tell
 from healthplane.runtime.settings import EnvSettings
 from healthplane_slurm_adapter.fold import (
@@ -100,11 +97,6 @@ class Settings(EnvSettings):
         if not os.path.isabs(value):  # the job's working directory on the node, and ours: one path for both
             raise ValueError(f"must be an absolute path (got {value!r})")
         return os.path.normpath(value)
-
-
-def settings_from(environ: Mapping[str, str]) -> Settings:
-    """The adapter's settings; a bad value is refused naming the variable."""
-    return Settings.from_env(environ)
 
 
 def core_from(settings: Settings) -> AdapterCore:
@@ -274,25 +266,12 @@ class Reconciler:
 
 
 def main(args: argparse.Namespace) -> int:
-    try:
-        settings = settings_from(os.environ)
-    except ValueError as exc:
-        print(f"healthplane service slurm-adapter: {exc}", file=sys.stderr)
-        return 2
-
-    async def serve(ctx: ServiceContext) -> None:
+    # One replica talks to Slurm: the holder's decisions go out through its fenced Processor
+    # before any command runs, so a holder fenced off runs none.
+    def reconciler(ctx: ServiceContext, proc: Processor[AdapterState], core: Core[AdapterState]) -> list[Reconciler]:
+        settings: Settings = ctx.settings
         slurm = Slurm(settings.bin_dir, timeout_s=settings.command_timeout_seconds)
-        ctx.log.info("slurm adapter settings", **settings.model_dump())
+        return [Reconciler(proc, cast(AdapterCore, core), slurm, settings, ctx.log)]
 
-        async def lead(lease: Lease) -> list[Runner]:
-            # One replica talks to Slurm: the holder's decisions go out through its fenced
-            # Processor before any command runs, so a holder fenced off runs none.
-            core = core_from(settings)
-            proc = Processor(nc=ctx.nc, js=ctx.js, service=SERVICE, core=core, state_type=AdapterState,
-                             inputs=INPUTS, outputs=OUTPUTS, batch=512, log=ctx.log, fence=lease.fence)
-            await proc.start()
-            return [proc, Reconciler(proc, core, slurm, settings, ctx.log)]
-
-        await serve_replicated(ctx, SERVICE, lead)
-
-    return run_service(SERVICE, serve, nats_url=args.nats_url, creds=args.creds, metrics_port=args.metrics_port)
+    return run_processor_service(args, SERVICE, lambda ctx: core_from(ctx.settings), AdapterState, INPUTS, OUTPUTS,
+                                 settings=Settings, also_run=reconciler, rides_out=False)

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
-import sys
 import time
 from typing import Any
 
@@ -29,7 +27,7 @@ from healthplane.runtime.logs import LogBudget
 from healthplane.runtime.publish import Outbound, Publisher, PublishError
 from healthplane.runtime.pull import Delivery, PullLoop
 from healthplane.runtime.replay import read_all
-from healthplane.runtime.settings import EnvSettings, SettingsError
+from healthplane.runtime.settings import EnvSettings
 from healthplane_substrate_bridge import fold
 from healthplane_substrate_bridge.metrics import GAUGES, PUT_FAILURES
 from healthplane_substrate_bridge.rules import REJECTION_LOG_INTERVAL_S, decide_cap
@@ -80,6 +78,7 @@ class Bridge:
         self._js = ctx.js
         self._log = ctx.log
         self.state = fold.BridgeState()
+        self.caught_up = False  # /readyz: every resource report stored when this one started is in the bucket
         # BRG-2: at most one error line per interval about rejected puts; the rest are counted.
         self._rejections = LogBudget(interval_s=REJECTION_LOG_INTERVAL_S)
         self._sample_interval_s = sample_interval_s
@@ -111,6 +110,8 @@ class Bridge:
             CONSUMER, ack_wait_s=60.0, max_ack_pending=8192))
 
     async def handle(self, batch: list[Delivery]) -> None:
+        if batch and batch[-1].pending == 0:
+            self.caught_up = True
         deliveries: list[Delivery] = []
         reports: list[fold.Report] = []
         for delivery in batch:
@@ -190,21 +191,18 @@ def _registration(register: fold.Register) -> Outbound:
 
 
 def main(args: argparse.Namespace) -> int:
-    try:
-        settings = Settings.from_env(os.environ)
-    except SettingsError as exc:
-        print(f"healthplane service {SERVICE}: {exc}", file=sys.stderr)
-        return 2
-
     async def serve(ctx: ServiceContext) -> None:
+        settings: Settings = ctx.settings
+
         async def lead(_lease: Lease) -> list[Runner]:
             # One replica consumes: two would each register a newcomer (HA-3).
             await apply_cap(ctx.js, ctx.log, settings)
             bridge = Bridge(ctx, settings.bucket_sample_seconds)
+            metrics.readiness(SERVICE, lambda: (True, "caught up") if bridge.caught_up else (False, "replaying"))
             await bridge.start()
             return [bridge]
 
         await serve_replicated(ctx, SERVICE, lead)
 
     return run_service(SERVICE, serve, nats_url=args.nats_url, creds=args.creds,
-                       metrics_port=args.metrics_port)
+                       metrics_port=args.metrics_port, settings=Settings)

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import random
 import time
 from collections.abc import Callable
@@ -363,17 +362,17 @@ def _scrub_config_error(message: str, applied: wire.ConfigEnvelope) -> str:
 
 
 def main(args: argparse.Namespace) -> int:
-    settings = Settings.from_env(os.environ)
-
     async def serve(ctx: ServiceContext) -> None:
         async def lead(_lease: Lease) -> list[Runner]:
             # One replica delivers: per endpoint, events go out in the order they happened,
             # which two consumers of one durable could not keep (HA-3).
-            dispatcher = Dispatcher(ctx, settings)
+            dispatcher = Dispatcher(ctx, ctx.settings)
             await dispatcher.start()
+            # /readyz: the endpoints of the config in force are known and its consumer is made.
+            metrics.readiness(SERVICE, lambda: (True, "delivering"))
             return [dispatcher]
 
         await serve_replicated(ctx, SERVICE, lead)
 
     return run_service(SERVICE, serve, nats_url=args.nats_url, creds=args.creds,
-                       metrics_port=args.metrics_port)
+                       metrics_port=args.metrics_port, settings=Settings)

@@ -480,7 +480,9 @@ def test_replaying_the_records_equals_the_live_state(ops: list[tuple[Any, ...]],
 
 
 def test_capacity_and_tick_come_from_the_environment() -> None:
-    from healthplane_scheduler.main import Settings, settings_from
+    from healthplane_scheduler.main import Settings
+
+    settings_from = Settings.from_env
 
     assert settings_from({}) == Settings(slots_per_node=1, tick_seconds=1.0)
     assert settings_from({"HEALTHPLANE_SCHEDULER_SLOTS": "4", "HEALTHPLANE_SCHEDULER_TICK_SECONDS": "0.2"}) == \

@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import signal
+import sys
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
@@ -32,6 +34,7 @@ from healthplane.runtime import connect, converge, gzipped, logs, metrics
 from healthplane.runtime.fold import Core, Input
 from healthplane.runtime.lease import ROUND_TIMEOUT_S, Lease, instance_name
 from healthplane.runtime.processor import LeaseLost, Processor
+from healthplane.runtime.settings import EnvSettings, SettingsError
 
 S = TypeVar("S")
 
@@ -44,14 +47,17 @@ class ServiceContext:
     log: Any
     metrics_url: str
     stopping: asyncio.Event
+    settings: Any = None  # the service's EnvSettings, read once at start (``run_service(settings=)``)
 
 
 ServiceMain = Callable[[ServiceContext], Awaitable[None]]
 
 
 async def _run(name: str, main: ServiceMain, nats_url: str | None, creds: str | None,
-               metrics_port: int) -> int:
+               metrics_port: int, settings: EnvSettings | None) -> int:
     log = logs.configure(name)
+    if settings is not None:
+        log.info("settings", **settings.model_dump())
     endpoint = metrics.serve(metrics_port)
     log.info("metrics endpoint", url=endpoint.url)
     stopping = asyncio.Event()
@@ -67,7 +73,7 @@ async def _run(name: str, main: ServiceMain, nats_url: str | None, creds: str | 
         # Existing streams keep the replicas their operator chose; missing ones get R3 on a
         # cluster, R1 on one server (HA-1).
         await converge.ensure(js, servers=len(nc.servers))
-        ctx = ServiceContext(name, nc, js, log, endpoint.url, stopping)
+        ctx = ServiceContext(name, nc, js, log, endpoint.url, stopping, settings)
         log.info("service started", nats_url=nats_url or connect.default_url())
         await main(ctx)
     finally:
@@ -111,9 +117,18 @@ async def _closed_for_good(closed: asyncio.Event, stopping: asyncio.Event) -> bo
 
 
 def run_service(name: str, main: ServiceMain, *, nats_url: str | None = None,
-                creds: str | None = None, metrics_port: int = 0) -> int:
+                creds: str | None = None, metrics_port: int = 0,
+                settings: type[EnvSettings] | None = None) -> int:
+    """``healthplane service NAME``: its ``settings`` read from the environment first (a bad
+    variable is one line naming it, exit 2, before anything starts), then ``main`` on a
+    connection with the streams ensured, until a signal."""
     try:
-        return asyncio.run(_run(name, main, nats_url, creds, metrics_port))
+        given = settings.from_env(os.environ) if settings is not None else None
+    except SettingsError as exc:
+        print(f"healthplane service {name}: {exc}", file=sys.stderr)
+        return 2
+    try:
+        return asyncio.run(_run(name, main, nats_url, creds, metrics_port, given))
     except converge.StreamConflict as exc:
         logs.get(service=name).error("cannot start", reason=str(exc))
         return 1
@@ -330,10 +345,19 @@ async def _first(event: asyncio.Event, stopping: asyncio.Event, timeout_s: float
 def run_processor_service(args: Any, service: str, core: Callable[[ServiceContext], Core[S]], state_type: type[S],
                           inputs: Sequence[Input], outputs: Sequence[str], *,
                           series: Callable[[Callable[[], list[S]]], Collector | metrics.Rendered] | None = None,
-                          partitionable: bool = False) -> int:
+                          partitionable: bool = False, settings: type[EnvSettings] | None = None,
+                          tick_every_s: Callable[[Any], float] | None = None,
+                          also_run: Callable[[ServiceContext, Processor[S], Core[S]], Sequence[Runner]] | None = None,
+                          rides_out: bool = True) -> int:
     """``healthplane service NAME`` for a service that is one Processor (or, with
     ``--partitions P``, one per partition it owns): build it, register its state-derived
-    metrics (``series``, over the states this replica leads), run it until a signal arrives."""
+    metrics (``series``, over the states this replica leads), run it until a signal arrives.
+
+    The hooks a service may need: ``settings`` (read from the environment before anything
+    starts, ``ctx.settings`` to ``core``), ``tick_every_s`` (from the settings: how often a
+    ticking core ticks), ``also_run`` (runners beside the Processor while this replica leads,
+    the Slurm adapter's reconciler), ``rides_out`` (``serve_replicated``'s). ``/readyz`` says
+    ready only once every input the leader folds is caught up."""
     partitions = getattr(args, "partitions", 1) or 1
     if partitions > 1 and not partitionable:
         logs.configure(service).error(
@@ -366,16 +390,20 @@ def run_processor_service(args: Any, service: str, core: Callable[[ServiceContex
         metrics.readiness(service, caught_up)
 
         async def lead(lease: Lease, partition: int = 0) -> list[Runner]:
-            proc = Processor(nc=ctx.nc, js=ctx.js, service=service, core=core(ctx), state_type=state_type,
+            built = core(ctx)
+            proc = Processor(nc=ctx.nc, js=ctx.js, service=service, core=built, state_type=state_type,
                              inputs=inputs, outputs=outputs, batch=512, log=ctx.log, fence=lease.fence,
                              partition=partition, partitions=partitions)
+            if tick_every_s is not None:
+                proc.tick_every_s = tick_every_s(ctx.settings)
             await proc.start()
             active[partition] = (proc, lease)
-            return [proc]
+            return [proc, *(also_run(ctx, proc, built) if also_run is not None else ())]
 
         if partitions > 1:
             await serve_partitioned(ctx, partitions, lead)
         else:
-            await serve_replicated(ctx, service, lead, rides_out=True)
+            await serve_replicated(ctx, service, lead, rides_out=rides_out)
 
-    return run_service(service, serve, nats_url=args.nats_url, creds=args.creds, metrics_port=args.metrics_port)
+    return run_service(service, serve, nats_url=args.nats_url, creds=args.creds, metrics_port=args.metrics_port,
+                       settings=settings)
