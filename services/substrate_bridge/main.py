@@ -193,12 +193,20 @@ def _registration(register: fold.Register) -> Outbound:
 def main(args: argparse.Namespace) -> int:
     async def serve(ctx: ServiceContext) -> None:
         settings: Settings = ctx.settings
+        led: list[tuple[Bridge, Lease]] = []  # this replica's last lead
 
-        async def lead(_lease: Lease) -> list[Runner]:
+        def ready() -> tuple[bool, str]:
+            if not led or not led[0][1].is_leader:
+                return True, "standby"
+            return (True, "caught up") if led[0][0].caught_up else (False, "replaying")
+
+        metrics.readiness(SERVICE, ready)
+
+        async def lead(lease: Lease) -> list[Runner]:
             # One replica consumes: two would each register a newcomer (HA-3).
             await apply_cap(ctx.js, ctx.log, settings)
             bridge = Bridge(ctx, settings.bucket_sample_seconds)
-            metrics.readiness(SERVICE, lambda: (True, "caught up") if bridge.caught_up else (False, "replaying"))
+            led[:] = [(bridge, lease)]
             await bridge.start()
             return [bridge]
 

@@ -363,13 +363,16 @@ def _scrub_config_error(message: str, applied: wire.ConfigEnvelope) -> str:
 
 def main(args: argparse.Namespace) -> int:
     async def serve(ctx: ServiceContext) -> None:
+        delivering = asyncio.Event()
+        metrics.readiness(SERVICE, lambda: (True, "delivering") if delivering.is_set() else (True, "standby"))
+
         async def lead(_lease: Lease) -> list[Runner]:
             # One replica delivers: per endpoint, events go out in the order they happened,
             # which two consumers of one durable could not keep (HA-3).
             dispatcher = Dispatcher(ctx, ctx.settings)
             await dispatcher.start()
             # /readyz: the endpoints of the config in force are known and its consumer is made.
-            metrics.readiness(SERVICE, lambda: (True, "delivering"))
+            delivering.set()
             return [dispatcher]
 
         await serve_replicated(ctx, SERVICE, lead)

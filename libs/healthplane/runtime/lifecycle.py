@@ -58,6 +58,9 @@ async def _run(name: str, main: ServiceMain, nats_url: str | None, creds: str | 
     log = logs.configure(name)
     if settings is not None:
         log.info("settings", **settings.model_dump())
+    # Not ready until the service says what it waits for: /readyz answers from the moment the
+    # endpoint listens, before the connection and any replay.
+    metrics.readiness(name, lambda: (False, "starting"))
     endpoint = metrics.serve(metrics_port)
     log.info("metrics endpoint", url=endpoint.url)
     stopping = asyncio.Event()
