@@ -165,3 +165,8 @@ def released(node_id: str, count: int, left: Iterable[wire.Hold]) -> str:
 
 def unknown_node(node_id: str) -> str:
     return f"node {node_id} not found"
+
+
+def reason_of(command: wire.Command) -> str:
+    """A hold's or an eviction's reason: the command's, else who sent it."""
+    return command.reason or f"evicted by {command.actor}"

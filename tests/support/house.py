@@ -240,6 +240,12 @@ def render(found: dict[str, Module]) -> str:
         others = ", ".join(f"`{m.path.name}`" for m in members if m.path.name not in FLOOR_PLAN) or "—"
         used = sorted({found[t].group for m in members for t in m.imports} - {package, "healthplane"})
         lines.append(f"| {service} | {plan} | {others} | {', '.join(used)} |")
+    for service in sorted(p.name for p in SERVICES.iterdir() if (p / "__init__.py").is_file()):
+        package = f"healthplane_{service}"
+        lines += ["", f"### {service}", ""]
+        for module in sorted((m for m in found.values() if m.group == package and m.name != package),
+                             key=lambda m: (m.path.name not in FLOOR_PLAN, m.name)):
+            lines.append(f"- `{module.path.name}` — {_first_sentence(module.doc)}")
     lines += ["", f"{len(found)} modules, {sum(len(m.imports) for m in found.values())} imports between them, "
                   f"{len(cycles(found))} cycles.", ""]
     return "\n".join(lines)

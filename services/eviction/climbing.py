@@ -1,0 +1,155 @@
+"""The remediation ladder as it runs in eviction's fold (REM-1..4): drain first, each rung's
+request to the node, its outcome in the node's resource report, the climb to the next rung,
+and the return to service through validation. The ladder itself is ``ladder.py``, its
+sentences ``remediating.py``."""
+
+from __future__ import annotations
+
+import uuid
+
+from healthplane.contracts import wire
+from healthplane.contracts.subjects import node_key
+from healthplane.runtime.fold import Inbound, note
+from healthplane_eviction import commands, holds, rules, runs
+from healthplane_eviction import ladder as remediation
+from healthplane_eviction import remediating as rem
+from healthplane_eviction.holds import HOLD_NAMESPACE
+from healthplane_eviction.state import SERVICE, EvictionState, Node, Out, status
+from healthplane_eviction.validation import Gate
+
+
+def remediate(state: EvictionState, node: Node, command: wire.Command, out: Out) -> None:
+    """REM-1: drain the node, then climb the ladder its worst fault calls for."""
+    if node.needs_attention is not None:
+        out.outcome(command, "refused", f"{node.node_id} needs attention ({node.needs_attention}): nothing "
+                    "automatic touches it until service is recorded")
+        return
+    if node.climb is not None and not node.climb.final:
+        out.outcome(command, "refused", f"{node.node_id} is being remediated already "
+                    f"({node.climb.rung.action}, step {node.climb.step + 1} of {len(node.climb.rungs)})")
+        return
+    policy = state.config.remediation
+    order = sorted(node.faults, key=lambda t: (-rules.SEVERITY_RANK.get(node.faults[t], 0),
+                                                wire.CONDITION_TYPES.index(t) if t in wire.CONDITION_TYPES else 99))
+    ladder = rem.ladder_for(policy.ladders, node.fault_details, [t for t in order if t not in rules.NOT_A_FAULT])
+    current = status(node)
+    if current not in ("READY", "CORDONED"):
+        out.outcome(command, "refused", rules.not_drainable(node.node_id, current))
+        return
+    hold = holds.hold(node, command, "cordon", out)
+    moved, stuck = holds.drain_work(node, command, True, out)
+    drained = f"drained: {moved} allocation(s) requeued" + (f", {len(stuck)} failed" if stuck else "")
+    if ladder is None:
+        out.outcome(command, "applied", f"no remediation ladder for the faults of {node.node_id}; {drained}",
+                    moved=moved)
+        return
+    window = policy.window
+    recent = [at for at in node.remediation_attempts if out.at - at < window]
+    node.climb = remediation.begin(ladder.fault_class, ladder.rungs, tuple(recent))
+    node.climb_ladder, node.climb_actor, node.climb_hold = ladder, command.actor, hold.id
+    node.climb_request = None
+    out.outcome(command, "applied", f"remediating {node.node_id} for {wire.condition_title(ladder.condition)}: "
+                f"{ladder.describe()}; {drained}", moved=moved)
+    if not node.running and not node.ending:
+        step_ladder(state, node, remediation.drained(node.climb, out.at, policy.max_attempts, window), out)
+
+
+def step_ladder(state: EvictionState, node: Node, moved: tuple[remediation.Climb, remediation.Decision],
+           out: Out) -> None:
+    """Keep the ladder's new state and do what it decided."""
+    node.climb, decision = moved
+    key = node_key(node.cluster, node.node_id)
+    if node.climb.final or node.climb.deadline is None:
+        state.climbing = [k for k in state.climbing if k != key]
+    elif key not in state.climbing:
+        state.climbing = [*state.climbing, key]
+    actor = node.climb_actor or SERVICE
+    attempt = len(node.climb.attempts)
+    if decision.action == "run" and decision.step is not None:
+        request = wire.RemediationRequest(
+            id=f"rem-{uuid.uuid5(HOLD_NAMESPACE, f'{out.stem}:{key}:{node.climb.step}').hex[:16]}",
+            node_id=node.node_id, cluster=node.cluster, action=decision.step,  # type: ignore[arg-type]
+            attempt=attempt, requested_at=out.at, timeout_seconds=node.climb.rung.timeout_s,
+            reason=node.climb.fault_class)
+        out.remediate(request)
+        node.climb_request = request.id
+        node.remediation_attempts = [*node.remediation_attempts[-49:], out.at]
+        out.event(node, "REMEDIATION_STARTED", rem.started(decision.step, attempt, node.climb.fault_class), actor,
+                  remediation=wire.RemediationRecord(action=decision.step, attempt=attempt,  # type: ignore[arg-type]
+                                                     reason=node.climb.fault_class, request_id=request.id))
+    elif decision.action == "succeeded" and decision.step is not None:
+        node.climb_request = None
+        out.event(node, "REMEDIATION_SUCCEEDED", rem.succeeded(decision.step, attempt, decision.why), actor,
+                  remediation=wire.RemediationRecord(action=decision.step, attempt=attempt,  # type: ignore[arg-type]
+                                                     reason=decision.why))
+        after_remedy(state, node, out)
+    elif decision.action == "replace":
+        out.event(node, "REMEDIATION_STARTED", rem.started("replace", attempt, node.climb.fault_class), actor,
+                  remediation=wire.RemediationRecord(action="replace", attempt=attempt,
+                                                     reason=node.climb.fault_class))
+        if node.provisioned:
+            command = wire.Command(id=f"{out.stem}:replace", node_id=node.node_id, cluster=node.cluster,
+                                   verb="replace", actor=actor, issued_at=out.at,
+                                   reason=f"remediation: {node.climb.fault_class}")
+            commands.deprovision(state, node, command, out)
+        else:
+            needs_attention(node, f"{node.climb.fault_class}: the ladder ends in replace, but "
+                                  "Healthplane did not provision this node", actor, out)
+    elif decision.action == "needs-attention":
+        needs_attention(node, decision.why, actor, out)
+
+
+def needs_attention(node: Node, why: str, actor: str, out: Out) -> None:
+    node.needs_attention = why
+    node.climb_request = None
+    out.event(node, "NODE_NEEDS_ATTENTION", rem.needs_attention(why), actor)
+
+
+def after_remedy(state: EvictionState, node: Node, out: Out) -> None:
+    """A step worked: the episode's hold is released, through validation when configured
+    (the ladder's suite, or VAL-2's gate)."""
+    hold = node.holds.get(node.climb_hold or "")
+    if hold is None:
+        return
+    actor = node.climb_actor or SERVICE
+    command = wire.Command(id=f"{out.stem}:return", node_id=node.node_id, cluster=node.cluster,
+                           verb="hold-release", actor=actor, issued_at=out.at, hold_ids=[hold.id])
+    ladder = node.climb_ladder
+    policy = state.config.validation
+    suite = ladder.validate_suite if ladder is not None and ladder.validate_suite else None
+    if suite is None and policy.before_return_for(node.definition):
+        suite = policy.default_suite
+    rule = policy.rules.get(suite or "")
+    if rule is None or runs.running_on(state, node) is not None:
+        holds.release_holds(node, [hold], command, out)
+        return
+    run = runs.start_run(state, node.cluster, rule, [node.node_id], "gate", actor, out, command_id=command.id)
+    node.gate = Gate(run=run.id, command_id=command.id, verb="hold-release", actor=actor, hold_ids=[hold.id])
+
+
+def remediation_outcome(state: EvictionState, node: Node, outcome: wire.RemediationOutcome,
+                         out: Out, inbound: Inbound) -> None:
+    """The agent's word on the step it was sent (REM-2): a reboot counts only with a new boot
+    id; a step the host refused runs again after a backoff, up to its retries (REM-4)."""
+    climb = node.climb
+    if climb is None or node.climb_request != outcome.request_id or climb.phase != "running":
+        return  # an outcome already read (the report is re-sent), or of a step no longer awaited
+    node.climb_request = None
+    ran = outcome.result == "succeeded"
+    reason = outcome.reason
+    if ran and outcome.action == "reboot" and (outcome.boot_id is None or outcome.boot_id == outcome.boot_id_before):
+        ran, reason = False, f"boot id unchanged ({outcome.boot_id}): the reboot did not happen"
+    active = climb.fault_class.lower() in node.faults
+    policy = state.config.remediation
+    moved = remediation.outcome(climb, out.at, ran=ran, reason=reason, fault_active=active,
+                                max_attempts=policy.max_attempts, window=policy.window)
+    if not ran:
+        said = reason + (f"; {moved[1].why}" if moved[1].action == "retry" else "")
+        out.event(node, "REMEDIATION_FAILED", rem.failed(outcome.action, len(climb.attempts), said),
+                  node.climb_actor or SERVICE, remediation=wire.RemediationRecord(
+                      action=climb.rung.action, attempt=len(climb.attempts), reason=said,  # type: ignore[arg-type]
+                      request_id=outcome.request_id))
+        out.notes.append(note("warning", "remediation step refused", counter=f"remediation_{outcome.result}",
+                              node_id=node.node_id, action=outcome.action, reason=reason,
+                              retry=moved[1].why if moved[1].action == "retry" else None))
+    step_ladder(state, node, moved, out)

@@ -1,0 +1,65 @@
+"""Health events (EVI-5, EVI-6): a fault on a node whose class evicts its work, a node lost to
+heartbeat, and what the remediation ladder makes of a fault."""
+
+from __future__ import annotations
+
+import uuid
+
+from healthplane.contracts import wire
+from healthplane_eviction import climbing, holds, rules
+from healthplane_eviction import ladder as remediation
+from healthplane_eviction import remediating as rem
+from healthplane_eviction.holds import HOLD_NAMESPACE
+from healthplane_eviction.state import SERVICE, EvictionState, Node, Out, node_of
+
+
+def health(state: EvictionState, event: wire.NodeEvent, out: Out) -> None:
+    node = node_of(state, event.cluster, event.node_id)
+    node.known = True
+    if event.type == "CONDITION_RAISED" and event.condition is not None:
+        condition = event.condition
+        node.faults = {**node.faults, condition.type: condition.severity}
+        node.fault_details = {**node.fault_details, condition.type: rem.Fault(
+            condition.severity, condition.reason, condition.message)}
+        if condition.type not in rules.NOT_A_FAULT:
+            node.fault_seen = True
+        limits = state.config.limits(node.definition)
+        if (condition.severity == "critical" and condition.type not in rules.NOT_A_FAULT
+                and rules.fault_class(condition.type) in limits.evict_on_fault_classes and not node.gone):
+            fault_evict(node, condition.type, limits.max_eviction_restarts, out)
+    elif event.type == "CONDITION_CLEARED" and event.condition is not None:
+        node.faults = {k: v for k, v in node.faults.items() if k != event.condition.type}
+        node.fault_details = {k: v for k, v in node.fault_details.items() if k != event.condition.type}
+        if node.climb is not None and node.climb.fault_class.lower() == event.condition.type:
+            climbing.step_ladder(state, node, remediation.cleared(node.climb), out)
+    elif event.type == "HEARTBEAT_MISSED":
+        node.offline = True
+        node_gone(state, node, out)
+    elif event.type == "HEARTBEAT_RESUMED":
+        node.offline = False
+
+
+def fault_evict(node: Node, condition_type: str, limit: int, out: Out) -> None:
+    """EVI-5: cordon, then move or fail each step by what it declared, then NODE_EVICTED."""
+    if not any(h.actor == SERVICE and h.effect == "cordon" for h in node.holds.values()):
+        hold = wire.Hold(id=str(uuid.uuid5(HOLD_NAMESPACE, f"{out.stem}:fault")), effect="cordon",
+                         reason=rules.fault_phrase(condition_type), actor=SERVICE, created_at=out.at)
+        node.holds = {**node.holds, hold.id: hold}
+        out.event(node, "HOLD_CREATED", f"cordon hold created: {hold.reason}", SERVICE, hold=hold)
+        out.event(node, "NODE_CORDONED", f"cordoned: {hold.reason}", SERVICE)
+    moved, failed = holds.release_work(
+        node, lambda a: rules.fault_fate(a, limit),
+        lambda fate, a: rules.fault_message(node.node_id, condition_type, fate, a.node_fault_restarts),
+        out, by_operator=False)
+    fault = rules.fault_class(condition_type)
+    out.event(node, "NODE_EVICTED", f"{rules.fault_phrase(condition_type)}: {moved} moved, {failed} failed",
+              SERVICE, fault_class=fault, moved=moved, failed=failed)
+
+
+def node_gone(state: EvictionState, node: Node, out: Out) -> None:
+    """EVI-6: the node is gone and its work died with it: release it now, not after a timeout."""
+    limit = state.config.limits(node.definition).max_eviction_restarts
+    fault = rules.worst_fault(node.faults)
+    holds.release_work(node, lambda a: rules.fault_fate(a, limit),
+                       lambda fate, a: rules.offline_message(node.node_id, fault, fate, a.node_fault_restarts),
+                       out, by_operator=False)
