@@ -52,7 +52,7 @@ import pytest
 
 from healthplane.contracts import wire
 from healthplane_slurm_adapter.fold import AdapterCore, Drain
-from healthplane_slurm_adapter.main import obey
+from healthplane_slurm_adapter.reconcile import obey
 from healthplane_slurm_adapter.rules import AdapterState, NodeWant, Observation
 from healthplane_slurm_adapter.slurm import Slurm
 from tests.bench import harness

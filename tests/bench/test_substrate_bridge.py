@@ -13,7 +13,7 @@ from healthplane.contracts import subjects, wire
 from healthplane.runtime import logs
 from healthplane.runtime.lifecycle import ServiceContext
 from healthplane.stack.natsserver import NatsServer
-from healthplane_substrate_bridge.main import Bridge
+from healthplane_substrate_bridge.bridge import Bridge
 from tests.bench import harness
 from tests.bench.bus import CpuMeter, publish_all, raw_consume_rate
 from tests.support.records import resource_report

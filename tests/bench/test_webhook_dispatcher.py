@@ -37,7 +37,7 @@ from healthplane.contracts.webhooks import signature_headers
 from healthplane.runtime import configstore, logs
 from healthplane.runtime.lifecycle import ServiceContext
 from healthplane.stack.natsserver import NatsServer, free_port
-from healthplane_webhook_dispatcher.main import Dispatcher
+from healthplane_webhook_dispatcher.dispatch import Dispatcher
 from healthplane_webhook_dispatcher.rules import CONTENT_TYPE, Settings, endpoint_label, envelope
 from healthplane_webhook_dispatcher.send import EndpointSender
 from tests.bench import harness

@@ -34,7 +34,7 @@ from healthplane.runtime import configstore, deadletters
 from healthplane.runtime.connect import connect
 from healthplane.runtime.lifecycle import ServiceContext
 from healthplane.stack.natsserver import NatsServer, free_port
-from healthplane_webhook_dispatcher.main import Dispatcher
+from healthplane_webhook_dispatcher.dispatch import Dispatcher
 from healthplane_webhook_dispatcher.rules import Settings, endpoint_label
 from tests.support.secure import creds_for, env_for
 from tests.support.webhook_receiver import HOSTILE, Hostile, Misbehaviour, Received, Receiver
