@@ -19,12 +19,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import datetime
-from typing import Any
+from typing import Any, Final
 
 from healthplane.contracts import subjects, wire
 from healthplane.contracts.config import decode_config
 from healthplane.contracts.subjects import node_key
-from healthplane.runtime.fold import Emit, Inbound, Input, Reject, Step
+from healthplane.runtime.fold import Emit, Inbound, Input, Reject, Step, decoder, record_of
 from healthplane_eviction import climbing, commands, faults, rules, runs, work
 from healthplane_eviction import ladder as remediation
 from healthplane_eviction import remediating as rem
@@ -46,33 +46,42 @@ INPUTS = (
 OUTPUTS = ("HP_NODE_EVENTS", "HP_DIRECTIVES", "HP_COMMANDS", "HP_ALLOCATIONS")
 
 
+def _commands_record(inbound: Inbound) -> wire.Command | wire.TerminationResult:
+    """``HP_COMMANDS`` carries commands and, on ``hp.provision.>``, the provisioner's answers."""
+    if inbound.subject.startswith(f"{subjects.PREFIX}.provision."):
+        return wire.decode(wire.TerminationResult, inbound.data)
+    return wire.decode(wire.Command, inbound.data)
+
+
+CODECS: Final = {"HP_COMMANDS": _commands_record, "HP_ALLOCATIONS": decoder(wire.Allocation),
+                 "HP_NODE_EVENTS": decoder(wire.NodeEvent), "HP_RESOURCES": decoder(wire.ResourceReport),
+                 "HP_CONFIG": decoder(wire.ConfigEnvelope)}
+
+
 class EvictionCore:
     def initial_state(self) -> EvictionState:
         return EvictionState()
 
     def step(self, state: EvictionState, inbound: Inbound) -> Step[EvictionState]:
         out = Out.of(inbound)
-        if inbound.stream == "HP_COMMANDS":
-            if inbound.subject.startswith(f"{subjects.PREFIX}.provision."):
-                work.termination(state, wire.decode(wire.TerminationResult, inbound.data), out)
-            else:
-                command(state, wire.decode(wire.Command, inbound.data), inbound.subject, out)
-        elif inbound.stream == "HP_ALLOCATIONS":
-            work.allocation(state, wire.decode(wire.Allocation, inbound.data), out)
-        elif inbound.stream == "HP_NODE_EVENTS":
-            faults.health(state, wire.decode(wire.NodeEvent, inbound.data), out)
-        elif inbound.stream == "HP_RESOURCES":
-            report = wire.decode(wire.ResourceReport, inbound.data)
-            node = node_of(state, report.cluster, report.node_id)
-            node.known, node.provisioned, node.ready = True, report.provisioned, report.ready
-            node.definition = report.definition
-            node.gpus = sum(1 for device in report.devices if device.kind == "gpu")
-            if report.remediation is not None:
-                climbing.remediation_outcome(state, node, report.remediation, out, inbound)
-        elif inbound.stream == "HP_CONFIG":
-            state.config = _config(decode_config(wire.decode(wire.ConfigEnvelope, inbound.data)))
-        else:
-            raise Reject(f"unexpected input stream {inbound.stream}")
+        match record_of(CODECS, inbound):
+            case wire.Command() as command:
+                _command(state, command, inbound.subject, out)
+            case wire.TerminationResult() as result:
+                work.termination(state, result, out)
+            case wire.Allocation() as alloc:
+                work.allocation(state, alloc, out)
+            case wire.NodeEvent() as event:
+                faults.health(state, event, out)
+            case wire.ResourceReport() as report:
+                node = node_of(state, report.cluster, report.node_id)
+                node.known, node.provisioned, node.ready = True, report.provisioned, report.ready
+                node.definition = report.definition
+                node.gpus = sum(1 for device in report.devices if device.kind == "gpu")
+                if report.remediation is not None:
+                    climbing.remediation_outcome(state, node, report.remediation, out, inbound)
+            case wire.ConfigEnvelope() as envelope:
+                state.config = _config(decode_config(envelope))
         return Step(state, out.emits, out.notes)
 
     def tick(self, state: EvictionState, now: datetime) -> Step[EvictionState]:
@@ -103,7 +112,7 @@ class EvictionCore:
         return Step(state, emits)
 
 
-def command(state: EvictionState, command: wire.Command, subject: str, out: Out) -> None:
+def _command(state: EvictionState, command: wire.Command, subject: str, out: Out) -> None:
     parsed = subjects.parse(subject)
     if (parsed.cluster, parsed.node_id, parsed.rest) != (command.cluster, command.node_id, command.verb):
         raise Reject(f"command {command.id} does not match its subject {subject}")

@@ -21,7 +21,17 @@ from typing import Final
 from healthplane.contracts import subjects, wire
 from healthplane.contracts.config import decode_config
 from healthplane.contracts.subjects import node_key
-from healthplane.runtime.fold import Emit, Inbound, Input, Note, Reject, Step, note
+from healthplane.runtime.fold import (
+    Emit,
+    Inbound,
+    Input,
+    Note,
+    Reject,
+    Step,
+    decoder,
+    note,
+    record_of,
+)
 from healthplane_health_ingest import detectors
 from healthplane_health_ingest.rules import (
     Change,
@@ -47,6 +57,8 @@ INPUTS = (
     Input("HP_CONFIG"),
 )
 OUTPUTS = ("HP_NODE_EVENTS", "HP_ASSESSMENTS")
+CODECS: Final = {"HP_REPORTS": decoder(wire.HealthReport), "HP_NODE_EVENTS": decoder(wire.NodeEvent),
+                 "HP_RESOURCES": decoder(wire.ResourceReport), "HP_CONFIG": decoder(wire.ConfigEnvelope)}
 # The note a failing plug-in leaves, one label value per plug-in of
 # ``healthplane_fold_notes_total{note}``: main.py shows it as healthplane_detector_failures_total.
 DETECTOR_FAILED: Final = "detector_failed:"
@@ -69,63 +81,74 @@ class IngestCore:
     # ------------------------------------------------------------------ inputs
 
     def step(self, state: IngestState, inbound: Inbound) -> Step[IngestState]:
-        if inbound.stream == "HP_REPORTS":
-            report = wire.decode(wire.HealthReport, inbound.data)
-            gone_at = state.gone.get(node_key(report.cluster, report.node_id))
-            if gone_at is not None:
-                if report.sent_at <= gone_at:
-                    return Step(state, [])
-                state.gone = {k: v for k, v in state.gone.items() if k != node_key(report.cluster, report.node_id)}
-            notes: list[Note] = []
-            detect = self._detect(state, notes) if state.config.detectors or self.plugins else None
-            node, changes = assess(state, report, inbound.at, inbound.seq, detect)
-            _schedule(state, node)
-            return Step(state, self._records(node, changes, inbound, assessment=True), notes)
-        if inbound.stream == "HP_NODE_EVENTS":
-            event = wire.decode(wire.NodeEvent, inbound.data)
-            if event.type == "NODE_SERVICED":
-                found, changes = serviced(state, event.cluster, event.node_id, inbound.at)
-                if found is None or not changes:
-                    return Step(state, [])
-                return Step(state, self._records(found, changes, inbound, assessment=True))
-            if event.type in ("VALIDATION_PASSED", "VALIDATION_FAILED"):
-                found, changes = validated(state, event)
-                if found is None or not changes:
-                    return Step(state, [])
-                return Step(state, self._records(found, changes, inbound, assessment=True))
-            if event.type in ("NODE_DEPROVISIONED", "NODE_REPLACED"):
-                key = node_key(event.cluster, event.node_id)
-                state.nodes.pop(key, None)  # its deadline in the index goes stale and is skipped
-                state.gone = {**state.gone, key: event.occurred_at}
+        match record_of(CODECS, inbound):
+            case wire.HealthReport() as report:
+                return self._on_report(state, report, inbound)
+            case wire.NodeEvent() as event:
+                return self._on_event(state, event, inbound)
+            case wire.ResourceReport() as resources:
+                return self._on_resources(state, resources)
+            case wire.ConfigEnvelope() as envelope:
+                return self._on_config(state, envelope)
+        raise Reject(f"unexpected record on {inbound.stream}")
+
+    def _on_report(self, state: IngestState, report: wire.HealthReport, inbound: Inbound) -> Step[IngestState]:
+        gone_at = state.gone.get(node_key(report.cluster, report.node_id))
+        if gone_at is not None:
+            if report.sent_at <= gone_at:
                 return Step(state, [])
-            if event.type == "HEARTBEAT_MISSED":
-                silent = state.nodes.get(node_key(event.cluster, event.node_id))
-                if silent is not None and not silent.missed:
-                    missed(silent, event.occurred_at)  # replay: the tick decided this before
-                # ING-4's warning, told once: when the tick's record comes back live, not in a replay.
-                last = silent.last_report_at if silent is not None else None
-                return Step(state, (), (note("warning", "node missed its heartbeat", counter=HEARTBEAT_MISSED,
-                                             node_id=event.node_id, cluster=event.cluster,
-                                             last_report_at=last.isoformat() if last else None),))
+            state.gone = {k: v for k, v in state.gone.items() if k != node_key(report.cluster, report.node_id)}
+        notes: list[Note] = []
+        detect = self._detect(state, notes) if state.config.detectors or self.plugins else None
+        node, changes = assess(state, report, inbound.at, inbound.seq, detect)
+        _schedule(state, node)
+        return Step(state, self._records(node, changes, inbound, assessment=True), notes)
+
+    def _on_event(self, state: IngestState, event: wire.NodeEvent, inbound: Inbound) -> Step[IngestState]:
+        if event.type == "NODE_SERVICED":
+            found, changes = serviced(state, event.cluster, event.node_id, inbound.at)
+            if found is None or not changes:
+                return Step(state, [])
+            return Step(state, self._records(found, changes, inbound, assessment=True))
+        if event.type in ("VALIDATION_PASSED", "VALIDATION_FAILED"):
+            found, changes = validated(state, event)
+            if found is None or not changes:
+                return Step(state, [])
+            return Step(state, self._records(found, changes, inbound, assessment=True))
+        if event.type in ("NODE_DEPROVISIONED", "NODE_REPLACED"):
+            key = node_key(event.cluster, event.node_id)
+            state.nodes.pop(key, None)  # its deadline in the index goes stale and is skipped
+            state.gone = {**state.gone, key: event.occurred_at}
             return Step(state, [])
-        if inbound.stream == "HP_RESOURCES":
-            resources = wire.decode(wire.ResourceReport, inbound.data)
-            state.facts[node_key(resources.cluster, resources.node_id)] = detectors.NodeFacts.of(resources)
-            return Step(state, [])
-        if inbound.stream == "HP_CONFIG":
-            envelope = wire.decode(wire.ConfigEnvelope, inbound.data)
-            config = decode_config(envelope)
-            health_config = config.node_health
-            state.config = IngestConfig(
-                health_config.heartbeat_miss_threshold, health_config.quiet_reports_to_clear,
-                tuple(health_config.ignore_read_only_mounts),
-                tuple(detectors.DetectorSpec(d.name, d.expression, d.condition, d.severity, d.message)
-                      for d in health_config.detectors))
-            state.config_version = envelope.version
-            state.__dict__.pop(_DEADLINES, None)  # the threshold moves every deadline: rebuilt
-            state.__dict__.pop(_SCHEDULED, None)
-            return Step(state, [])
-        raise Reject(f"unexpected input stream {inbound.stream}")
+        if event.type == "HEARTBEAT_MISSED":
+            silent = state.nodes.get(node_key(event.cluster, event.node_id))
+            if silent is not None and not silent.missed:
+                missed(silent, event.occurred_at)  # replay: the tick decided this before
+            # ING-4's warning, told once: when the tick's record comes back live, not in a replay.
+            last = silent.last_report_at if silent is not None else None
+            return Step(state, (), (note("warning", "node missed its heartbeat", counter=HEARTBEAT_MISSED,
+                                         node_id=event.node_id, cluster=event.cluster,
+                                         last_report_at=last.isoformat() if last else None),))
+        return Step(state, [])
+
+    @staticmethod
+    def _on_resources(state: IngestState, resources: wire.ResourceReport) -> Step[IngestState]:
+        state.facts[node_key(resources.cluster, resources.node_id)] = detectors.NodeFacts.of(resources)
+        return Step(state, [])
+
+    @staticmethod
+    def _on_config(state: IngestState, envelope: wire.ConfigEnvelope) -> Step[IngestState]:
+        config = decode_config(envelope)
+        health_config = config.node_health
+        state.config = IngestConfig(
+            health_config.heartbeat_miss_threshold, health_config.quiet_reports_to_clear,
+            tuple(health_config.ignore_read_only_mounts),
+            tuple(detectors.DetectorSpec(d.name, d.expression, d.condition, d.severity, d.message)
+                  for d in health_config.detectors))
+        state.config_version = envelope.version
+        state.__dict__.pop(_DEADLINES, None)  # the threshold moves every deadline: rebuilt
+        state.__dict__.pop(_SCHEDULED, None)
+        return Step(state, [])
 
     # ------------------------------------------------------------------ detectors (POL-8)
 

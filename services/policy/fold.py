@@ -15,10 +15,11 @@ and tests inject a clock by writing the times they need.
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Final
 
 from healthplane.contracts import subjects, wire
 from healthplane.contracts.config import decode_config
-from healthplane.runtime.fold import Emit, Inbound, Input, Note, Reject, Step, note
+from healthplane.runtime.fold import Emit, Inbound, Input, Note, Reject, Step, note, record_of
 from healthplane_policy.rules import PolicyState, Record, decide, policy_config
 
 SERVICE = "policy"
@@ -39,40 +40,56 @@ INPUTS = (
 OUTPUTS = ("HP_NODE_EVENTS", "HP_COMMANDS")
 
 
-def record_of(inbound: Inbound) -> tuple[Record, datetime | None]:
-    """Decode one input into the record the core folds and the time it carries (None for
-    records whose time decides nothing: inventory, config, operator instructions)."""
-    stream, data = inbound.stream, inbound.data
-    if stream == "HP_NODE_EVENTS":
-        event = wire.decode(wire.NodeEvent, data)
-        return event, event.occurred_at
-    if stream == "HP_NODES":
-        view = wire.decode(wire.NodeView, data)
-        return view, view.last_reported_at or inbound.at
-    if stream == "HP_ALLOCATIONS":
-        allocation = wire.decode(wire.Allocation, data)
-        return allocation, allocation.at
-    if stream == "HP_RESOURCES":
-        return wire.decode(wire.ResourceReport, data), None
-    if stream == "HP_COMMANDS":
-        kind = inbound.subject.split(".", 2)[1]
-        if kind == "outcome":
-            outcome = wire.decode(wire.CommandOutcome, data)
-            return outcome, outcome.decided_at
-        if kind == "provision":
-            result = wire.decode(wire.TerminationResult, data)
-            return result, result.at
-        if kind == "policy":
-            command = wire.decode(wire.PolicyCommand, data)
-            sender = subjects.sender(inbound.subject, 4)  # bound by nats-server (SEC-1)
-            if sender is not None and sender != command.actor:
-                raise Reject(f"breaker reset names actor {command.actor!r} but was sent by {sender!r}")
-            return command, None
-        raise Reject(f"unexpected subject {inbound.subject}")
-    if stream == "HP_CONFIG":
-        envelope = wire.decode(wire.ConfigEnvelope, data)
-        return policy_config(decode_config(envelope), envelope.version), None
-    raise Reject(f"unexpected input stream {stream}")
+# Each stream's codec: the record the core folds and the time it carries (None for records
+# whose time decides nothing: inventory, config, operator instructions).
+Timed = tuple[Record, datetime | None]
+
+
+def _event(inbound: Inbound) -> Timed:
+    event = wire.decode(wire.NodeEvent, inbound.data)
+    return event, event.occurred_at
+
+
+def _view(inbound: Inbound) -> Timed:
+    view = wire.decode(wire.NodeView, inbound.data)
+    return view, view.last_reported_at or inbound.at
+
+
+def _allocation(inbound: Inbound) -> Timed:
+    allocation = wire.decode(wire.Allocation, inbound.data)
+    return allocation, allocation.at
+
+
+def _resources(inbound: Inbound) -> Timed:
+    return wire.decode(wire.ResourceReport, inbound.data), None
+
+
+def _commands(inbound: Inbound) -> Timed:
+    """``HP_COMMANDS`` as policy reads it: eviction's outcomes, the provisioner's answers and
+    operators' policy instructions, told apart by their subject."""
+    kind = inbound.subject.split(".", 2)[1]
+    if kind == "outcome":
+        outcome = wire.decode(wire.CommandOutcome, inbound.data)
+        return outcome, outcome.decided_at
+    if kind == "provision":
+        result = wire.decode(wire.TerminationResult, inbound.data)
+        return result, result.at
+    if kind == "policy":
+        command = wire.decode(wire.PolicyCommand, inbound.data)
+        sender = subjects.sender(inbound.subject, 4)  # bound by nats-server (SEC-1)
+        if sender is not None and sender != command.actor:
+            raise Reject(f"breaker reset names actor {command.actor!r} but was sent by {sender!r}")
+        return command, None
+    raise Reject(f"unexpected subject {inbound.subject}")
+
+
+def _config(inbound: Inbound) -> Timed:
+    envelope = wire.decode(wire.ConfigEnvelope, inbound.data)
+    return policy_config(decode_config(envelope), envelope.version), None
+
+
+CODECS: Final = {"HP_NODE_EVENTS": _event, "HP_NODES": _view, "HP_ALLOCATIONS": _allocation,
+                 "HP_RESOURCES": _resources, "HP_COMMANDS": _commands, "HP_CONFIG": _config}
 
 
 def emit_of(output: wire.NodeEvent | wire.Command) -> Emit:
@@ -89,7 +106,7 @@ class PolicyCore:
         return PolicyState()
 
     def step(self, state: PolicyState, inbound: Inbound) -> Step[PolicyState]:
-        record, at = record_of(inbound)
+        record, at = record_of(CODECS, inbound)
         notes: tuple[Note, ...] = ()
         if isinstance(record, wire.PolicyCommand):  # told by the Processor, for a live input only
             notes = (note("warning", "circuit breaker reset", counter="breaker_reset",

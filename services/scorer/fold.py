@@ -11,9 +11,9 @@ from typing import Final
 import msgspec
 
 from healthplane.contracts import subjects, views, wire
-from healthplane.contracts.config import decode_config
+from healthplane.contracts.config import ClusterConfig, decode_config
 from healthplane.runtime import heap
-from healthplane.runtime.fold import Emit, Inbound, Input, Reject, Step
+from healthplane.runtime.fold import Emit, Inbound, Input, Reject, Step, decoder, record_of
 from healthplane_scorer.rules import PenaltyTable, Tally, score
 
 SERVICE = "scorer"
@@ -27,6 +27,9 @@ INPUTS = (
     Input("HP_CONFIG"),
 )
 OUTPUTS = ("HP_NODE_EVENTS", "HP_NODES")
+CODECS: Final = {"HP_ASSESSMENTS": decoder(wire.Assessment), "HP_NODE_EVENTS": decoder(wire.NodeEvent),
+                 "HP_RESOURCES": decoder(wire.ResourceReport), "HP_ALLOCATIONS": decoder(wire.Allocation),
+                 "HP_CONFIG": decoder(wire.ConfigEnvelope)}
 
 
 class ScorerConfig(msgspec.Struct, frozen=True):
@@ -95,85 +98,85 @@ class ScorerCore:
         return ScorerState()
 
     def step(self, state: ScorerState, inbound: Inbound) -> Step[ScorerState]:
-        if inbound.stream == "HP_ASSESSMENTS":
-            assessment = wire.decode(wire.Assessment, inbound.data)
-            if subjects.node_key(assessment.cluster, assessment.node_id) in state.gone:
-                return Step(state, [])
-            node = self._node(state, assessment.cluster, assessment.node_id)
-            node.conditions, node.assessed = tuple(assessment.conditions), True
-            node.definition = assessment.definition or node.definition
-            reported_at = assessment.last_report_at or assessment.assessed_at
-            node.reports += reported_at != node.last_report_at
-            node.health, node.last_report_at = assessment.health, reported_at
-            node.report_interval_s = assessment.interval_seconds or node.report_interval_s
-            return Step(state, self._rescore(state, node, inbound) + self._view(state, node, inbound))
-        if inbound.stream == "HP_NODE_EVENTS":
-            event = wire.decode(wire.NodeEvent, inbound.data)
-            key = subjects.node_key(event.cluster, event.node_id)
-            if event.type in ("NODE_DEPROVISIONED", "NODE_REPLACED"):
-                # Decommissioned: the node leaves the state, with it every node series, and its
-                # view leaves HP_NODES ("its record is purged along with the instance").
-                state.nodes.pop(key, None)
-                state.gone = {**state.gone, key: event.occurred_at}
-                return Step(state, [Emit(subjects.node_view(event.cluster, event.node_id), b"", purge_stream="HP_NODES")])
-            if key in state.gone:
-                return Step(state, [])
-            node = self._node(state, event.cluster, event.node_id)
-            if event.type in ("NODE_NEEDS_ATTENTION", "NODE_SERVICED"):
-                node.attention = (wire.NeedsAttention(since=event.occurred_at, reason=event.message)
-                                  if event.type == "NODE_NEEDS_ATTENTION" else None)
-                return Step(state, self._view(state, node, inbound))
-            if event.type in ("HOLD_CREATED", "HOLD_RELEASED", "NODE_REGISTERED"):
-                if event.type == "HOLD_CREATED" and event.hold is not None:
-                    node.holds = {**node.holds, event.hold.id: event.hold}
-                elif event.type == "HOLD_RELEASED" and event.hold is not None:
-                    node.holds = heap.without(node.holds, event.hold.id)
-                else:
-                    node.hostname = event.hostname or node.hostname
-                    node.definition = event.definition or node.definition
-                return Step(state, self._view(state, node, inbound))
-            node.tally.count += 1
-            node.tally.last_failure_at = event.occurred_at
-            fault = event.fault_class or "UNKNOWN"
-            node.tally.by_fault = {**node.tally.by_fault, fault: node.tally.by_fault.get(fault, 0) + 1}
-            # An unscored node stays unscored: a score needs an assessment (SCO-4).
-            emits = self._rescore(state, node, inbound) if node.assessed else []
-            return Step(state, emits + self._view(state, node, inbound))
-        if inbound.stream == "HP_RESOURCES":
-            resources = wire.decode(wire.ResourceReport, inbound.data)
-            key = subjects.node_key(resources.cluster, resources.node_id)
-            if key in state.gone:
-                if resources.sent_at <= state.gone[key]:
-                    return Step(state, [])
-                state.gone = {k: v for k, v in state.gone.items() if k != key}  # a new instance, same id
-            node = self._node(state, resources.cluster, resources.node_id)
-            node.hostname, node.ready = resources.hostname, resources.ready
-            node.definition = resources.definition or node.definition
-            return Step(state, self._view(state, node, inbound))
-        if inbound.stream == "HP_ALLOCATIONS":
-            alloc = wire.decode(wire.Allocation, inbound.data)
-            if subjects.node_key(alloc.cluster, alloc.node_id) in state.gone:
-                return Step(state, [])
-            node = self._node(state, alloc.cluster, alloc.node_id)
-            running = alloc.state in ("placed", "started")
-            if running == (alloc.id in node.allocations):
-                return Step(state, [])
-            node.allocations = ((*node.allocations, alloc.id) if running
-                                else tuple(a for a in node.allocations if a != alloc.id))
-            return Step(state, self._view(state, node, inbound))
-        if inbound.stream == "HP_CONFIG":
-            envelope = wire.decode(wire.ConfigEnvelope, inbound.data)
-            config = decode_config(envelope)
-            health = config.node_health
-            state.config = ScorerConfig(
-                degraded_at_or_below=health.degraded_at_or_below,
-                penalties=dict(health.penalties), tally_penalty=health.failure_tally_penalty,
-                half_life_hours=health.failure_tally_half_life_hours,
-                definition_penalties={name: dict(d.node_health.penalties)
-                                      for name, d in config.provisioner_definitions.items()
-                                      if d.node_health.penalties is not None})
+        match record_of(CODECS, inbound):
+            case wire.Assessment() as assessment:
+                return self._on_assessment(state, assessment, inbound)
+            case wire.NodeEvent() as event:
+                return self._on_event(state, event, inbound)
+            case wire.ResourceReport() as resources:
+                return self._on_resources(state, resources, inbound)
+            case wire.Allocation() as alloc:
+                return self._on_allocation(state, alloc, inbound)
+            case wire.ConfigEnvelope() as envelope:
+                state.config = _config(decode_config(envelope))
+                return Step(state)
+        raise Reject(f"unexpected record on {inbound.stream}")
+
+    def _on_assessment(self, state: ScorerState, assessment: wire.Assessment, inbound: Inbound) -> Step[ScorerState]:
+        if subjects.node_key(assessment.cluster, assessment.node_id) in state.gone:
             return Step(state, [])
-        raise Reject(f"unexpected input stream {inbound.stream}")
+        node = self._node(state, assessment.cluster, assessment.node_id)
+        node.conditions, node.assessed = tuple(assessment.conditions), True
+        node.definition = assessment.definition or node.definition
+        reported_at = assessment.last_report_at or assessment.assessed_at
+        node.reports += reported_at != node.last_report_at
+        node.health, node.last_report_at = assessment.health, reported_at
+        node.report_interval_s = assessment.interval_seconds or node.report_interval_s
+        return Step(state, self._rescore(state, node, inbound) + self._view(state, node, inbound))
+
+    def _on_event(self, state: ScorerState, event: wire.NodeEvent, inbound: Inbound) -> Step[ScorerState]:
+        key = subjects.node_key(event.cluster, event.node_id)
+        if event.type in ("NODE_DEPROVISIONED", "NODE_REPLACED"):
+            # Decommissioned: the node leaves the state, with it every node series, and its
+            # view leaves HP_NODES ("its record is purged along with the instance").
+            state.nodes.pop(key, None)
+            state.gone = {**state.gone, key: event.occurred_at}
+            return Step(state, [Emit(subjects.node_view(event.cluster, event.node_id), b"", purge_stream="HP_NODES")])
+        if key in state.gone:
+            return Step(state, [])
+        node = self._node(state, event.cluster, event.node_id)
+        if event.type in ("NODE_NEEDS_ATTENTION", "NODE_SERVICED"):
+            node.attention = (wire.NeedsAttention(since=event.occurred_at, reason=event.message)
+                              if event.type == "NODE_NEEDS_ATTENTION" else None)
+            return Step(state, self._view(state, node, inbound))
+        if event.type in ("HOLD_CREATED", "HOLD_RELEASED", "NODE_REGISTERED"):
+            if event.type == "HOLD_CREATED" and event.hold is not None:
+                node.holds = {**node.holds, event.hold.id: event.hold}
+            elif event.type == "HOLD_RELEASED" and event.hold is not None:
+                node.holds = heap.without(node.holds, event.hold.id)
+            else:
+                node.hostname = event.hostname or node.hostname
+                node.definition = event.definition or node.definition
+            return Step(state, self._view(state, node, inbound))
+        node.tally.count += 1
+        node.tally.last_failure_at = event.occurred_at
+        fault = event.fault_class or "UNKNOWN"
+        node.tally.by_fault = {**node.tally.by_fault, fault: node.tally.by_fault.get(fault, 0) + 1}
+        # An unscored node stays unscored: a score needs an assessment (SCO-4).
+        emits = self._rescore(state, node, inbound) if node.assessed else []
+        return Step(state, emits + self._view(state, node, inbound))
+
+    def _on_resources(self, state: ScorerState, resources: wire.ResourceReport, inbound: Inbound) -> Step[ScorerState]:
+        key = subjects.node_key(resources.cluster, resources.node_id)
+        if key in state.gone:
+            if resources.sent_at <= state.gone[key]:
+                return Step(state, [])
+            state.gone = {k: v for k, v in state.gone.items() if k != key}  # a new instance, same id
+        node = self._node(state, resources.cluster, resources.node_id)
+        node.hostname, node.ready = resources.hostname, resources.ready
+        node.definition = resources.definition or node.definition
+        return Step(state, self._view(state, node, inbound))
+
+    def _on_allocation(self, state: ScorerState, alloc: wire.Allocation, inbound: Inbound) -> Step[ScorerState]:
+        if subjects.node_key(alloc.cluster, alloc.node_id) in state.gone:
+            return Step(state, [])
+        node = self._node(state, alloc.cluster, alloc.node_id)
+        running = alloc.state in ("placed", "started")
+        if running == (alloc.id in node.allocations):
+            return Step(state, [])
+        node.allocations = ((*node.allocations, alloc.id) if running
+                            else tuple(a for a in node.allocations if a != alloc.id))
+        return Step(state, self._view(state, node, inbound))
 
     @staticmethod
     def _node(state: ScorerState, cluster: str, node_id: str) -> NodeScore:
@@ -268,3 +271,14 @@ def node_view(state: ScorerState, node: NodeScore) -> wire.NodeView:
         definition=node.definition, report_interval_seconds=node.report_interval_s,
         needs_attention=node.attention,
     )
+
+
+def _config(config: ClusterConfig) -> ScorerConfig:
+    health = config.node_health
+    return ScorerConfig(
+        degraded_at_or_below=health.degraded_at_or_below,
+        penalties=dict(health.penalties), tally_penalty=health.failure_tally_penalty,
+        half_life_hours=health.failure_tally_half_life_hours,
+        definition_penalties={name: dict(d.node_health.penalties)
+                              for name, d in config.provisioner_definitions.items()
+                              if d.node_health.penalties is not None})

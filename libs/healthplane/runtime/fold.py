@@ -11,10 +11,12 @@ appends the emits exactly once.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Generic, Literal, NamedTuple, Protocol, TypeVar
+from typing import Any, Generic, Literal, NamedTuple, Protocol, TypeVar
+
+from healthplane.contracts import wire
 
 S = TypeVar("S")
 
@@ -103,3 +105,23 @@ class TickingCore(Core[S], Protocol[S]):
     core must fold its own emitted records (an input) to the same state the tick reached."""
 
     def tick(self, state: S, now: datetime) -> Step[S]: ...
+
+
+# A fold's codec table: per input stream, how one input becomes the record it carries. The
+# fold then evolves per record type (``match``), as the event model reads, instead of
+# branching on stream names.
+Codec = Callable[[Inbound], Any]
+
+
+def decoder(kind: type[wire.Record]) -> Codec:
+    """The codec of a stream whose every record is a ``kind``."""
+    return lambda inbound: wire.decode(kind, inbound.data)
+
+
+def record_of(codecs: Mapping[str, Codec], inbound: Inbound) -> Any:
+    """The record ``inbound`` carries, by its stream's codec; a stream the fold has no codec
+    for is a ``Reject`` (the input is set aside, REL-3)."""
+    codec = codecs.get(inbound.stream)
+    if codec is None:
+        raise Reject(f"unexpected input stream {inbound.stream}")
+    return codec(inbound)
