@@ -24,7 +24,17 @@ from typing import Any, Final
 from healthplane.contracts import subjects, wire
 from healthplane.contracts.config import decode_config
 from healthplane.contracts.subjects import node_key
-from healthplane.runtime.fold import Emit, Inbound, Input, Reject, Step, decoder, record_of
+from healthplane.runtime.fold import (
+    Emit,
+    IdentityMismatch,
+    Inbound,
+    Input,
+    Step,
+    decoder,
+    its_own,
+    node_record,
+    record_of,
+)
 from healthplane_eviction import climbing, commands, faults, rules, runs, work
 from healthplane_eviction import ladder as remediation
 from healthplane_eviction import remediating as rem
@@ -49,12 +59,12 @@ OUTPUTS = ("HP_NODE_EVENTS", "HP_DIRECTIVES", "HP_COMMANDS", "HP_ALLOCATIONS")
 def _commands_record(inbound: Inbound) -> wire.Command | wire.TerminationResult:
     """``HP_COMMANDS`` carries commands and, on ``hp.provision.>``, the provisioner's answers."""
     if inbound.subject.startswith(f"{subjects.PREFIX}.provision."):
-        return wire.decode(wire.TerminationResult, inbound.data)
-    return wire.decode(wire.Command, inbound.data)
+        return its_own(inbound, wire.decode(wire.TerminationResult, inbound.data))
+    return its_own(inbound, wire.decode(wire.Command, inbound.data))
 
 
-CODECS: Final = {"HP_COMMANDS": _commands_record, "HP_ALLOCATIONS": decoder(wire.Allocation),
-                 "HP_NODE_EVENTS": decoder(wire.NodeEvent), "HP_RESOURCES": decoder(wire.ResourceReport),
+CODECS: Final = {"HP_COMMANDS": _commands_record, "HP_ALLOCATIONS": node_record(wire.Allocation),
+                 "HP_NODE_EVENTS": node_record(wire.NodeEvent), "HP_RESOURCES": node_record(wire.ResourceReport),
                  "HP_CONFIG": decoder(wire.ConfigEnvelope)}
 
 
@@ -115,11 +125,11 @@ class EvictionCore:
 def _command(state: EvictionState, command: wire.Command, subject: str, out: Out) -> None:
     parsed = subjects.parse(subject)
     if (parsed.cluster, parsed.node_id, parsed.rest) != (command.cluster, command.node_id, command.verb):
-        raise Reject(f"command {command.id} does not match its subject {subject}")
+        raise IdentityMismatch(f"command {command.id} does not match its subject {subject}")
     # The subject's last token is who sent it, bound by nats-server (SEC-1): a payload
     # that names anyone else is a forgery, never applied.
     if parsed.actor is not None and parsed.actor != command.actor:
-        raise Reject(f"command {command.id} names actor {command.actor!r} but was sent by {parsed.actor!r}")
+        raise IdentityMismatch(f"command {command.id} names actor {command.actor!r} but was sent by {parsed.actor!r}")
     node = state.nodes.get(node_key(command.cluster, command.node_id))
     if node is None or not node.known or node.gone:
         out.outcome(command, "refused", rules.unknown_node(command.node_id))

@@ -29,6 +29,7 @@ from healthplane.runtime.fold import (
     Reject,
     Step,
     decoder,
+    node_record,
     note,
     record_of,
 )
@@ -57,8 +58,8 @@ INPUTS = (
     Input("HP_CONFIG"),
 )
 OUTPUTS = ("HP_NODE_EVENTS", "HP_ASSESSMENTS")
-CODECS: Final = {"HP_REPORTS": decoder(wire.HealthReport), "HP_NODE_EVENTS": decoder(wire.NodeEvent),
-                 "HP_RESOURCES": decoder(wire.ResourceReport), "HP_CONFIG": decoder(wire.ConfigEnvelope)}
+CODECS: Final = {"HP_REPORTS": node_record(wire.HealthReport), "HP_NODE_EVENTS": node_record(wire.NodeEvent),
+                 "HP_RESOURCES": node_record(wire.ResourceReport), "HP_CONFIG": decoder(wire.ConfigEnvelope)}
 # The note a failing plug-in leaves, one label value per plug-in of
 # ``healthplane_fold_notes_total{note}``: main.py shows it as healthplane_detector_failures_total.
 DETECTOR_FAILED: Final = "detector_failed:"

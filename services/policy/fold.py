@@ -19,7 +19,17 @@ from typing import Final
 
 from healthplane.contracts import subjects, wire
 from healthplane.contracts.config import decode_config
-from healthplane.runtime.fold import Emit, Inbound, Input, Note, Reject, Step, note, record_of
+from healthplane.runtime.fold import (
+    Emit,
+    Inbound,
+    Input,
+    Note,
+    Reject,
+    Step,
+    its_own,
+    note,
+    record_of,
+)
 from healthplane_policy.rules import PolicyState, Record, decide, policy_config
 
 SERVICE = "policy"
@@ -46,22 +56,22 @@ Timed = tuple[Record, datetime | None]
 
 
 def _event(inbound: Inbound) -> Timed:
-    event = wire.decode(wire.NodeEvent, inbound.data)
+    event = its_own(inbound, wire.decode(wire.NodeEvent, inbound.data))
     return event, event.occurred_at
 
 
 def _view(inbound: Inbound) -> Timed:
-    view = wire.decode(wire.NodeView, inbound.data)
+    view = its_own(inbound, wire.decode(wire.NodeView, inbound.data))
     return view, view.last_reported_at or inbound.at
 
 
 def _allocation(inbound: Inbound) -> Timed:
-    allocation = wire.decode(wire.Allocation, inbound.data)
+    allocation = its_own(inbound, wire.decode(wire.Allocation, inbound.data))
     return allocation, allocation.at
 
 
 def _resources(inbound: Inbound) -> Timed:
-    return wire.decode(wire.ResourceReport, inbound.data), None
+    return its_own(inbound, wire.decode(wire.ResourceReport, inbound.data)), None
 
 
 def _commands(inbound: Inbound) -> Timed:
@@ -69,10 +79,10 @@ def _commands(inbound: Inbound) -> Timed:
     operators' policy instructions, told apart by their subject."""
     kind = inbound.subject.split(".", 2)[1]
     if kind == "outcome":
-        outcome = wire.decode(wire.CommandOutcome, inbound.data)
+        outcome = its_own(inbound, wire.decode(wire.CommandOutcome, inbound.data))
         return outcome, outcome.decided_at
     if kind == "provision":
-        result = wire.decode(wire.TerminationResult, inbound.data)
+        result = its_own(inbound, wire.decode(wire.TerminationResult, inbound.data))
         return result, result.at
     if kind == "policy":
         command = wire.decode(wire.PolicyCommand, inbound.data)

@@ -13,7 +13,16 @@ import msgspec
 from healthplane.contracts import subjects, views, wire
 from healthplane.contracts.config import ClusterConfig, decode_config
 from healthplane.runtime import heap
-from healthplane.runtime.fold import Emit, Inbound, Input, Reject, Step, decoder, record_of
+from healthplane.runtime.fold import (
+    Emit,
+    Inbound,
+    Input,
+    Reject,
+    Step,
+    decoder,
+    node_record,
+    record_of,
+)
 from healthplane_scorer.rules import PenaltyTable, Tally, score
 
 SERVICE = "scorer"
@@ -27,8 +36,8 @@ INPUTS = (
     Input("HP_CONFIG"),
 )
 OUTPUTS = ("HP_NODE_EVENTS", "HP_NODES")
-CODECS: Final = {"HP_ASSESSMENTS": decoder(wire.Assessment), "HP_NODE_EVENTS": decoder(wire.NodeEvent),
-                 "HP_RESOURCES": decoder(wire.ResourceReport), "HP_ALLOCATIONS": decoder(wire.Allocation),
+CODECS: Final = {"HP_ASSESSMENTS": node_record(wire.Assessment), "HP_NODE_EVENTS": node_record(wire.NodeEvent),
+                 "HP_RESOURCES": node_record(wire.ResourceReport), "HP_ALLOCATIONS": node_record(wire.Allocation),
                  "HP_CONFIG": decoder(wire.ConfigEnvelope)}
 
 

@@ -117,6 +117,13 @@ class Bridge:
             except wire.WireError as exc:
                 await self._set_aside.reject(delivery, str(exc))
                 continue
+            if not subjects.names_node(delivery.msg.subject, report.cluster, report.node_id):
+                # SEC-7: the subject is the identity; another node's report never reaches the bucket.
+                metrics.IDENTITY_MISMATCH.labels(SERVICE, STREAM).inc()
+                await self._set_aside.reject(delivery, f"{delivery.msg.subject} carries a record of node "
+                                             f"{report.node_id!r} in cluster {report.cluster!r}: the subject is "
+                                             "the identity (SEC-7)")
+                continue
             deliveries.append(delivery)
             reports.append(fold.Report(delivery.stream_seq, delivery.timestamp_ns, report))
         plan = fold.decide(self.state, reports)

@@ -26,3 +26,25 @@ def resource_report(node_id: str, *, cluster: str = "default", cores: int = 192,
         memory_bytes=2_164_663_517_184, devices=devices, annotations=notes, definition=definition,
         provisioned=provisioned,
     )
+
+
+def subject_for(stream: str, data: bytes) -> str:
+    """The subject a record of ``stream`` is stored on: its node's own (SEC-7), as the writer
+    would publish it; for folds fed by hand in unit tests."""
+    import json
+
+    from healthplane.contracts import subjects
+
+    record = json.loads(data)
+    cluster, node_id = record["cluster"], record["nodeId"]
+    if stream == "HP_REPORTS":
+        return subjects.report(cluster, node_id)
+    if stream == "HP_RESOURCES":
+        return subjects.resource(cluster, node_id)
+    if stream == "HP_ASSESSMENTS":
+        return subjects.assessment(cluster, node_id)
+    if stream == "HP_NODE_EVENTS":
+        return subjects.event(cluster, node_id, record["type"])
+    if stream == "HP_ALLOCATIONS":
+        return subjects.allocation(cluster, node_id, record["id"])
+    raise ValueError(f"no per-node subject for {stream}")

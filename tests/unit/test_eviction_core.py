@@ -8,12 +8,13 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import msgspec
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from healthplane.contracts import subjects, wire
 from healthplane.contracts.config import ClusterConfig
-from healthplane.runtime.fold import Emit, Inbound
+from healthplane.runtime.fold import Emit, IdentityMismatch, Inbound
 from healthplane_eviction import rules
 from healthplane_eviction.fold import EvictionCore, EvictionState
 
@@ -391,18 +392,19 @@ def test_evi7_operator_evictions_and_clean_nodes_are_not_attributed() -> None:
     assert [e.fault_class for e in attributed] == []  # evict hold: "crashed" was failed by the hold itself
 
 
-def test_rel3_a_command_on_the_wrong_subject_is_rejected() -> None:
+def test_rel3_sec7_a_command_on_the_wrong_subject_is_rejected() -> None:
+    """SEC-7: the subject is the identity; a command for NODE on another node's subject, or
+    from another actor than the one nats-server bound to the subject, is never applied."""
     h = Harness()
     h.resources()
     command = wire.Command(id="x", node_id=NODE, cluster="default", verb="cordon", actor="a", issued_at=T0)
-    inbound = Inbound(stream="HP_COMMANDS", seq=1, subject=subjects.command("default", "other", "cordon", "a"),
-                      data=wire.encode(command), headers={}, at=T0, caught_up=True)
-    try:
-        h.core.step(h.state, inbound)
-    except Exception as exc:
-        assert "does not match its subject" in str(exc)
-    else:
-        raise AssertionError("a mismatched command was accepted")
+    for subject in (subjects.command("default", "other", "cordon", "a"),
+                    subjects.command("default", NODE, "cordon", "someone-else")):
+        inbound = Inbound(stream="HP_COMMANDS", seq=1, subject=subject, data=wire.encode(command), headers={}, at=T0,
+                          caught_up=True)
+        with pytest.raises(IdentityMismatch):
+            h.core.step(h.state, inbound)
+    assert h.state.nodes[subjects.node_key("default", NODE)].holds == {}
 
 
 # ---------------------------------------------------------------------------- replay

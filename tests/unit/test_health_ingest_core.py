@@ -23,6 +23,7 @@ from healthplane_health_ingest.rules import (
     serviced,
     validated,
 )
+from tests.support.records import subject_for
 
 T0 = datetime(2026, 11, 30, 9, 0, tzinfo=UTC)
 
@@ -271,7 +272,7 @@ async def test_a_decommissioned_node_is_forgotten_and_never_missed() -> None:
     state, _, _ = core.step(state, Inbound("HP_REPORTS", 1, "hp.report.c.n1", wire.encode(report), {}, T0, True))
     gone = wire.NodeEvent(id="g", node_id="n1", cluster="c", type="NODE_DEPROVISIONED",
                           occurred_at=T0 + timedelta(seconds=5), message="deprovisioned", actor="eviction")
-    state, _, _ = core.step(state, Inbound("HP_NODE_EVENTS", 2, "", wire.encode(gone), {}, T0, True))
+    state, _, _ = core.step(state, Inbound("HP_NODE_EVENTS", 2, subject_for("HP_NODE_EVENTS", wire.encode(gone)), wire.encode(gone), {}, T0, True))
     assert core.tick(state, T0 + timedelta(hours=1))[1] == []
     state, emits, _ = core.step(state, Inbound("HP_REPORTS", 3, "hp.report.c.n1", wire.encode(report), {}, T0, True))
     assert emits == [] and state.nodes == {}
@@ -368,7 +369,7 @@ def test_snapshot_and_replay_equal_live_state(steps: list[str], cut: int) -> Non
             if seq == snapshot_at:
                 state = msgspec.json.decode(msgspec.json.encode(state), type=IngestState)
                 core = IngestCore()  # a restarted process: fresh derived indexes
-            state, emits, _ = core.step(state, Inbound("HP_REPORTS", seq, "", data, {}, T0 + timedelta(seconds=30 * seq), True))
+            state, emits, _ = core.step(state, Inbound("HP_REPORTS", seq, subject_for("HP_REPORTS", data), data, {}, T0 + timedelta(seconds=30 * seq), True))
             emitted += [e.payload for e in emits]
         return msgspec.json.encode(state), emitted
 

@@ -16,6 +16,7 @@ from healthplane.runtime import gzipped
 from healthplane.runtime.fold import Inbound
 from healthplane_scorer.fold import ScorerCore, node_view
 from healthplane_scorer.rules import DEFAULT_PENALTIES, PenaltyTable, Tally, score, tally_deduction
+from tests.support.records import subject_for
 
 T0 = datetime(2026, 8, 11, 9, 14, 2, tzinfo=UTC)
 CLUSTER = PenaltyTable.build()
@@ -39,7 +40,7 @@ def test_gpu_ecc_100_90_55() -> None:
                                 assessment(cond("gpu_ecc_errors", "GpuEccCorrectable")),
                                 assessment(cond("gpu_ecc_errors", "GpuEccUncorrectable", "critical")),
                                 assessment(cond("gpu_ecc_errors", "GpuEccUncorrectable", "critical"))], 1):
-        state, emits, _ = core.step(state, Inbound("HP_ASSESSMENTS", seq, "", data, {}, T0, True))
+        state, emits, _ = core.step(state, Inbound("HP_ASSESSMENTS", seq, subject_for("HP_ASSESSMENTS", data), data, {}, T0, True))
         messages += [wire.decode(wire.NodeEvent, e.payload).message for e in emits if ".event." in e.subject]
     assert messages == ["score 100", "score 100 -> 90", "score 90 -> 55"]  # and nothing on no change (SCO-5)
 
@@ -48,7 +49,7 @@ def test_smart_failing_60_back_to_100_one_report_after_recovery() -> None:
     core, state = ScorerCore(), ScorerCore().initial_state()
     scores = []
     for seq, data in enumerate([assessment(cond("disk_degraded", "SmartFailing", "critical")), assessment()], 1):
-        state, emits, _ = core.step(state, Inbound("HP_ASSESSMENTS", seq, "", data, {}, T0, True))
+        state, emits, _ = core.step(state, Inbound("HP_ASSESSMENTS", seq, subject_for("HP_ASSESSMENTS", data), data, {}, T0, True))
         scores += [wire.decode(wire.NodeEvent, e.payload).score for e in emits if ".event." in e.subject]
     assert scores == [60, 100]
 
@@ -89,9 +90,9 @@ def test_unscored_node_stays_unscored_until_assessed() -> None:
     core, state = ScorerCore(), ScorerCore().initial_state()
     failure = wire.encode(wire.NodeEvent(id="f1", node_id="n", cluster="c", type="JOB_FAILURE_ATTRIBUTED",
                                          occurred_at=T0, message="m", actor="eviction", fault_class="DISK_DEGRADED"))
-    state, emits, _ = core.step(state, Inbound("HP_NODE_EVENTS", 1, "", failure, {}, T0, True))
+    state, emits, _ = core.step(state, Inbound("HP_NODE_EVENTS", 1, subject_for("HP_NODE_EVENTS", failure), failure, {}, T0, True))
     assert [e for e in emits if ".event." in e.subject] == [] and state.nodes["c\x00n"].score is None
-    state, emits, _ = core.step(state, Inbound("HP_ASSESSMENTS", 2, "", assessment(node="n"), {}, T0, True))
+    state, emits, _ = core.step(state, Inbound("HP_ASSESSMENTS", 2, subject_for("HP_ASSESSMENTS", assessment(node="n")), assessment(node="n"), {}, T0, True))
     assert wire.decode(wire.NodeEvent, emits[0].payload).score == 95
     view = wire.decode(wire.NodeView, emits[1].payload)
     # 95 is at the default degradedAtOrBelow: the node reads Degraded (ING-5).
@@ -135,7 +136,7 @@ def test_view_counts_the_allocations_running_on_the_node() -> None:
         nonlocal state
         record = wire.Allocation(id=alloc_id, job_id=alloc_id, node_id="n", cluster="c", state=alloc_state,  # type: ignore[arg-type]
                                  at=T0)
-        state, emits, _ = core.step(state, Inbound("HP_ALLOCATIONS", seq, "", wire.encode(record), {}, T0, True))
+        state, emits, _ = core.step(state, Inbound("HP_ALLOCATIONS", seq, subject_for("HP_ALLOCATIONS", wire.encode(record)), wire.encode(record), {}, T0, True))
         views = [wire.decode(wire.NodeView, e.payload) for e in emits]
         return views[-1].jobs if views else -1
 
@@ -150,23 +151,23 @@ def test_a_decommissioned_node_leaves_the_read_model_and_stays_gone() -> None:
     """NODE_DEPROVISIONED purges the node's view; late records about the instance are ignored,
     and only a resource report sent afterwards (a new instance, same id) brings it back."""
     core, state = ScorerCore(), ScorerCore().initial_state()
-    state, _, _ = core.step(state, Inbound("HP_ASSESSMENTS", 1, "", assessment(node="n"), {}, T0, True))
+    state, _, _ = core.step(state, Inbound("HP_ASSESSMENTS", 1, subject_for("HP_ASSESSMENTS", assessment(node="n")), assessment(node="n"), {}, T0, True))
     gone = wire.NodeEvent(id="g", node_id="n", cluster="c", type="NODE_DEPROVISIONED", occurred_at=T0,
                           message="deprovisioned", actor="eviction")
-    state, emits, _ = core.step(state, Inbound("HP_NODE_EVENTS", 2, "", wire.encode(gone), {}, T0, True))
+    state, emits, _ = core.step(state, Inbound("HP_NODE_EVENTS", 2, subject_for("HP_NODE_EVENTS", wire.encode(gone)), wire.encode(gone), {}, T0, True))
     assert [(e.subject, e.purge_stream) for e in emits] == [(subjects.node_view("c", "n"), "HP_NODES")]
     assert not state.nodes
-    state, emits, _ = core.step(state, Inbound("HP_ASSESSMENTS", 3, "", assessment(node="n"), {}, T0, True))
+    state, emits, _ = core.step(state, Inbound("HP_ASSESSMENTS", 3, subject_for("HP_ASSESSMENTS", assessment(node="n")), assessment(node="n"), {}, T0, True))
     assert emits == [] and not state.nodes
 
     def resources(sent_at: datetime) -> bytes:
         return wire.encode(wire.ResourceReport(node_id="n", cluster="c", hostname="n", sent_at=sent_at, ready=True,
                                                cores=1, memory_bytes=1))
 
-    state, emits, _ = core.step(state, Inbound("HP_RESOURCES", 4, "", resources(T0), {}, T0, True))
+    state, emits, _ = core.step(state, Inbound("HP_RESOURCES", 4, subject_for("HP_RESOURCES", resources(T0)), resources(T0), {}, T0, True))
     assert emits == []
     later = T0 + timedelta(hours=1)
-    state, emits, _ = core.step(state, Inbound("HP_RESOURCES", 5, "", resources(later), {}, later, True))
+    state, emits, _ = core.step(state, Inbound("HP_RESOURCES", 5, subject_for("HP_RESOURCES", resources(later)), resources(later), {}, later, True))
     assert [wire.decode(wire.NodeView, e.payload).node_id for e in emits] == ["n"]
 
 
@@ -175,13 +176,13 @@ def test_rem1_needs_attention_shows_in_the_view_node_show_and_a_series_until_ser
     from healthplane_scorer.metrics import NodeSeries
 
     core, state = ScorerCore(), ScorerCore().initial_state()
-    state, _, _ = core.step(state, Inbound("HP_ASSESSMENTS", 1, "", assessment(node="n"), {}, T0, True))
+    state, _, _ = core.step(state, Inbound("HP_ASSESSMENTS", 1, subject_for("HP_ASSESSMENTS", assessment(node="n")), assessment(node="n"), {}, T0, True))
 
     def event(seq: int, kind: str, message: str) -> wire.NodeView:
         nonlocal state
         record = wire.NodeEvent(id=f"e{seq}", node_id="n", cluster="c", type=kind,  # type: ignore[arg-type]
                                 occurred_at=T0, message=message, actor="eviction")
-        state, emits, _ = core.step(state, Inbound("HP_NODE_EVENTS", seq, "", wire.encode(record), {}, T0, True))
+        state, emits, _ = core.step(state, Inbound("HP_NODE_EVENTS", seq, subject_for("HP_NODE_EVENTS", wire.encode(record)), wire.encode(record), {}, T0, True))
         return wire.decode(wire.NodeView, emits[-1].payload)
 
     def series() -> str:

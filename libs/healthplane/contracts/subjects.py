@@ -22,6 +22,7 @@ PREFIX: Final = "hp"
 _SAFE = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-")
 _ESCAPE: Final = "="
 _PLAIN_RE = re.compile(r"[A-Za-z0-9_-]+")
+_SAFE_CHARS: Final = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-"  # = _SAFE
 _TOKEN_RE = re.compile(r"^(?:[A-Za-z0-9_-]|=[0-9A-F]{2})+$")
 
 
@@ -226,6 +227,19 @@ def published(subject: str) -> str:
     if len(parts) > 2 and len(parts) == _SLOTTED_TOKENS.get(parts[1], -1) + 1 and parts[-1].isdigit():
         return subject.rpartition(".")[0]
     return subject
+
+
+def names_node(subject: str, cluster: str, node_id: str) -> bool:
+    """SEC-7: whether per-node ``subject`` (``hp.<kind>.<cluster>.<node>…``) is the subject of
+    ``cluster``'s ``node_id``. On every input of every fold, so the common case decodes and
+    encodes nothing: plain ids (``lab``, ``cn-042``) are their own tokens (``str.strip`` of the
+    safe characters leaves nothing of a plain id); an id that needs escaping is encoded."""
+    parts = subject.split(".", 4)
+    if len(parts) < 4 or not cluster or not node_id:
+        return False
+    if parts[3] == node_id and parts[2] == cluster and not (cluster + node_id).strip(_SAFE_CHARS):
+        return True
+    return parts[3] == encode_token(node_id) and parts[2] == encode_token(cluster)
 
 
 def parse(subject: str) -> NodeSubject:

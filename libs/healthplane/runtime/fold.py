@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Generic, Literal, NamedTuple, Protocol, TypeVar
 
-from healthplane.contracts import wire
+from healthplane.contracts import subjects, wire
 
 S = TypeVar("S")
 
@@ -25,6 +25,13 @@ class Reject(Exception):
     """Raised by a core for an input it cannot fold (malformed, wrong shape), before it changes
     the state. The input is dead-lettered, terminated, logged and counted; later inputs go on
     (REL-3)."""
+
+
+class IdentityMismatch(Reject):
+    """SEC-7: a record whose payload names another cluster or node than its subject. The
+    subject is the identity (nats-server lets each node publish on its own only): such a
+    record is a forgery or a bug, dead-lettered like any reject and counted apart
+    (``healthplane_identity_mismatch_total{stream}``), never folded."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,6 +123,38 @@ Codec = Callable[[Inbound], Any]
 def decoder(kind: type[wire.Record]) -> Codec:
     """The codec of a stream whose every record is a ``kind``."""
     return lambda inbound: wire.decode(kind, inbound.data)
+
+
+class NodeRecord(Protocol):
+    @property
+    def cluster(self) -> str: ...
+    @property
+    def node_id(self) -> str: ...
+
+
+R = TypeVar("R", bound=NodeRecord)
+
+
+def its_own(inbound: Inbound, record: R) -> R:
+    """``record``, the payload of per-node ``inbound`` (``hp.<kind>.{cluster}.{node}…``), or
+    ``IdentityMismatch`` when it names another cluster or node than its subject (SEC-7)."""
+    if not subjects.names_node(inbound.subject, record.cluster, record.node_id):
+        raise IdentityMismatch(f"{inbound.subject} carries a record of node {record.node_id!r} in cluster "
+                               f"{record.cluster!r}: the subject is the identity (SEC-7)")
+    return record
+
+
+def node_record(kind: type[wire.Record]) -> Codec:
+    """The codec of a per-node stream whose every record is a ``kind``, checked by ``its_own``."""
+    decode, names_node = wire.decode, subjects.names_node
+
+    def codec(inbound: Inbound) -> Any:  # its_own, inlined: every input of every fold passes here
+        record = decode(kind, inbound.data)
+        if names_node(inbound.subject, record.cluster, record.node_id):  # type: ignore[attr-defined]
+            return record
+        return its_own(inbound, record)  # type: ignore[type-var]  # raises, naming both
+
+    return codec
 
 
 def record_of(codecs: Mapping[str, Codec], inbound: Inbound) -> Any:

@@ -69,6 +69,11 @@ DEAD_LETTERS = Counter(
     "Inputs set aside in HP_DEAD_LETTERS (malformed, the core raised, or an output refused for good)",
     ["service", "reason"],
 )
+IDENTITY_MISMATCH = Counter(
+    "healthplane_identity_mismatch_total",
+    "Records whose payload named another cluster or node than their subject, dead-lettered unfolded (SEC-7)",
+    ["service", "stream"],
+)
 FOLD_NOTES = Counter(
     "healthplane_fold_notes_total",
     "What a service's fold reported about live inputs (a plug-in failed, a node missed its heartbeat)",

@@ -64,7 +64,17 @@ from healthplane.runtime import (
     snapshots,
 )
 from healthplane.runtime.backoff import Backoff
-from healthplane.runtime.fold import Core, Emit, Inbound, Input, Note, Reject, Step, TickingCore
+from healthplane.runtime.fold import (
+    Core,
+    Emit,
+    IdentityMismatch,
+    Inbound,
+    Input,
+    Note,
+    Reject,
+    Step,
+    TickingCore,
+)
 from healthplane.runtime.publish import Ack, Outbound, Publisher, PublishError, Run
 from healthplane.runtime.pull import Delivery, PullLoop
 from healthplane.runtime.replay import read_all
@@ -692,6 +702,8 @@ class Processor(Generic[S]):
                     state, outputs, notes = step(state, inbound)
                 except (Reject, wire.WireError, ConfigError) as exc:  # a record that cannot be folded
                     malformed.append((delivery, str(exc)))
+                    if isinstance(exc, IdentityMismatch):  # SEC-7: counted apart from the merely malformed
+                        metrics.IDENTITY_MISMATCH.labels(self.service, stream).inc()
                     positions[stream] = seq
                     continue
                 except Exception as exc:
