@@ -204,6 +204,9 @@ def build(backend: Backend) -> Starlette:
         node_id, verb = parts[3], parts[4]
         if verb not in VERBS:
             return _error(404, f"no command {verb!r}: one of {', '.join(VERBS)}")
+        refused = _cookie_refused(request)
+        if refused is not None:
+            return _error(403, refused)
         body = await request.body()
         if len(body) > MAX_BODY:
             raise BadRequest(f"body over {MAX_BODY} bytes")
@@ -393,6 +396,25 @@ def build(backend: Backend) -> Starlette:
 
 def _quote_id(node_id: str) -> str:
     return quote(node_id, safe="")
+
+
+def _cookie_refused(request: Request) -> str | None:
+    """SEC-12 / API-2: why a JSON API command authenticated by the UI's cookie alone is not
+    taken (``None``: it is). A browser sends the cookie with any site's request, so the cookie
+    counts only from this origin (``Origin``, ``Sec-Fetch-Site``) with a JSON body, which another
+    site cannot send without a CORS preflight this server never grants. A bearer header is
+    the API's own credential: no browser attaches it by itself."""
+    if auth.bearer(request.headers.get("authorization")) or auth.COOKIE not in request.cookies:
+        return None
+    fetch_site = request.headers.get("sec-fetch-site")
+    if not _same_origin(request) or fetch_site not in (None, "same-origin"):
+        return (f"cross-origin command refused: the session cookie counts only from "
+                f"{request.url.scheme}://{request.url.netloc} (send Authorization: Bearer TOKEN instead)")
+    content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if content_type != "application/json":
+        return (f"a command with the session cookie must be Content-Type: application/json "
+                f"(got {content_type or 'none'}); or send Authorization: Bearer TOKEN")
+    return None
 
 
 def _same_origin(request: Request) -> bool:

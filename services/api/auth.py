@@ -21,6 +21,7 @@ import hmac
 import secrets
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Final
 
 from nats.aio.client import Client as NATS
@@ -63,13 +64,18 @@ class Callers:
     ``SESSION_IDLE_S`` unused. ``open``: the stack runs without identities (``--insecure``);
     anyone may read, and nobody may command through the API (no anonymous writes)."""
 
-    def __init__(self, nats_url: str | None, *, open_bus: bool) -> None:
+    def __init__(self, nats_url: str | None, *, open_bus: bool, signers: dict[str, str] | None = None) -> None:
         self.open = open_bus
         self._url = nats_url
         self._secret = secrets.token_bytes(32)
         self._sessions: dict[str, _Session] = {}
         self._refused: dict[str, tuple[float, str]] = {}
-        self._lock = asyncio.Lock()
+        # Public key -> role of the bearer-token signers: a token is checked here, in
+        # microseconds, before any connection; None: only the server checks (older key dirs).
+        self._signers = signers
+        self._lock = asyncio.Lock()  # the session table's, held for no I/O
+        self._connecting: dict[str, asyncio.Lock] = {}  # one per token being connected
+        self._closing: set[asyncio.Future[None]] = set()
 
     async def caller(self, token: str | None) -> Caller | None:
         """The caller a token names, connected as them; ``None`` on an open bus."""
@@ -86,21 +92,34 @@ class Callers:
         if found is not None and found.caller.client is not None and not found.caller.client.is_closed:
             found.used_at = now
             return found.caller
-        async with self._lock:  # one connection per token, however many requests arrive at once
-            found = self._sessions.get(key)
-            if found is not None and found.caller.client is not None and not found.caller.client.is_closed:
-                return found.caller
-            try:
-                caller = await self._connect(token)
-            except Unauthorized as exc:
-                if len(self._refused) >= MAX_SESSIONS:
-                    self._refused.clear()
-                self._refused[key] = (now, str(exc))
-                raise
-            if len(self._sessions) >= MAX_SESSIONS:
-                await self._close_idle(0.0)
-            self._sessions[key] = _Session(caller, now)
-            return caller
+        if self._signers is not None:
+            try:  # SEC-12: a token this control plane did not sign never costs a connection
+                credentials.verify_jwt(token, self._signers)
+            except credentials.CredsError as exc:
+                raise Unauthorized(f"not a token of this control plane: {exc}") from None
+        # One connection per token however many of its requests arrive at once, and only its
+        # own requests wait for it: a token the server refuses (seconds) holds up no other login.
+        connecting = self._connecting.setdefault(key, asyncio.Lock())
+        try:
+            async with connecting:
+                found = self._sessions.get(key)
+                if found is not None and found.caller.client is not None and not found.caller.client.is_closed:
+                    return found.caller
+                try:
+                    caller = await self._connect(token)
+                except Unauthorized as exc:
+                    if len(self._refused) >= MAX_SESSIONS:
+                        self._refused.clear()
+                    self._refused[key] = (now, str(exc))
+                    raise
+                async with self._lock:
+                    if len(self._sessions) >= MAX_SESSIONS:
+                        await self._close_idle(0.0)
+                    self._sessions[key] = _Session(caller, now)
+                return caller
+        finally:
+            if not connecting.locked():
+                self._connecting.pop(key, None)
 
     async def _connect(self, token: str) -> Caller:
         try:
@@ -136,15 +155,19 @@ class Callers:
             self._refused = {k: v for k, v in self._refused.items() if now - v[0] < REFUSED_FOR_S}
 
     async def _close_idle(self, idle_s: float) -> None:
+        """Drop the sessions idle for ``idle_s``; their connections close in the background, so
+        the table's lock is never held across a close (a dead server makes each take 2 s)."""
         now = time.monotonic()
-        for key, session in list(self._sessions.items()):
-            if now - session.used_at >= idle_s:
-                del self._sessions[key]
-                await _close(session.caller.client)
+        idle = [key for key, session in self._sessions.items() if now - session.used_at >= idle_s]
+        for key in idle:
+            session = self._sessions.pop(key)
+            self._closing.add(closing := asyncio.ensure_future(_close(session.caller.client)))
+            closing.add_done_callback(self._closing.discard)
 
     async def close(self) -> None:
         async with self._lock:
             await self._close_idle(0.0)
+        await asyncio.gather(*self._closing, return_exceptions=True)
 
 
 async def _close(client: NATS | None) -> None:
@@ -160,3 +183,17 @@ def bearer(header: str | None) -> str | None:
     if header and header[:7].lower() == "bearer ":
         return header[7:].strip() or None
     return None
+
+
+def token_signers_beside(creds_path: str | None) -> dict[str, str] | None:
+    """The token signers published beside the api's own credentials (``up`` and the compose
+    volume keep them together), or ``None`` when there are none to read."""
+    if not creds_path:
+        return None
+    path = Path(creds_path).parent / credentials.TOKEN_SIGNERS_FILE
+    if not path.exists():
+        return None
+    try:
+        return credentials.token_signers(path)
+    except credentials.CredsError:
+        return None

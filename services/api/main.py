@@ -20,7 +20,9 @@ from healthplane_api.server import SERVICE, Settings, _Embedded, _listen, _sweep
 def main(args: argparse.Namespace) -> int:
     # Without credentials of its own the API is on an open bus (up --insecure): nothing can
     # say who a caller is, so it serves reads to anyone and takes no commands.
-    callers = auth.Callers(args.nats_url, open_bus=not (args.creds or default_creds()))
+    own_creds = args.creds or default_creds()
+    signers = auth.token_signers_beside(own_creds)
+    callers = auth.Callers(args.nats_url, open_bus=not own_creds, signers=signers)
     try:
         threshold = federation.unreachable_after_s()
     except federation.FederationError as exc:
@@ -49,6 +51,9 @@ def main(args: argparse.Namespace) -> int:
         watching = asyncio.create_task(_watch_members(ctx, threshold)) if settings.federation_hub else None
         port = listening.getsockname()[1]
         ctx.log.info("api listening", url=f"http://{settings.host}:{port}/", insecure=callers.open)
+        if own_creds and signers is None:
+            ctx.log.warning("bearer tokens are checked by nats-server only, at connect (no token-signers.json "
+                            "beside the api's credentials: a key directory `up` or `creds` has not re-signed)")
         await ctx.stopping.wait()
         server.should_exit = True
         await asyncio.gather(serving, folding, sweeping, *([watching] if watching else []), return_exceptions=True)

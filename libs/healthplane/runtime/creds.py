@@ -136,3 +136,19 @@ def inbox_of(claims: dict[str, Any]) -> str | None:
         return None
     return (permissions.inbox(role).replace(permissions.CLUSTER, found.get("cluster", ""))
             .replace(permissions.NODE_ID, found.get("node", "")).replace(permissions.USER, found.get("user", "")))
+
+
+TOKEN_SIGNERS_FILE = "token-signers.json"  # beside the credentials a keystore issues
+
+
+def token_signers(path: str | Path) -> dict[str, str]:
+    """The bearer-token signers a keystore published beside the credentials (public key ->
+    role, ``token-signers.json``): what a token's signature is checked against."""
+    try:
+        loaded = json.loads(Path(path).read_text(encoding="utf-8"))
+        signers = loaded["tokenSigners"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise CredsError(f"cannot read the token signers {path}: {exc}") from exc
+    if not isinstance(signers, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in signers.items()):
+        raise CredsError(f"{path}: tokenSigners must map public keys to roles")
+    return dict(signers)

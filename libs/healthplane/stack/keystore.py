@@ -28,6 +28,7 @@ import hashlib
 import json
 import os
 import re
+import secrets
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -39,10 +40,7 @@ import nkeys
 
 from healthplane.contracts import permissions
 from healthplane.contracts.subjects import SubjectError, encode_token
-from healthplane.runtime.creds import (
-    CredsError,
-    verify_jwt,
-)
+from healthplane.runtime.creds import TOKEN_SIGNERS_FILE, CredsError, verify_jwt
 
 ACCOUNT: Final = "HP"
 
@@ -156,14 +154,19 @@ class Issued:
 
 
 def write_secret(path: Path, text: str) -> None:
-    """Created 0600 before a byte is written, then moved into place whole."""
+    """Created 0600 before a byte is written, then moved into place whole (SEC-12). The staged
+    file is a new one with an unguessable name, opened ``O_EXCL|O_NOFOLLOW``: a symlink or file
+    someone planted beside it (the old fixed ``FILE.new``) is never followed or written."""
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    staged = path.with_name(path.name + ".new")
-    fd = os.open(staged, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as out:
-        out.write(text)
-    os.chmod(staged, 0o600)
-    staged.replace(path)
+    staged = path.with_name(f".{path.name}.{secrets.token_hex(8)}.new")
+    fd = os.open(staged, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            out.write(text)
+        os.replace(staged, path)  # replaces a symlink at ``path`` itself, never its target
+    except BaseException:
+        staged.unlink(missing_ok=True)
+        raise
 
 
 @contextmanager
@@ -282,6 +285,10 @@ class Keystore:
             nats["revocations"] = revoked
         jwt = encode_jwt({"sub": public(account), "name": ACCOUNT, "nats": nats}, operator)
         write_secret(self._path("hp.jwt"), jwt + "\n")
+        # Public keys only: what the api verifies a bearer token's signature with, locally,
+        # before it connects anyone (SEC-12). Beside the credentials every service is given.
+        write_secret(self._path(TOKEN_SIGNERS_FILE), json.dumps({"tokenSigners": self.token_signer_roles()},
+                                                                indent=1) + "\n")
         return jwt
 
     def refresh(self) -> str:
