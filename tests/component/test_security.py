@@ -210,7 +210,7 @@ def test_sec2_a_token_verifies_for_its_role_until_revoked(keystore: Keystore) ->
 def test_sec2_names_that_are_not_one_token_are_refused(keystore: Keystore, tmp_path: Path) -> None:
     with pytest.raises(creds.CredsError):
         keystore.user("a.b", "admin", tmp_path / "x.creds")
-    with pytest.raises(creds.CredsError, match="service"):
+    with pytest.raises(creds.CredsError, match="automation actor"):
         keystore.user("policy", "admin", tmp_path / "x.creds")
     assert not os.path.exists(tmp_path / "x.creds")
 

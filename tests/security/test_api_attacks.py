@@ -77,21 +77,32 @@ def _forged_token(name: str) -> str:
 
 async def test_sec12_a_flood_of_forged_tokens_never_delays_a_real_login(stack: Stack) -> None:
     """The api checks a token's signature itself, before it connects anyone, and no login waits
-    on another's: 300 forged admin tokens at once, and the real admin still gets in within 1 s."""
+    on another's: 10 attackers sending a new forged admin token each request, as fast as the api
+    answers, and the real admin still gets in within 1 s (a token the server had to refuse used
+    to hold one lock over every login for seconds)."""
     import asyncio
     import time
 
-    forged = [_forged_token(f"mallory-{i}") for i in range(300)]
+    refused: list[tuple[int, str]] = []
+    stop = asyncio.Event()
     async with httpx.AsyncClient(base_url=stack.api_url, timeout=30) as client:
-        async def attempt(token: str) -> tuple[int, float, str]:
-            started = time.monotonic()
-            answer = await client.get("/api/v1/summary", headers={"Authorization": f"Bearer {token}"})
-            return answer.status_code, time.monotonic() - started, answer.text
+        async def attacker(index: int) -> None:
+            sent = 0
+            while not stop.is_set():
+                answer = await client.get("/api/v1/summary",
+                                          headers={"Authorization": f"Bearer {_forged_token(f'mallory-{index}-{sent}')}"})
+                refused.append((answer.status_code, answer.text))
+                sent += 1
 
-        flood = [asyncio.create_task(attempt(token)) for token in forged]
-        await asyncio.sleep(0.05)  # the flood in flight
-        status, took, text = await attempt(stack.token("admin"))
-        refused = await asyncio.gather(*flood)
-    assert status == 200 and took < 1.0, (status, took, text)
-    assert {code for code, _, _ in refused} == {401}
-    assert all("not signed by this control plane" in said for _, _, said in refused), refused[0]
+        flood = [asyncio.create_task(attacker(i)) for i in range(10)]
+        await asyncio.sleep(0.5)  # the flood in full swing
+        started = time.monotonic()
+        answer = await client.get("/api/v1/summary", headers={"Authorization": f"Bearer {stack.token('admin')}"})
+        took = time.monotonic() - started
+        await asyncio.sleep(0.2)
+        stop.set()
+        await asyncio.gather(*flood)
+    print(f"\nSEC-12: the admin's login took {took:.3f} s under a flood of {len(refused)} forged tokens")
+    assert answer.status_code == 200 and took < 1.0, (answer.status_code, took, answer.text)
+    assert len(refused) >= 50 and {code for code, _ in refused} == {401}, len(refused)
+    assert all("not signed by this control plane" in said for _, said in refused), refused[0]

@@ -179,8 +179,10 @@ def _extra_publish(role: str) -> tuple[str, ...]:
         # Creates and converges the streams (``healthplane up``), drives the simulator, and
         # replays dead letters to the subject they came from (any record subject but the
         # actor-bound commands: those only as itself).
+        # Never a remediation request (SEC-10): only eviction asks a node to reset a GPU or reboot.
         replayable = tuple(c.subject for c in streams.CHANNELS
-                           if "{actor}" not in c.address and c.record is not None)
+                           if "{actor}" not in c.address and c.record is not None
+                           and not c.address.startswith("hp.remediate."))
         # It may also repair the nodes bucket by hand (purge a stale node's key), and move a
         # stream's leadership off a member before its host goes down (HA-2).
         return (*common, "$JS.API.STREAM.CREATE.*", "$JS.API.STREAM.UPDATE.*", "$JS.API.STREAM.LEADER.STEPDOWN.*",
@@ -222,6 +224,14 @@ def deliver_subject(cluster: str) -> str:
     """Where a federation member's consumer for the hub delivers: the hub's aggregate of that
     member listens here, and only that member may publish here."""
     return f"hp.fed.deliver.{cluster}"
+
+
+def reserved_names() -> frozenset[str]:
+    """Names no person may be given (SEC-10): every automation actor's — the services and the
+    other non-person roles, and the actors commands are bound to (the Slurm adapter's
+    ``slurm``) — so that a hold or a command never passes a person for automation."""
+    bound = {binding["actor"] for binding in streams.COMMAND_BINDINGS.values() if "actor" in binding}
+    return frozenset({*(r for r in ROLES if r not in USER_ROLES), *bound})
 
 
 def of(role: str) -> Permissions:

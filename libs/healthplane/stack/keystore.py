@@ -127,6 +127,13 @@ def _check_name(kind: str, value: str) -> str:
 
 
 
+def _check_person(name: str) -> None:
+    """A person is never named like automation: the actor token of a command would pass for it."""
+    if name in permissions.reserved_names():
+        raise CredsError(f"user name {name!r} is an automation actor's (reserved: "
+                         f"{', '.join(sorted(permissions.reserved_names()))}); choose another")
+
+
 def _token(kind: str, value: str) -> str:
     try:
         return encode_token(value)
@@ -367,8 +374,7 @@ class Keystore:
     def user(self, name: str, role: str, out: Path) -> Path:
         if role not in permissions.USER_ROLES:
             raise CredsError(f"role {role!r}: one of {', '.join(permissions.USER_ROLES)}")
-        if name in permissions.SERVICE_ROLES:  # the actor token of a command would pass for the service's
-            raise CredsError(f"user name {name!r} is a service's; choose another")
+        _check_person(name)
         self._issue(role, _check_name("user name", name), {"user": name}, None, out)
         return out
 
@@ -386,8 +392,7 @@ class Keystore:
         if role not in permissions.USER_ROLES:
             raise CredsError(f"role {role!r}: one of {', '.join(permissions.USER_ROLES)}")
         _check_name("user name", name)
-        if name in permissions.SERVICE_ROLES:
-            raise CredsError(f"user name {name!r} is a service's; choose another")
+        _check_person(name)
         moment = int(time.time())
         user = new_pair(nkeys.PREFIX_BYTE_USER)
         claims: dict[str, Any] = {"sub": public(user), "name": name, "exp": moment + lifetime_s, "nats": {
