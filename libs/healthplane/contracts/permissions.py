@@ -57,14 +57,27 @@ class Permissions:
     subscribe: tuple[str, ...]
 
     responds: bool = False  # may answer a request it received (one reply, nothing else)
+    # SEC-11: per-connection bounds the server enforces (-1: none beyond the server's own).
+    payload: int = -1  # bytes in one message
+    subs: int = -1  # subscriptions at once
 
     def template(self) -> dict[str, object]:
         """The ``template`` of a scoped signing key (nats-io/jwt ``UserPermissionLimits``)."""
         out: dict[str, object] = {"pub": {"allow": list(self.publish)}, "sub": {"allow": list(self.subscribe)},
-                                  "subs": -1, "data": -1, "payload": -1}
+                                  "subs": self.subs, "data": -1, "payload": self.payload}
         if self.responds:
             out["resp"] = {"max": 1, "ttl": 0}
         return out
+
+
+# A node's largest message is its health or resource report: 4.3 KiB for an 8-GPU node with
+# every signal (tests/bench/test_health_ingest.py's template), 1.5 KiB for the simulator's with
+# eight faults at once. 256 KiB is sixty times the largest seen, room for a node with hundreds
+# of disks and a kernel log storm, and a thirty-second of the server's 8 MiB: a compromised
+# node cannot make every fold decode 8 MB reports (SEC-11). Its subscriptions: its inbox and its
+# remediation subject, and a few for requests in flight.
+NODE_PAYLOAD_LIMIT: Final = 256 * 1024
+NODE_SUBSCRIPTION_LIMIT: Final = 16
 
 
 def inbox(role: str) -> str:
@@ -246,4 +259,7 @@ def of(role: str) -> Permissions:
         publish += stream_reads(stream)
     subscribe = [own_inbox, *_extra_subscribe(role)]
     # The simulator answers `sim inject` requests on the asker's inbox.
+    if role == NODE:
+        return Permissions(tuple(dict.fromkeys(publish)), tuple(dict.fromkeys(subscribe)),
+                           payload=NODE_PAYLOAD_LIMIT, subs=NODE_SUBSCRIPTION_LIMIT)
     return Permissions(tuple(dict.fromkeys(publish)), tuple(dict.fromkeys(subscribe)), responds=role == SIM)
