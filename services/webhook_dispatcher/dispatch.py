@@ -17,6 +17,7 @@ series ``metrics``. A record that is not a node event is set aside as a dead let
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 import time
 from collections.abc import Callable
@@ -59,6 +60,7 @@ from healthplane_webhook_dispatcher.rules import (
     plan_reload,
     retry_after_seconds,
     scrub,
+    secret_reader,
 )
 from healthplane_webhook_dispatcher.send import EndpointSender
 
@@ -222,6 +224,8 @@ class Dispatcher:
         self._config_sub: Any = None
         self._set_aside = SetAside(ctx.nc, Publisher(ctx.nc), SERVICE, f"{SERVICE}.0", ctx.log)
         self._processed = metrics.MESSAGES_PROCESSED.labels(SERVICE, STREAM)
+        # SEC-9: secrets come from this host (a small local file, read at each config change).
+        self._secret_of = secret_reader(_read_head, os.environ)
         self.loop = PullLoop(ctx.nc, STREAM, CONSUMER, self.handle, service=SERVICE, batch=512,
                              log=ctx.log, recreate=self.ensure_consumer)
 
@@ -267,7 +271,10 @@ class Dispatcher:
             self._log.warning("config does not validate; webhook endpoints unchanged",
                               version=applied.version, reason=_scrub_config_error(str(exc), applied))
             return
-        wanted = endpoints_from_config(config)
+        wanted, left_out = endpoints_from_config(config, self._secret_of)
+        for label, why in left_out:  # SEC-9: names the reference, never a secret
+            self._log.error("webhook endpoint left out: its secret cannot be read", endpoint=label, reason=why,
+                            version=applied.version)
         current = {key: worker.endpoint for key, worker in self.workers.items()}
         plan = plan_reload(current, wanted)
         for key in plan.removed:
@@ -356,3 +363,8 @@ def _scrub_config_error(message: str, applied: wire.ConfigEnvelope) -> str:
             if isinstance(value, str) and value:
                 message = message.replace(value, "***")
     return message
+
+
+def _read_head(path: str, limit: int) -> bytes:
+    with open(path, "rb") as found:
+        return found.read(limit)

@@ -17,7 +17,7 @@ import ipaddress
 import math
 import re
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final, Generic, Literal, TypeVar
 from urllib.parse import urlsplit, urlunsplit
@@ -27,7 +27,7 @@ from cloudevents.core.formats.json import JSONFormat
 from cloudevents.core.v1.event import CloudEvent
 
 from healthplane.contracts import streams, subjects, wire
-from healthplane.contracts.config import ClusterConfig
+from healthplane.contracts.config import ClusterConfig, Webhook
 from healthplane.runtime.settings import EnvSettings
 
 SERVICE: Final = "webhook-dispatcher"
@@ -147,10 +147,23 @@ def proxy_for(url: str, environ: Mapping[str, str]) -> str | None:
     return proxy if "://" in proxy else f"http://{proxy}"
 
 
-def endpoints_from_config(config: ClusterConfig) -> list[Endpoint]:
-    """The endpoints in config order. The same URL twice stays two endpoints (``#2``), and
-    two URLs that differ only where credentials live get distinct labels the same way."""
+@dataclass(frozen=True, slots=True)
+class Unresolved:
+    """Why a webhook's secret reference gave no secret (names the reference, never a secret)."""
+
+    why: str
+
+
+SecretOf = Callable[[Webhook], "str | Unresolved"]
+
+
+def endpoints_from_config(config: ClusterConfig, secret_of: SecretOf) -> tuple[list[Endpoint], list[tuple[str, str]]]:
+    """The endpoints in config order, each with the secret ``secret_of`` resolves from its
+    reference (SEC-9), and ``(label, why)`` for each left out because its secret could not be
+    read. The same URL twice stays two endpoints (``#2``), and two URLs that differ only where
+    credentials live get distinct labels the same way."""
     out: list[Endpoint] = []
+    left_out: list[tuple[str, str]] = []
     keys: set[str] = set()
     labels: set[str] = set()
     for hook in config.node_event_webhooks:
@@ -167,10 +180,14 @@ def endpoints_from_config(config: ClusterConfig) -> list[Endpoint]:
             label = f"{base_label}#{n}"
         keys.add(key)
         labels.add(label)
-        out.append(Endpoint(key=key, label=label, url=url, secret=hook.secret,
+        secret = secret_of(hook)
+        if isinstance(secret, Unresolved):
+            left_out.append((label, secret.why))
+            continue
+        out.append(Endpoint(key=key, label=label, url=url, secret=secret,
                             events=frozenset(hook.events) if hook.events is not None else None,
                             max_attempts=hook.max_attempts))
-    return out
+    return out, left_out
 
 
 @dataclass(frozen=True, slots=True)
@@ -332,3 +349,31 @@ def scrub(text: str, endpoint: Endpoint) -> str:
     for secret in sorted(secrets, key=len, reverse=True):
         text = text.replace(secret, "***")
     return re.sub(r"://[^/@\s]*@", "://***@", text)
+
+
+MAX_SECRET_BYTES: Final = 4096
+
+
+def secret_reader(read_file: Callable[[str, int], bytes], environ: Mapping[str, str]) -> SecretOf:
+    """SEC-9: the dispatcher's own resolver of a webhook's secret reference — a file on its
+    host (at most ``MAX_SECRET_BYTES``, surrounding whitespace dropped) or one of its
+    environment variables. ``read_file`` is the I/O, given by ``dispatch``."""
+
+    def secret_of(hook: Webhook) -> str | Unresolved:
+        if hook.secret_env is not None:
+            value = environ.get(hook.secret_env, "").strip()
+            return value or Unresolved(f"environment variable {hook.secret_env} is not set or empty")
+        path = hook.secret_file or ""
+        try:
+            data = read_file(path, MAX_SECRET_BYTES + 1)
+        except OSError as exc:
+            return Unresolved(f"cannot read secretFile {path}: {exc.strerror or type(exc).__name__}")
+        if len(data) > MAX_SECRET_BYTES:
+            return Unresolved(f"secretFile {path} is over {MAX_SECRET_BYTES} bytes")
+        try:
+            value = data.decode("utf-8").strip()
+        except UnicodeDecodeError:
+            return Unresolved(f"secretFile {path} is not UTF-8 text")
+        return value or Unresolved(f"secretFile {path} is empty")
+
+    return secret_of

@@ -22,7 +22,7 @@ def _cli(server: NatsServer, *args: str) -> subprocess.CompletedProcess[str]:
 def test_apply_versions_and_show_masks_secrets(nats_server: NatsServer, js, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     config = tmp_path / "cluster.yaml"
     config.write_text("cluster: prod\nnodeHealth:\n  mode: cordon\nnodeEventWebhooks:\n"
-                      "  - url: https://hooks.example.com/hp\n    secret: s3cr3t-value\n")
+                      "  - url: https://hooks.example.com/hp\n    secretEnv: HP_HOOK_SECRET\n")
     first = _cli(nats_server, "config", "apply", "-f", str(config))
     assert first.returncode == 0, first.stderr
     assert "config version 1 applied" in first.stdout
@@ -32,7 +32,22 @@ def test_apply_versions_and_show_masks_secrets(nats_server: NatsServer, js, tmp_
     document = json.loads(shown.stdout)
     assert document["version"] == 2 and document["config"]["nodeHealth"]["mode"] == "cordon"
     assert document["config"]["nodeHealth"]["cordonBelow"] == 60  # defaults filled in
-    assert "s3cr3t-value" not in shown.stdout and "s3cr3t-value" not in _cli(nats_server, "config", "show").stdout
+    assert document["config"]["nodeEventWebhooks"][0]["secretEnv"] == "HP_HOOK_SECRET"
+
+
+def test_sec9_a_secret_in_clear_is_refused_before_it_reaches_the_bus(nats_server: NatsServer, js,  # type: ignore[no-untyped-def]
+                                                                     tmp_path: Path) -> None:
+    """SEC-9: HP_CONFIG is read by every viewer, the api and every service; a webhook secret
+    written into the config would be theirs. ``config apply`` refuses it in one line naming
+    the fix, and nothing is appended."""
+    config = tmp_path / "cluster.yaml"
+    config.write_text("nodeEventWebhooks:\n  - url: https://hooks.example.com/hp\n    secret: s3cr3t-value\n")
+    done = _cli(nats_server, "config", "apply", "-f", str(config))
+    assert done.returncode != 0 and "Traceback" not in done.stderr
+    assert "secret" in done.stderr and "secretFile" in done.stderr and "SEC-9" in done.stderr, done.stderr
+    assert "s3cr3t-value" not in done.stderr
+    shown = _cli(nats_server, "config", "show")
+    assert shown.returncode != 0 and "no valid config" in (shown.stderr + shown.stdout), shown
 
 
 def test_bad_config_is_refused_before_it_is_applied(nats_server: NatsServer, js, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]

@@ -15,6 +15,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -94,8 +95,22 @@ async def publish(js: JetStreamContext, *events: wire.NodeEvent) -> None:
         await js.publish(subjects.event(event.cluster, event.node_id, event.type), wire.encode(event))
 
 
+SECRETS_DIR = Path(tempfile.mkdtemp(prefix="hp-webhook-secrets-"))
+
+
+def referenced(hook: dict[str, Any]) -> dict[str, Any]:
+    """A hook as an operator writes it (SEC-9): its secret in a file on the dispatcher's host
+    (this one), the config naming the file."""
+    if "secret" not in hook:
+        return hook
+    secret = hook["secret"]
+    path = SECRETS_DIR / hashlib.sha256(secret.encode()).hexdigest()[:16]
+    path.write_text(secret + "\n")
+    return {**{k: v for k, v in hook.items() if k != "secret"}, "secretFile": str(path)}
+
+
 async def apply_hooks(js: JetStreamContext, *hooks: dict[str, Any]) -> int:
-    config = parse_cluster_config({"nodeEventWebhooks": list(hooks)})
+    config = parse_cluster_config({"nodeEventWebhooks": [referenced(h) for h in hooks]})
     return await configstore.apply(js, config, actor="test")
 
 

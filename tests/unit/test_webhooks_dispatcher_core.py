@@ -32,6 +32,7 @@ from healthplane_webhook_dispatcher.rules import (
     proxy_for,
     retry_after_seconds,
     scrub,
+    secret_reader,
 )
 
 ACTED = wire.NodeEvent(id="0f7c5e4a-3b21-4d8e-9c17-2a6b8e5d1f40", node_id="10.0.0.42/9100", cluster="default",
@@ -41,7 +42,13 @@ ACTED = wire.NodeEvent(id="0f7c5e4a-3b21-4d8e-9c17-2a6b8e5d1f40", node_id="10.0.
 
 
 def _endpoints(*hooks: dict[str, object]) -> list[Endpoint]:
-    return endpoints_from_config(parse_cluster_config({"nodeEventWebhooks": list(hooks)}))
+    environ = {f"HOOK_SECRET_{i}": h["secret"] for i, h in enumerate(hooks) if "secret" in h}
+    referenced = [{**{k: v for k, v in h.items() if k != "secret"}, "secretEnv": f"HOOK_SECRET_{i}"}
+                  for i, h in enumerate(hooks)]
+    found, left_out = endpoints_from_config(parse_cluster_config({"nodeEventWebhooks": referenced}),
+                                            secret_reader(lambda path, limit: b"", environ))
+    assert left_out == []
+    return found
 
 
 # ---------------------------------------------------------------------------- WEB-1 filter

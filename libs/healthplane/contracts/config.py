@@ -371,10 +371,29 @@ class Remediation(_Camel):
 
 
 class Webhook(_Camel):
+    """One endpoint. Its HMAC secret is a reference the webhook dispatcher resolves on its own
+    host (SEC-9): ``secretFile`` (a path) or ``secretEnv`` (a variable), never the secret
+    itself — the config is a record on the bus that every viewer, the api and every service
+    read, and whoever holds the secret signs CloudEvents as this control plane."""
+
     url: AnyHttpUrl
-    secret: str = Field(min_length=1, repr=False)
+    secret: str | None = Field(None, repr=False)  # refused: see _referenced
+    secret_file: Annotated[str, Field(min_length=1, max_length=4096)] | None = None
+    secret_env: Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", max_length=256)] | None = None
     events: list[wire.EventType] | None = None
     max_attempts: Annotated[int, Field(ge=1, le=100)] = 5
+
+    @model_validator(mode="after")
+    def _referenced(self) -> Webhook:
+        if self.secret is not None:
+            raise ValueError("secret: a webhook secret in the config is readable by every viewer (SEC-9); "
+                             "name a file (secretFile) or an environment variable (secretEnv) the webhook "
+                             "dispatcher reads")
+        if (self.secret_file is None) == (self.secret_env is None):
+            raise ValueError("name the secret with exactly one of secretFile or secretEnv")
+        if self.secret_file is not None and not self.secret_file.startswith("/"):
+            raise ValueError("secretFile must be an absolute path on the webhook dispatcher's host")
+        return self
 
 
 class Substrate(_Camel):
