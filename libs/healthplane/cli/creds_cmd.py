@@ -55,6 +55,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     token.add_argument("name", metavar="NAME")
     token.add_argument("--role", required=True, **one_of(permissions.USER_ROLES))
     keys_flags(token)
+    rotate = actions.add_parser("rotate", help="a fresh key in every credentials file of NAME; the old keys revoked")
+    rotate.add_argument("name", metavar="NAME")
+    rotate.add_argument("--cluster", help="a node's cluster (the same node id may be in several)")
+    rotate.add_argument("--nats-url", help="the running server (default: DATA_DIR/stack.json's)")
+    keys_flags(rotate)
     revoke = actions.add_parser("revoke", help="revoke every credential issued to NAME")
     revoke.add_argument("name", metavar="NAME")
     revoke.add_argument("--cluster", help="only the node NAME of this cluster")
@@ -106,6 +111,11 @@ def _run(args: argparse.Namespace) -> int:
             print(store.token(args.name, args.role))
         case "revoke":
             return _revoke(args, store)
+        case "rotate":
+            fresh, _account = store.rotate(args.name, args.cluster)
+            for issued in fresh:
+                print(f"rotated {issued.path} ({issued.role} {issued.name}); the old key is revoked")
+            return _tell_server(args, store, "rotated")
         case "list":
             _list(args, store)
         case "server-config":
@@ -120,6 +130,11 @@ def _run(args: argparse.Namespace) -> int:
 def _revoke(args: argparse.Namespace, store: Keystore) -> int:
     revoked, _account = store.revoke(args.name, args.cluster)
     print(f"revoked {len(revoked)} credential(s) of {args.name}")
+    return _tell_server(args, store, "revoked")
+
+
+def _tell_server(args: argparse.Namespace, store: Keystore, done: str) -> int:
+    """The new account JWT to the running server, so that it refuses the revoked keys now."""
     url = args.nats_url or _stack_url(args)
     if url is None:
         print("no running server known (no --nats-url, no stack.json): the revocation applies when the "
@@ -128,9 +143,9 @@ def _revoke(args: argparse.Namespace, store: Keystore) -> int:
     try:
         asyncio.run(keystore.push_account(url, store))
     except (ConnectionError, TimeoutError, CredsError, NatsError) as exc:  # NatsError: no responders, …
-        raise CommandFailed(f"revoked in {store.directory}, but the server at {url} was not told "
-                            f"({exc or type(exc).__name__}); run revoke again", EXIT_RETRY) from exc
-    print(f"the server at {url} refuses them now")
+        raise CommandFailed(f"{done} in {store.directory}, but the server at {url} was not told "
+                            f"({exc or type(exc).__name__}); run {args.creds_command} again", EXIT_RETRY) from exc
+    print(f"the server at {url} refuses the old keys now")
     return 0
 
 

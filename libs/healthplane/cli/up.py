@@ -31,12 +31,13 @@ from healthplane.cli import registry
 from healthplane.client import federation
 from healthplane.contracts.config import ClusterConfig, ConfigError, load_cluster_config
 from healthplane.runtime import configstore, converge
+from healthplane.runtime import creds as credentials
 from healthplane.runtime import tls as client_tls
 from healthplane.runtime.connect import connect
 from healthplane.runtime.creds import CredsError
 from healthplane.runtime.lease import INSTANCE_ENV
 from healthplane.stack import tls
-from healthplane.stack.keystore import Keystore, write_secret
+from healthplane.stack.keystore import RENEW_WITHIN_S, Keystore, write_secret
 from healthplane.stack.natsserver import (
     Federation,
     NatsCluster,
@@ -260,7 +261,13 @@ def _identities(data_dir: Path, cluster: str) -> Identities:
     directory = keystore.directory
 
     def kept(path: Path, issue: Callable[[Path], object]) -> Path:
-        if not path.exists():
+        """Issued once and kept across starts, and issued again when it would end within two
+        weeks, never ends (an older build's), or cannot be read (SEC-12: every identity ends)."""
+        try:
+            expiry = credentials.expires_at(path) if path.exists() else 0
+        except CredsError:
+            expiry = 0
+        if expiry is None or expiry < time.time() + RENEW_WITHIN_S:
             issue(path)
         return path.resolve()
 

@@ -109,6 +109,12 @@ def identity_of(path: str | Path) -> tuple[str, str]:
 
 
 
+def expires_at(path: str | Path) -> int | None:
+    """When a ``.creds`` file's identity ends (unix seconds), ``None`` if never (SEC-12)."""
+    expiry = decode_jwt(read_creds_jwt(path)).get("exp")
+    return expiry if isinstance(expiry, int) else None
+
+
 def node_of(path: str | Path) -> tuple[str, str] | None:
     """``(cluster, node id)`` a collector's credentials speak for; ``None`` for any other identity."""
     found = tags(decode_jwt(read_creds_jwt(path)))

@@ -48,10 +48,17 @@ ACCOUNT: Final = "HP"
 SYSTEM_ACCOUNT: Final = "SYS"
 
 
-NODE_LIFETIME_S: Final = 365 * 24 * 3600  # a node JWT expires; revocations of expired ones are dropped
+DAY_S: Final = 24 * 3600
+NODE_LIFETIME_S: Final = 365 * DAY_S  # a node JWT expires; revocations of expired ones are dropped
+# SEC-12: every identity ends. A person's credentials and tokens: a quarter; what runs
+# unattended (services, the simulator, a federation member's link): a year, like a node's.
+# `up` issues again what would end within RENEW_WITHIN_S; `creds rotate` does it by hand.
+PERSON_LIFETIME_S: Final = 90 * DAY_S
+MACHINE_LIFETIME_S: Final = 365 * DAY_S
+RENEW_WITHIN_S: Final = 14 * DAY_S
 
 
-TOKEN_LIFETIME_S: Final = 90 * 24 * 3600
+TOKEN_LIFETIME_S: Final = 90 * 24 * 3600  # = PERSON_LIFETIME_S
 
 
 _HEADER: Final = {"typ": "JWT", "alg": "ed25519-nkey"}
@@ -362,26 +369,27 @@ class Keystore:
     def sim(self, cluster: str, out: Path) -> Path:
         """The simulated fleet's: every node of ``cluster``, and nothing else."""
         cluster_token = _token("cluster", cluster)
-        self._issue(permissions.SIM, "sim", {"cluster": cluster_token}, None, out, cluster)
+        self._issue(permissions.SIM, "sim", {"cluster": cluster_token}, MACHINE_LIFETIME_S, out, cluster)
         return out
 
     def member(self, cluster: str, out: Path) -> Path:
         """A federation member's leaf link to this hub (FED): it may carry only what the hub
         sources from ``cluster`` and the commands forwarded to it."""
-        self._issue(permissions.MEMBER, "member", {"cluster": _token("cluster", cluster)}, None, out, cluster)
+        self._issue(permissions.MEMBER, "member", {"cluster": _token("cluster", cluster)}, MACHINE_LIFETIME_S, out,
+                    cluster)
         return out
 
     def user(self, name: str, role: str, out: Path) -> Path:
         if role not in permissions.USER_ROLES:
             raise CredsError(f"role {role!r}: one of {', '.join(permissions.USER_ROLES)}")
         _check_person(name)
-        self._issue(role, _check_name("user name", name), {"user": name}, None, out)
+        self._issue(role, _check_name("user name", name), {"user": name}, PERSON_LIFETIME_S, out)
         return out
 
     def service(self, name: str, out: Path) -> Path:
         if name not in permissions.SERVICE_ROLES:
             raise CredsError(f"service {name!r}: one of {', '.join(permissions.SERVICE_ROLES)}")
-        self._issue(name, name, {}, None, out)
+        self._issue(name, name, {}, MACHINE_LIFETIME_S, out)
         return out
 
     def token(self, name: str, role: str, lifetime_s: int = TOKEN_LIFETIME_S) -> str:
@@ -420,6 +428,47 @@ class Keystore:
                 out.append(Issued(raw["name"], raw["role"], raw["publicKey"], raw["issuedAt"], raw.get("expiresAt"),
                                   raw.get("path"), raw.get("cluster")))
         return out
+
+    def rotate(self, name: str, cluster: str | None = None, now: float | None = None) -> tuple[list[Issued], str]:
+        """SEC-12: a fresh key for every credentials file issued to ``name`` (in ``cluster``) that
+        is neither revoked nor expired, written over the same file with its role's lifetime, and
+        the old keys revoked: the new ones and the new account JWT (push it: :func:`push_account`).
+        The server then drops a connection made with an old key; a service exits on that, and
+        its supervisor (systemd, ``up``) starts it again on the rotated file."""
+        moment = int(time.time() if now is None else now)
+        revoked = self.revocations()
+        latest: dict[str, Issued] = {}  # by file: only its last issue is in it
+        for issued in self.issued():
+            if issued.path is not None:
+                latest[issued.path] = issued
+        current = [i for i in latest.values() if i.name == name and (cluster is None or i.cluster == cluster)
+                   and not (i.public_key in revoked and i.issued_at <= revoked[i.public_key])
+                   and not (i.expires_at is not None and i.expires_at < moment)]
+        if not current:
+            where = f" in cluster {cluster!r}" if cluster else ""
+            raise CredsError(f"no credentials file issued to {name!r}{where} to rotate (tokens are issued again "
+                             "with `healthplane creds token`; see `healthplane creds list`)")
+        for old in current:
+            self._reissue(old, Path(old.path or ""))
+        fresh = [latest_issue for latest_issue in self.issued()[-len(current):]]
+        with _locked(self.directory):
+            revocations = self.revocations()
+            for old in current:
+                revocations[old.public_key] = moment
+            write_secret(self._path("revocations.json"), json.dumps(revocations, indent=1) + "\n")
+            return fresh, self._sign_account(revocations)
+
+    def _reissue(self, old: Issued, out: Path) -> None:
+        if old.role == permissions.NODE:
+            self.node(old.name, old.cluster or "default", out)
+        elif old.role == permissions.SIM:
+            self.sim(old.cluster or "default", out)
+        elif old.role == permissions.MEMBER:
+            self.member(old.cluster or "default", out)
+        elif old.role in permissions.USER_ROLES:
+            self.user(old.name, old.role, out)
+        else:
+            self.service(old.name, out)
 
     def revoke(self, name: str, cluster: str | None = None, now: float | None = None) -> tuple[list[Issued], str]:
         """Revoke every credential issued under ``name`` (in ``cluster``, for a node): the
