@@ -37,6 +37,11 @@ screenshots:
     sh tools/ensure-chromium
     python -m tests.support.screenshots docs/img
 
+# Regenerate the pages drawn from the code (tests fail when they are stale)
+docs:
+    python -m tests.support.house docs/architecture.md
+    python -m tests.support.permission_table docs/permissions.md
+
 # Regenerate proto/ (JSON Schema + AsyncAPI) from the wire Structs
 proto:
     python -m healthplane.contracts.proto proto
