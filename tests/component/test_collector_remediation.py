@@ -299,7 +299,8 @@ async def test_rem2_sec1_only_the_node_reads_its_subject_and_only_eviction_write
         await node_a.subscribe(mine, cb=on_request)
         await node_a.flush(timeout=5)
         await send(sender, request("s3"))
-        assert wire.decode(wire.RemediationRequest, await asyncio.wait_for(heard.get(), 5)).id == "s3"
+        # A bound for a loaded machine (4 workers, 2 cores), not a speed: the request arrives or never does.
+        assert wire.decode(wire.RemediationRequest, await asyncio.wait_for(heard.get(), 30)).id == "s3"
         # No node may publish a request: not to itself, not to another.
         for nc, subject in ((node_a, mine), (node_a, theirs), (node_b, mine), (node_b, theirs)):
             assert await _publish_refused(nc, subject), f"a node published {subject}"
