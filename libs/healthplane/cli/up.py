@@ -255,16 +255,22 @@ class Identities:
     by_child: dict[str, Path]
 
 
+def _token_expiry(path: Path) -> int | None:
+    expiry = credentials.decode_jwt(path.read_text(encoding="utf-8").strip()).get("exp")
+    return expiry if isinstance(expiry, int) else None
+
+
 def _identities(data_dir: Path, cluster: str) -> Identities:
     """Keys made once (``creds init``); credentials issued once and kept across starts."""
     keystore = Keystore.init(data_dir / "creds")
     directory = keystore.directory
 
-    def kept(path: Path, issue: Callable[[Path], object]) -> Path:
+    def kept(path: Path, issue: Callable[[Path], object],
+             expires_at: Callable[[Path], int | None] = credentials.expires_at) -> Path:
         """Issued once and kept across starts, and issued again when it would end within two
         weeks, never ends (an older build's), or cannot be read (SEC-12: every identity ends)."""
         try:
-            expiry = credentials.expires_at(path) if path.exists() else 0
+            expiry = expires_at(path) if path.exists() else 0
         except CredsError:
             expiry = 0
         if expiry is None or expiry < time.time() + RENEW_WITHIN_S:
@@ -288,7 +294,7 @@ def _identities(data_dir: Path, cluster: str) -> Identities:
                 keystore.verify_token(path.read_text(encoding="utf-8").strip())
             except CredsError:  # expired, revoked or of an older format: a new one
                 path.unlink()
-        tokens[role] = kept(path, partial(token_file, role))
+        tokens[role] = kept(path, partial(token_file, role), expires_at=_token_expiry)
     return Identities(keystore, admin, viewer, tokens["admin"], tokens["viewer"], by_child)
 
 
