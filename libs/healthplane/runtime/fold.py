@@ -31,7 +31,7 @@ class IdentityMismatch(Reject):
     """SEC-7: a record whose payload names another cluster or node than its subject. The
     subject is the identity (nats-server lets each node publish on its own only): such a
     record is a forgery or a bug, dead-lettered like any reject and counted apart
-    (``healthplane_identity_mismatch_total{stream}``), never folded."""
+    (``healthplane_identity_mismatch_total{service,stream}``), never folded."""
 
 
 @dataclass(frozen=True, slots=True)
