@@ -89,7 +89,12 @@ class Fleet:
         return {node: int(ids[-1].rpartition(":")[2]) for node, ids in self.acked.items()}
 
     def longest_gap_after(self, moment: float) -> float:
+        """The longest time without an acknowledged publish since ``moment``; while none has
+        come since, the time until now (the views can resume before the publishers hear an
+        ack: reports stored just before a leader's kill are folded while their acks were lost)."""
         times = [moment, *[t for t in self.ack_times if t >= moment]]
+        if len(times) == 1:
+            times.append(time.monotonic())
         return max(b - a for a, b in pairwise(times))
 
 
