@@ -187,7 +187,8 @@ def bearer(header: str | None) -> str | None:
 
 def token_signers_beside(creds_path: str | None) -> dict[str, str] | None:
     """The token signers published beside the api's own credentials (``up`` and the compose
-    volume keep them together), or ``None`` when there are none to read."""
+    volume keep them together), or ``None`` when there are none to read (missing or damaged:
+    the server alone then checks tokens, and the api says so at start)."""
     if not creds_path:
         return None
     path = Path(creds_path).parent / credentials.TOKEN_SIGNERS_FILE

@@ -52,8 +52,9 @@ def main(args: argparse.Namespace) -> int:
         port = listening.getsockname()[1]
         ctx.log.info("api listening", url=f"http://{settings.host}:{port}/", insecure=callers.open)
         if own_creds and signers is None:
-            ctx.log.warning("bearer tokens are checked by nats-server only, at connect (no token-signers.json "
-                            "beside the api's credentials: a key directory `up` or `creds` has not re-signed)")
+            ctx.log.warning("bearer tokens are checked by nats-server only, at connect (no readable "
+                            "token-signers.json beside the api's credentials: a key directory `up` or `creds` "
+                            "has not re-signed, or the file is damaged)")
         await ctx.stopping.wait()
         server.should_exit = True
         await asyncio.gather(serving, folding, sweeping, *([watching] if watching else []), return_exceptions=True)

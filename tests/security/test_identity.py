@@ -105,3 +105,29 @@ async def test_sec7_a_node_cannot_report_for_another_node(nats_server: NatsServe
         for process in processes:
             process.send_signal(signal.SIGTERM)
             process.wait(30)
+
+
+async def test_sec7_a_node_whose_id_needs_escaping_is_still_its_own(nats_server: NatsServer, js: JetStreamContext,
+                                                                    keystore: Keystore, tmp_path: Path) -> None:
+    """The references' id form (``10.0.0.42/9100``) travels escaped in its subject token; the
+    identity check compares encoded tokens, so the node's own report is folded, not refused."""
+    node_id = "10.0.0.42/9100"
+    port = free_port()
+    ingest = _start(nats_server, "health-ingest", port, tmp_path / "health-ingest.log")
+    creds = keystore.node(node_id, CLUSTER, tmp_path / "escaped.creds")
+    node = await connect(nats_server.url, name="escaped", creds=str(creds), give_up_after=5)
+    try:
+        await node.jetstream().publish(subjects.report(CLUSTER, node_id), await _report(SimNode(node_id)), timeout=5)
+        async with asyncio.timeout(60):
+            while True:
+                try:
+                    found = await js.get_last_msg("HP_ASSESSMENTS", subjects.assessment(CLUSTER, node_id))
+                    break
+                except NotFoundError:
+                    await asyncio.sleep(0.1)
+        assert wire.decode(wire.Assessment, found.data).node_id == node_id
+        assert _mismatches(port, "health-ingest", "HP_REPORTS") == 0.0
+    finally:
+        await node.close()
+        ingest.send_signal(signal.SIGTERM)
+        ingest.wait(30)

@@ -450,7 +450,7 @@ class Keystore:
                              "with `healthplane creds token`; see `healthplane creds list`)")
         for old in current:
             self._reissue(old, Path(old.path or ""))
-        fresh = [latest_issue for latest_issue in self.issued()[-len(current):]]
+        fresh = self.issued()[-len(current):]  # each re-issue appended its own line
         with _locked(self.directory):
             revocations = self.revocations()
             for old in current:
