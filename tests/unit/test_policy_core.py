@@ -327,10 +327,11 @@ def test_pol6_rel1_breaker_bound_holds_automation_never_uncordons_and_replay_is_
              *fleet(len(NODES), provisioned=True)]
     first = Driver(*setup, *records)
     cordons = [c for c in first.commands() if c.verb in ("cordon", "drain")]
-    # Never more automated cordons inside any window than the bound (never reset here).
-    times = sorted(c.issued_at for c in cordons)
-    for i, start in enumerate(times):
-        inside = [t for t in times[i:] if (t - start).total_seconds() < 600]
+    # Never more nodes cordoned by automation inside any window than the bound (never reset
+    # here). Nodes, not commands: a node the policy drains again (it recovered and fell back
+    # within the window) is out of service once (found by hypothesis: two drains of n0).
+    for start in sorted(c.issued_at for c in cordons):
+        inside = {c.node_id for c in cordons if 0 <= (c.issued_at - start).total_seconds() < 600}
         assert len(inside) <= max_nodes
     assert all(c.verb != "uncordon" and c.actor == "policy" and not c.active for c in first.commands())
     if mode == "observe":
