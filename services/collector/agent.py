@@ -27,7 +27,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Final, Literal, Protocol
+from typing import Any, Final, Literal, Protocol, TypeVar
 
 import msgspec
 
@@ -97,11 +97,14 @@ async def bounded(name: str, read: Callable[[], Awaitable[Any]], timeout_s: floa
 
 
 def build_report(settings: Settings, hostname: str, signals: Mapping[str, Any], trigger: wire.ReportTrigger,
-                 sent_at: datetime, boot_id: str | None) -> wire.HealthReport:
+                 sent_at: datetime, boot_id: str | None, cut: dict[str, int] | None = None) -> wire.HealthReport:
+    """The health report, its lists and texts cut to the wire's bounds (``within_bounds``;
+    what was cut is added to ``cut``)."""
+    cut = {} if cut is None else cut
     return wire.HealthReport(
         node_id=settings.node_id, cluster=settings.cluster, hostname=hostname, sent_at=sent_at,
         interval_seconds=settings.interval_s, trigger=trigger,
-        signals=wire.Signals(**{name: signals[name] for name in SIGNAL_TYPES}),
+        signals=wire.Signals(**{name: within_bounds(signals[name], cut) for name in SIGNAL_TYPES}),
         boot_id=boot_id, agent_version=__version__,
     )
 
@@ -111,14 +114,115 @@ def build_resource_report(settings: Settings, inventory: Inventory, ready: bool,
                           remediation: wire.RemediationOutcome | None = None) -> wire.ResourceReport:
     """The resource report; its GPUs carry what ``gpu`` (the latest GPU signal) read of them,
     ``boot_id`` the inventory's and ``remediation`` the latest remediation outcome (REM-2)."""
-    devices = merge_gpus(inventory.gpus, gpu.devices if gpu is not None else ())
+    devices = _cut(list(merge_gpus(inventory.gpus, gpu.devices if gpu is not None else ())), wire.GPUS_MAX,
+                   "resource.devices", {})
+    annotations = dict(sorted(settings.annotations.items())[:wire.ANNOTATIONS_MAX]
+                       if len(settings.annotations) > wire.ANNOTATIONS_MAX else settings.annotations)
     return wire.ResourceReport(
         node_id=settings.node_id, cluster=settings.cluster, hostname=inventory.hostname, sent_at=sent_at,
         ready=ready and not settings.maintenance, cores=inventory.cores, memory_bytes=inventory.memory_bytes,
-        devices=list(devices), annotations=dict(settings.annotations), definition=settings.definition,
+        devices=devices, annotations=annotations, definition=settings.definition,
         provisioned=settings.provisioned, health_reporting=not settings.health_disabled,
         boot_id=inventory.boot_id, remediation=remediation,
     )
+
+
+# ---------------------------------------------------------------------------- bounds (SEC-11)
+
+T = TypeVar("T")
+R = TypeVar("R", bound=msgspec.Struct)
+
+
+def within_bounds(signal: R, cut: dict[str, int]) -> R:
+    """``signal`` with every list and text the wire bounds (``wire.*_MAX``) cut to its bound, so
+    that a kernel-log storm or a huge machine never makes the whole report undecodable: the
+    worst and newest entries are kept, in their order; ``cut`` gains, per field, how many
+    entries (or characters) went. The common signal, well within every bound, is returned as is."""
+    fields: dict[str, Any] = {}
+    reason = getattr(signal, "reason", None)
+    if reason is not None and len(reason) > wire.TEXT_MAX:
+        fields["reason"] = _text(reason, f"{_NAMES.get(type(signal), 'signal')}.reason", cut)
+    match signal:
+        case wire.EdacSignal(controllers=controllers):
+            fields["controllers"] = _each(
+                _cut(controllers, wire.MEMORY_CONTROLLERS_MAX, "edac.controllers", cut, lambda c: (-c.ue, -c.ce)),
+                lambda c: _with(c, dimms=_cut(c.dimms, wire.DIMMS_MAX, "edac.controllers[].dimms", cut,
+                                              lambda d: (-d.ue, -d.ce))))
+        case wire.SmartSignal(devices=devices):
+            fields["devices"] = _each(
+                _cut(devices, wire.DISKS_MAX, "smart.devices", cut, _smart_worst_first),
+                lambda d: d if d.error is None or len(d.error) <= wire.TEXT_MAX
+                else _with(d, error=_text(d.error, "smart.devices[].error", cut)))
+        case wire.IoerrSignal(devices=devices):
+            fields["devices"] = _cut(devices, wire.DISKS_MAX, "ioerr.devices", cut, lambda d: -d.count)
+        case wire.KmsgSignal(xid=xid, sxid=sxid, remount_read_only=remounts):
+            fields["xid"] = _each(_cut(xid, wire.XID_ENTRIES_MAX, "kmsg.xid", cut, _newest_first),
+                                  lambda e: _message_within(e, "kmsg.xid[].lastMessage", cut))
+            fields["sxid"] = _each(_cut(sxid, wire.SXID_ENTRIES_MAX, "kmsg.sxid", cut, lambda e: -e.count),
+                                   lambda e: _message_within(e, "kmsg.sxid[].lastMessage", cut))
+            fields["remount_read_only"] = _each(_cut(remounts, wire.MOUNTS_MAX, "kmsg.remountReadOnly", cut),
+                                                lambda e: _message_within(e, "kmsg.remountReadOnly[].lastMessage", cut))
+        case wire.MountsSignal(read_only=read_only):
+            fields["read_only"] = _cut(read_only, wire.MOUNTS_MAX, "mounts.readOnly", cut)
+        case wire.GpuSignal(devices=devices):
+            fields["devices"] = _cut(devices, wire.GPUS_MAX, "gpu.devices", cut)
+    return _with(signal, **fields)
+
+
+_NAMES: Final[dict[type[Any], str]] = {kind: name for name, kind in SIGNAL_TYPES.items()}
+# Room at the end of a cut text for saying how much was cut.
+_CUT_NOTE_CHARS: Final = 64
+
+
+def _with(record: R, **fields: Any) -> R:
+    """``record`` with ``fields`` replaced; ``record`` itself when none of them changed."""
+    changed = {name: value for name, value in fields.items() if value is not getattr(record, name)}
+    return msgspec.structs.replace(record, **changed) if changed else record
+
+
+def _each(items: list[T], fix: Callable[[T], T]) -> list[T]:
+    """``fix`` applied to every item; ``items`` itself when it changed none."""
+    fixed = [fix(item) for item in items]
+    return items if all(a is b for a, b in zip(fixed, items, strict=True)) else fixed
+
+
+def _cut(items: list[T], bound: int, where: str, cut: dict[str, int],
+         worst_first: Callable[[T], Any] | None = None) -> list[T]:
+    """``items`` itself when within ``bound``; else the ``bound`` first by ``worst_first`` (or
+    the first ``bound``), in their order."""
+    if len(items) <= bound:
+        return items
+    cut[where] = cut.get(where, 0) + len(items) - bound
+    if worst_first is None:
+        return items[:bound]
+    kept = sorted(sorted(range(len(items)), key=lambda i: worst_first(items[i]))[:bound])
+    return [items[i] for i in kept]
+
+
+def _text(text: str, where: str, cut: dict[str, int]) -> str:
+    """``text`` cut to ``wire.TEXT_MAX`` characters, ending with how many more there were."""
+    kept = wire.TEXT_MAX - _CUT_NOTE_CHARS
+    cut[where] = cut.get(where, 0) + len(text) - kept
+    return f"{text[:kept]} ... ({len(text) - kept} more characters)"
+
+
+M = TypeVar("M", wire.XidEntry, wire.SxidEntry, wire.RemountReadOnly)
+
+
+def _message_within(entry: M, where: str, cut: dict[str, int]) -> M:
+    if len(entry.last_message) <= wire.TEXT_MAX:
+        return entry
+    return msgspec.structs.replace(entry, last_message=_text(entry.last_message, where, cut))
+
+
+def _smart_worst_first(disk: wire.SmartDevice) -> int:
+    if disk.passed is False or disk.critical_warning:
+        return 0
+    return 1 if disk.failing_now or disk.failed_in_past or disk.error else 2
+
+
+def _newest_first(entry: wire.XidEntry) -> float:
+    return -entry.last_at.timestamp() if entry.last_at is not None else 0.0
 
 
 class Sources(Protocol):
@@ -362,6 +466,7 @@ class Collector:
         # ``remediated`` asks the agent to send one at once.
         self.remediation: wire.RemediationOutcome | None = None
         self.remediated = asyncio.Event()
+        self.cut_told: set[str] = set()  # fields whose cut to the wire's bounds was logged (SEC-11)
 
     def refresh_inventory(self) -> Inventory | None:
         try:
@@ -417,8 +522,15 @@ class Collector:
                 else wire.KmsgSignal(status="unavailable", reason="no kernel ring buffer in this source"))
         signals = {**self.last, "kmsg": kmsg}
         hostname = inventory.hostname if inventory else socket.gethostname()
-        return build_report(self.settings, hostname, signals, trigger, now or datetime.now(UTC),
-                            inventory.boot_id if inventory else None)
+        cut: dict[str, int] = {}
+        report = build_report(self.settings, hostname, signals, trigger, now or datetime.now(UTC),
+                              inventory.boot_id if inventory else None, cut)
+        if cut and not cut.keys() <= self.cut_told:  # once per field in the agent's life, not per report
+            self.cut_told |= cut.keys()
+            if self.log is not None:
+                self.log.warning("report cut to the wire's bounds (SEC-11): the worst and newest entries kept",
+                                 cut=cut)
+        return report
 
 
 class Hotplug:

@@ -35,6 +35,7 @@ from healthplane.runtime.fold import (
 )
 from healthplane_health_ingest import detectors
 from healthplane_health_ingest.rules import (
+    STICKY_MAX,
     Change,
     Detect,
     IngestConfig,
@@ -45,6 +46,7 @@ from healthplane_health_ingest.rules import (
     miss_deadline,
     missed,
     serviced,
+    sticky_capped,
     validated,
 )
 
@@ -64,6 +66,9 @@ CODECS: Final = {"HP_REPORTS": node_record(wire.HealthReport), "HP_NODE_EVENTS":
 # ``healthplane_fold_notes_total{note}``: main.py shows it as healthplane_detector_failures_total.
 DETECTOR_FAILED: Final = "detector_failed:"
 HEARTBEAT_MISSED: Final = "heartbeat_missed"
+# SEC-11: a node's sticky faults reached rules.STICKY_MAX and one more was refused (noted once
+# per occurrence: when the map, full, first refuses one).
+STICKY_CAPPED: Final = "sticky_capped"
 
 # (due, node key, the report the node went silent after)
 Deadline = tuple[datetime, str, int]
@@ -101,7 +106,12 @@ class IngestCore:
             state.gone = {k: v for k, v in state.gone.items() if k != node_key(report.cluster, report.node_id)}
         notes: list[Note] = []
         detect = self._detect(state, notes) if state.config.detectors or self.plugins else None
+        capped = sticky_capped(state.nodes.get(node_key(report.cluster, report.node_id)))
         node, changes = assess(state, report, inbound.at, inbound.seq, detect)
+        if node.sticky_refused and not capped:
+            notes.append(note("warning", "sticky faults capped: the node's further sticky faults are not held",
+                              counter=STICKY_CAPPED, node_id=report.node_id, cluster=report.cluster,
+                              cap=STICKY_MAX, refused=node.sticky_refused))
         _schedule(state, node)
         return Step(state, self._records(node, changes, inbound, assessment=True), notes)
 

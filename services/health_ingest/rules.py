@@ -32,16 +32,24 @@ from typing import Final
 import msgspec
 
 from healthplane.contracts import wire
+from healthplane.contracts import xid as xid_catalog
 from healthplane.contracts.subjects import node_key
 from healthplane.runtime import heap
 from healthplane_health_ingest.detectors import Detection, DetectorSpec, NodeFacts
 
-HARDWARE_XIDS: Final = frozenset({48, 63, 64, 74, 79, 92, 94, 95})
 HEARTBEAT_FLOOR_S: Final = 15.0
 INTERVAL_CAP_S: Final = 24 * 3600
 NOT_REAL_FAULTS: Final = frozenset({"heartbeat_missed", "telemetry_stale", "collector_failed"})
 READ_ONLY_BY_NATURE: Final = frozenset({"squashfs", "iso9660", "erofs", "cramfs", "udf"})
 SEVERITY_ORDER: Final = {"info": 1, "warning": 2, "critical": 3}
+# SEC-11: sticky faults one node may hold. A real node holds a few; the biggest (16 GPUs, 32
+# memory controllers) failing every way at once, each GPU with a dozen distinct critical Xids
+# (ECC, GSP, NVLink, fallen off the bus) and its ECC and row-remap faults, would hold
+# 16 x 14 + 32 + 4 node-wide = 260: the cap is 4x that, ~300 KB of state for a node at it.
+# Past it a node is making devices up (each made-up PCI address in an Xid entry is a key of
+# its own): the first STICKY_MAX in fold order stay, so a replay keeps the same ones, and the
+# rest are refused (``NodeState.sticky_refused``; the fold notes it once).
+STICKY_MAX: Final = 1024
 
 
 class IngestConfig(msgspec.Struct, frozen=True):
@@ -51,11 +59,12 @@ class IngestConfig(msgspec.Struct, frozen=True):
     detectors: tuple[DetectorSpec, ...] = ()
 
 
-class Finding(msgspec.Struct, frozen=True):
+class Finding(msgspec.Struct, frozen=True, omit_defaults=True):
     type: str
     reason: str
     severity: str
     detail: str
+    action: str | None = None  # XID-1: the catalog's immediate action (Xid findings only)
 
 
 class Climb(msgspec.Struct, gc=False):
@@ -88,6 +97,8 @@ class NodeState(msgspec.Struct, omit_defaults=True):
     # Most nodes have no sticky fault, condition or failing disk: those fields share one empty
     # dict (heap.EMPTY), and are replaced, never changed in place.
     sticky: dict[str, Sticky] = msgspec.field(default_factory=heap.empty)
+    # Sticky faults refused since the map was last below STICKY_MAX at a report (SEC-11).
+    sticky_refused: int = 0
     conditions: dict[str, wire.Condition] = msgspec.field(default_factory=heap.empty)
     # Disks whose latest SMART verdict was failing (ING-2a): a state, not a sticky fault.
     # Disk name -> serial (a dict, not a set: its order survives a snapshot unchanged).
@@ -187,7 +198,15 @@ def _migrate_climbs(node: NodeState) -> None:
 
 def _sticky(node: NodeState, key: str, finding: Finding, device: str = "", identity: str = "") -> None:
     if key not in node.sticky:
+        if len(node.sticky) >= STICKY_MAX:
+            node.sticky_refused += 1  # SEC-11: full
+            return
         node.sticky = {**node.sticky, key: Sticky(finding, device, identity)}
+
+
+def sticky_capped(node: NodeState | None) -> bool:
+    """SEC-11: the node's sticky map is full and has refused a fault since it last had room."""
+    return node is not None and node.sticky_refused > 0 and len(node.sticky) >= STICKY_MAX
 
 
 def findings(node: NodeState, report: wire.HealthReport, config: IngestConfig) -> list[Finding]:
@@ -284,8 +303,11 @@ def findings(node: NodeState, report: wire.HealthReport, config: IngestConfig) -
 
 
 def _xid_findings(node: NodeState, report: wire.HealthReport, quiet: int) -> list[Finding]:
-    """ING-2: grade per device by its worst Xid; message names each device's latest Xid.
-    Xids whose address matches no device are graded all the same."""
+    """ING-2, XID-1: grade per device by its worst Xid; message names each device's latest Xid.
+    Which Xids are critical and sticky, and what each asks for, is NVIDIA's catalog's
+    (``healthplane.contracts.xid``, decoded from the Xid's log line where the catalog says so);
+    the finding carries the most disruptive action among the Xids behind it. Xids whose address
+    matches no device are graded all the same."""
     if not report.signals.kmsg.xid and not any(k.startswith("xid.") for k in node.sticky):
         return []  # the common report: nothing logged, nothing held
     uuids = {g.pci_bus_id: g.uuid or "" for g in report.signals.gpu.devices}
@@ -296,16 +318,18 @@ def _xid_findings(node: NodeState, report: wire.HealthReport, quiet: int) -> lis
     out: list[Finding] = []
     for bus in sorted(set(per_device) | held_buses):
         entries = per_device.get(bus, [])
-        climbing = False
+        climbing: list[str] = []  # the actions of the Xids climbing on this device
         for entry in entries:
             key = f"xid.{bus}.{entry.xid}"
-            if entry.xid in HARDWARE_XIDS:
+            if xid_catalog.sticky(entry.xid, entry.last_message):
                 if _rose(node, key, entry.count, baseline_zero=True):
-                    _sticky(node, key, Finding("gpu_xid_errors", "GpuXidHardware", "critical", f"Xid {entry.xid}"),
-                            bus, uuids.get(bus, ""))
+                    action = xid_catalog.recommended_action(entry.xid, entry.last_message)
+                    _sticky(node, key, Finding("gpu_xid_errors", "GpuXidHardware", "critical", f"Xid {entry.xid}",
+                                               action), bus, uuids.get(bus, ""))
             elif _climb(node, key, entry.count, quiet, baseline_zero=True):
-                climbing = True
-        held = [int(k.rsplit(".", 1)[1]) for k in node.sticky if k.startswith(f"xid.{bus}.")]
+                climbing.append(xid_catalog.recommended_action(entry.xid, entry.last_message))
+        held_keys = [k for k in node.sticky if k.startswith(f"xid.{bus}.")]
+        held = [int(k.rsplit(".", 1)[1]) for k in held_keys]
         if not climbing and not held:
             continue
         worst = max(held, default=None)
@@ -314,9 +338,14 @@ def _xid_findings(node: NodeState, report: wire.HealthReport, quiet: int) -> lis
         where = f"GPU {bus}" if matched else f"GPU {bus} (no matching device)"
         suffix = f" (worst {worst})" if worst is not None and worst != latest else ""
         if worst is None:
-            out.append(Finding("gpu_xid_errors", "GpuXidApplication", "warning", f"{where}: Xid {latest}"))
+            out.append(Finding("gpu_xid_errors", "GpuXidApplication", "warning", f"{where}: Xid {latest}",
+                               xid_catalog.worst_action(climbing)))
         else:
-            out.append(Finding("gpu_xid_errors", "GpuXidHardware", "critical", f"{where}: Xid {latest}{suffix}"))
+            # A fault held from before findings carried actions has the catalog's for its code.
+            actions = [node.sticky[k].finding.action or xid_catalog.recommended_action(code)
+                       for k, code in zip(held_keys, held, strict=True)]
+            out.append(Finding("gpu_xid_errors", "GpuXidHardware", "critical", f"{where}: Xid {latest}{suffix}",
+                               xid_catalog.worst_action(actions)))
     return out
 
 
@@ -375,6 +404,7 @@ def conditions_from(found: Iterable[Finding], previous: Mapping[str, wire.Condit
     for condition_type, items in by_type.items():
         worst = max(items, key=lambda f: SEVERITY_ORDER[f.severity])
         details = sorted({f.detail for f in items if f.reason == worst.reason and f.detail})
+        action = xid_catalog.worst_action(f.action for f in items if f.reason == worst.reason)
         before = previous.get(condition_type)
         out[condition_type] = wire.Condition(
             type=condition_type,  # type: ignore[arg-type]
@@ -383,6 +413,7 @@ def conditions_from(found: Iterable[Finding], previous: Mapping[str, wire.Condit
             message="; ".join(details) or worst.reason,
             first_seen=before.first_seen if before else now,
             observations=(before.observations + 1) if before else 1,
+            recommended_action=action,
         )
     return out
 
@@ -406,7 +437,8 @@ def condition_events(before: Mapping[str, wire.Condition], after: Mapping[str, w
 
 def _change(condition: wire.Condition, previous: str | None = None) -> wire.ConditionChange:
     return wire.ConditionChange(type=condition.type, reason=condition.reason, severity=condition.severity,
-                                message=condition.message, previous_severity=previous)  # type: ignore[arg-type]
+                                message=condition.message, previous_severity=previous,  # type: ignore[arg-type]
+                                recommended_action=condition.recommended_action)
 
 
 def health(node: NodeState) -> wire.Health:
@@ -467,6 +499,8 @@ def assess(state: IngestState, report: wire.HealthReport, now: datetime, seq: in
         changes.append(Change("HEARTBEAT_RESUMED", f"Node {report.node_id} reporting again"))
     if node.climbs is not None:
         _migrate_climbs(node)
+    if node.sticky_refused and len(node.sticky) < STICKY_MAX:
+        node.sticky_refused = 0  # room again (serviced, a device replaced): a new cap is a new occurrence
     found = findings(node, report, state.config)
     previous = {k: v for k, v in before.items() if k != "heartbeat_missed"}
     if detect is not None:

@@ -23,6 +23,7 @@ from healthplane.cli import (
     policy_cmd,
     registry,
     validate_cmd,
+    xid_cmd,
 )
 from healthplane.cli.common import (
     CommandGroup,
@@ -142,6 +143,8 @@ LIBRARY_GROUPS: Final = (
                  creds_cmd.add_arguments, creds_cmd.run),
     CommandGroup("federation", "a federation hub: attach a cluster, list the attached ones",
                  federation_cmd.add_arguments, federation_cmd.run),
+    CommandGroup("xid", "what GPU Xid N means and what NVIDIA's catalog says to do (XID-1)",
+                 xid_cmd.add_arguments, xid_cmd.run),
 )
 
 

@@ -3,15 +3,81 @@
 Keys are camelCase on the wire (``rename="camel"``), times are RFC 3339 UTC with ``Z``.
 Decoders are strict and built once per type; a decode error names the field path
 (``$.signals.edac.controllers[0].ce``) so a bad report can be logged and counted precisely.
+Every list and free-text string a node sends is bounded (SEC-11, the bounds below): one past
+its bound is refused as "Expected `array` of length <= 4096 - at `$.signals.kmsg.xid`".
 ``proto/`` holds the JSON Schema generated from these classes (``just proto``).
 """
 
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Any, Final, Literal, TypeVar
+from typing import Annotated, Any, Final, Literal, TypeVar
 
 import msgspec
+
+# ---------------------------------------------------------------------------- bounds (SEC-11)
+#
+# Every list and free-text string a node publishes is bounded when it is decoded, and so is
+# every list of another record that a fold keeps: a node's message may hold 256 KiB
+# (permissions.NODE_PAYLOAD_LIMIT), room for ~100,000 tiny list items, each a key in some
+# fold's state. A record past a bound is a WireError naming the field and the bound, set aside
+# like any malformed input (REL-3). Each bound is many times (mostly 10-50x) the largest real
+# machine's figure, so it never refuses a real report; the collector cuts its own lists to the
+# same bounds before it publishes (healthplane_collector.agent.within_bounds), keeping the worst
+# and newest entries. Under a node's 256 KiB some bounds cannot bind (4096 Xid entries of ~70
+# bytes each): they hold for identities without that cap, and if the cap is ever raised.
+
+# GPUs per node: 4 on an NVL72 compute tray, 8 on HGX, 16 on the biggest (HGX-2, DGX-2),
+# 20 in a dense PCIe chassis: 256 is 12x that. Also the GPU ids a request or fault names.
+GPUS_MAX: Final = 256
+# Disks per node (SMART devices, SCSI I/O error counters): a storage server with four 102-bay
+# JBODs has 408 drives, seen twice through multipath 816 block devices: 8192 is 10x that.
+DISKS_MAX: Final = 8192
+# EDAC memory controllers per node: 8 sockets x 4 IMCs (Sapphire Rapids) = 32, 2 x 12 UMCs
+# (AMD Genoa) = 24: 512 is 16x the largest.
+MEMORY_CONTROLLERS_MAX: Final = 512
+# DIMMs under one controller: ghes_edac lists every DIMM of the machine under mc0, 768 on a
+# 32-socket HPE Superdome Flex: 8192 is 10x that.
+DIMMS_MAX: Final = 8192
+# SMART attributes failing on one disk: the ATA attribute table has 30 slots: 512 is 17x.
+SMART_ATTRIBUTES_MAX: Final = 512
+# smartctl's exit status has 8 bits: 64 is 8x every bit set at once.
+EXIT_STATUS_BITS_MAX: Final = 64
+# Throttle reasons of one GPU: NVML names 10 clock-event reasons: 256 is 25x.
+THROTTLE_REASONS_MAX: Final = 256
+# Xid entries per report, one per (device, Xid) since the agent started: a failing node logs a
+# dozen distinct Xids on each of its GPUs, ~200 on a 16-GPU node: 4096 is 20x that (a storm of
+# one Xid is one entry whose count climbs).
+XID_ENTRIES_MAX: Final = 4096
+# SXid entries per report, one per (NVSwitch, SXid): 4-6 NVSwitches with a dozen distinct
+# SXids each, under 100: 4096 is 40x that.
+SXID_ENTRIES_MAX: Final = 4096
+# Read-only block-device mounts (and filesystems the kernel remounted read-only) per node: a
+# container host with every pod's read-only bind mount of a host disk lists ~1000: 16384 is 16x.
+MOUNTS_MAX: Final = 16384
+# Annotations of one node (its collector config): a few dozen at most: 1024 is 20x.
+ANNOTATIONS_MAX: Final = 1024
+# Holds one command names (``hold release ID...``): a node carries a handful: 1024.
+HOLDS_MAX: Final = 1024
+# What a step retries on (``retry.on``): one or two words: 64.
+RETRY_ON_MAX: Final = 64
+# Nodes of one job or allocation: the largest jobs span ~10,000 nodes, this project is sized for
+# fleets of 100,000: 1,000,000 is 10x the whole fleet.
+JOB_NODES_MAX: Final = 1_000_000
+# Names: hostnames (253 characters at most in DNS), node ids, device names, PCI bus ids (12),
+# GPU UUIDs (40), serials, models, DIMM labels (~40), versions: 1024 is 4x DNS's limit and
+# 25x the longest label.
+NAME_MAX: Final = 1024
+# Paths: mount points and the devices behind them: Linux's own PATH_MAX.
+PATH_MAX: Final = 4096
+# Free text: a signal's reason, a kernel log line (at most ~1 KiB of text, LOG_LINE_MAX),
+# a probe's error: 16 KiB is 16x a kernel line. The one text that joins others (SMART's reason
+# names every disk it could not read) is cut by the collector to fit.
+TEXT_MAX: Final = 16384
+
+Name = Annotated[str, msgspec.Meta(max_length=NAME_MAX)]
+FilePath = Annotated[str, msgspec.Meta(max_length=PATH_MAX)]
+Text = Annotated[str, msgspec.Meta(max_length=TEXT_MAX)]
 
 # ---------------------------------------------------------------------------- enums
 
@@ -117,30 +183,30 @@ class Sparse(Record, frozen=True, kw_only=True, omit_defaults=True):
 
 
 class DimmCounts(Record, frozen=True, kw_only=True):
-    name: str
-    label: str | None = None
+    name: Name
+    label: Name | None = None
     ce: int
     ue: int
 
 
 class EdacController(Record, frozen=True, kw_only=True):
-    name: str
+    name: Name
     ce: int
     ue: int
     ce_noinfo: int = 0
     ue_noinfo: int = 0
-    dimms: list[DimmCounts] = []
+    dimms: Annotated[list[DimmCounts], msgspec.Meta(max_length=DIMMS_MAX)] = []
 
 
 class EdacSignal(Record, frozen=True, kw_only=True):
     status: SignalStatus
-    reason: str | None = None
-    controllers: list[EdacController] = []
+    reason: Text | None = None
+    controllers: Annotated[list[EdacController], msgspec.Meta(max_length=MEMORY_CONTROLLERS_MAX)] = []
 
 
 class SmartAttribute(Record, frozen=True, kw_only=True):
     id: int
-    name: str
+    name: Name
     value: int | None = None
     worst: int | None = None
     thresh: int | None = None
@@ -149,50 +215,50 @@ class SmartAttribute(Record, frozen=True, kw_only=True):
 
 
 class SmartDevice(Record, frozen=True, kw_only=True):
-    name: str
-    protocol: str | None = None  # "ATA", "NVMe", "SCSI"
-    model: str | None = None
-    serial: str | None = None
+    name: Name
+    protocol: Name | None = None  # "ATA", "NVMe", "SCSI"
+    model: Name | None = None
+    serial: Name | None = None
     passed: bool | None = None
     exit_status: int = 0
-    exit_status_bits: list[str] = []
+    exit_status_bits: Annotated[list[Name], msgspec.Meta(max_length=EXIT_STATUS_BITS_MAX)] = []
     critical_warning: int | None = None
-    failing_now: list[SmartAttribute] = []
-    failed_in_past: list[SmartAttribute] = []
-    error: str | None = None
+    failing_now: Annotated[list[SmartAttribute], msgspec.Meta(max_length=SMART_ATTRIBUTES_MAX)] = []
+    failed_in_past: Annotated[list[SmartAttribute], msgspec.Meta(max_length=SMART_ATTRIBUTES_MAX)] = []
+    error: Text | None = None
 
 
 class SmartSignal(Record, frozen=True, kw_only=True):
     status: SignalStatus
-    reason: str | None = None
-    devices: list[SmartDevice] = []
+    reason: Text | None = None
+    devices: Annotated[list[SmartDevice], msgspec.Meta(max_length=DISKS_MAX)] = []
 
 
 class IoErrorCount(Record, frozen=True, kw_only=True):
-    name: str
+    name: Name
     count: int
 
 
 class IoerrSignal(Record, frozen=True, kw_only=True):
     status: SignalStatus
-    reason: str | None = None
-    devices: list[IoErrorCount] = []
+    reason: Text | None = None
+    devices: Annotated[list[IoErrorCount], msgspec.Meta(max_length=DISKS_MAX)] = []
 
 
 class XidEntry(Record, frozen=True, kw_only=True):
-    pci_bus_id: str
+    pci_bus_id: Name
     gpu_index: int | None
     xid: int
     count: int
     last_at: datetime | None = None
-    last_message: str
+    last_message: Text
 
 
 class SxidEntry(Record, frozen=True, kw_only=True):
-    device: str
+    device: Name
     sxid: int
     count: int
-    last_message: str
+    last_message: Text
 
 
 class MachineChecks(Record, frozen=True, kw_only=True):
@@ -214,33 +280,33 @@ class KernelEdacCounts(Record, frozen=True, kw_only=True):
 
 
 class RemountReadOnly(Record, frozen=True, kw_only=True):
-    device: str
-    last_message: str
+    device: FilePath
+    last_message: Text
 
 
 class KmsgSignal(Record, frozen=True, kw_only=True):
     status: SignalStatus
-    reason: str | None = None
-    xid: list[XidEntry] = []
-    sxid: list[SxidEntry] = []
+    reason: Text | None = None
+    xid: Annotated[list[XidEntry], msgspec.Meta(max_length=XID_ENTRIES_MAX)] = []
+    sxid: Annotated[list[SxidEntry], msgspec.Meta(max_length=SXID_ENTRIES_MAX)] = []
     machine_checks: MachineChecks = MachineChecks()
     hardware_errors: HardwareErrorRecords = HardwareErrorRecords()
     edac: KernelEdacCounts = KernelEdacCounts()
-    remount_read_only: list[RemountReadOnly] = []
+    remount_read_only: Annotated[list[RemountReadOnly], msgspec.Meta(max_length=MOUNTS_MAX)] = []
     backlog_skipped: bool | None = None
     malformed_records: int = 0
 
 
 class ReadOnlyMount(Record, frozen=True, kw_only=True):
-    mount_point: str
-    device: str
-    fs_type: str
+    mount_point: FilePath
+    device: FilePath
+    fs_type: Name
 
 
 class MountsSignal(Record, frozen=True, kw_only=True):
     status: SignalStatus
-    reason: str | None = None
-    read_only: list[ReadOnlyMount] = []
+    reason: Text | None = None
+    read_only: Annotated[list[ReadOnlyMount], msgspec.Meta(max_length=MOUNTS_MAX)] = []
 
 
 class EccCounts(Record, frozen=True, kw_only=True):
@@ -252,13 +318,13 @@ class GpuEcc(Record, frozen=True, kw_only=True):
     """Never zeros when unavailable: the counts are null then (COL-10)."""
 
     status: Literal["ok", "unavailable"]
-    reason: str | None = None
+    reason: Text | None = None
     volatile: EccCounts | None = None
     aggregate: EccCounts | None = None
 
 
 class GpuThrottle(Record, frozen=True, kw_only=True):
-    reasons: list[str] = []
+    reasons: Annotated[list[Name], msgspec.Meta(max_length=THROTTLE_REASONS_MAX)] = []
     thermal: bool = False
     power_brake: bool = False
 
@@ -272,10 +338,10 @@ class GpuRowRemap(Record, frozen=True, kw_only=True):
 
 class GpuDevice(Record, frozen=True, kw_only=True):
     index: int
-    pci_bus_id: str
-    uuid: str | None = None
-    serial: str | None = None
-    name: str | None = None
+    pci_bus_id: Name
+    uuid: Name | None = None
+    serial: Name | None = None
+    name: Name | None = None
     memory_bytes: int | None = None  # total framebuffer, as the driver reports it
     ecc: GpuEcc
     throttle: GpuThrottle
@@ -285,10 +351,10 @@ class GpuDevice(Record, frozen=True, kw_only=True):
 
 class GpuSignal(Record, frozen=True, kw_only=True):
     status: SignalStatus
-    reason: str | None = None
+    reason: Text | None = None
     source: Literal["nvml", "nvidia-smi"] | None = None
-    driver_version: str | None = None
-    devices: list[GpuDevice] = []
+    driver_version: Name | None = None
+    devices: Annotated[list[GpuDevice], msgspec.Meta(max_length=GPUS_MAX)] = []
 
 
 class Signals(Record, frozen=True, kw_only=True):
@@ -303,15 +369,15 @@ class Signals(Record, frozen=True, kw_only=True):
 class HealthReport(Record, frozen=True, kw_only=True):
     """``hp.report.{cluster}.{node}``: what the collector saw (``collector --once -o json``)."""
 
-    node_id: str
-    cluster: str
-    hostname: str
+    node_id: Name
+    cluster: Name
+    hostname: Name
     sent_at: datetime
     interval_seconds: int
     trigger: ReportTrigger
     signals: Signals
-    boot_id: str | None = None
-    agent_version: str | None = None
+    boot_id: Name | None = None
+    agent_version: Name | None = None
 
 
 class RemediationRequest(Sparse, frozen=True, kw_only=True):
@@ -325,7 +391,7 @@ class RemediationRequest(Sparse, frozen=True, kw_only=True):
     attempt: int
     requested_at: datetime
     timeout_seconds: int
-    gpus: list[int] | None = None  # gpu-reset: these GPUs (None: every GPU of the node)
+    gpus: Annotated[list[int], msgspec.Meta(max_length=GPUS_MAX)] | None = None  # gpu-reset: these GPUs (None: every GPU)
     reason: str | None = None
 
 
@@ -334,13 +400,13 @@ class RemediationOutcome(Sparse, frozen=True, kw_only=True):
     reboot proven by a new boot id), ``failed`` (it tried: the tool or the host said no, or
     the boot id did not change), ``refused`` (not its node, not an action it runs, too old)."""
 
-    request_id: str
-    action: str
+    request_id: Name
+    action: Name
     result: Literal["succeeded", "failed", "refused"]
-    reason: str
+    reason: Text
     finished_at: datetime
-    boot_id_before: str | None = None
-    boot_id: str | None = None
+    boot_id_before: Name | None = None
+    boot_id: Name | None = None
 
 
 # ---------------------------------------------------------------------------- resource report
@@ -350,28 +416,28 @@ class ResourceDevice(Record, frozen=True, kw_only=True):
     kind: Literal["gpu"]
     vendor: Literal["nvidia", "amd", "other"]
     index: int
-    pci_bus_id: str
-    uuid: str | None = None
-    model: str | None = None
+    pci_bus_id: Name
+    uuid: Name | None = None
+    model: Name | None = None
     memory_bytes: int | None = None
 
 
 class ResourceReport(Record, frozen=True, kw_only=True):
     """``hp.resource.{cluster}.{node}``: inventory and readiness (COL-11)."""
 
-    node_id: str
-    cluster: str
-    hostname: str
+    node_id: Name
+    cluster: Name
+    hostname: Name
     sent_at: datetime
     ready: bool
     cores: int
     memory_bytes: int
-    devices: list[ResourceDevice] = []
-    annotations: dict[str, str] = {}
-    definition: str | None = None
+    devices: Annotated[list[ResourceDevice], msgspec.Meta(max_length=GPUS_MAX)] = []
+    annotations: Annotated[dict[Name, Text], msgspec.Meta(max_length=ANNOTATIONS_MAX)] = {}
+    definition: Name | None = None
     provisioned: bool = False
     health_reporting: bool = True
-    boot_id: str | None = None  # /proc/sys/kernel/random/boot_id: a new one proves a reboot (REM-2)
+    boot_id: Name | None = None  # /proc/sys/kernel/random/boot_id: a new one proves a reboot (REM-2)
     # REM-2: what became of the latest remediation request the agent took (its own subject
     # only), carried until a newer one and sent at once in a new resource report; a reboot's
     # comes from the new boot, whose ``boot_id`` differs from the outcome's ``boot_id_before``.
@@ -388,6 +454,9 @@ class Condition(Record, frozen=True, kw_only=True):
     message: str
     first_seen: datetime
     observations: int = 1
+    # XID-1: what NVIDIA's Xid catalog says to do (its immediate bucket, e.g. RESTART_BM), on
+    # gpu_xid_errors: the most disruptive action among the Xids behind the condition.
+    recommended_action: str | None = None
 
 
 class Assessment(Record, frozen=True, kw_only=True):
@@ -414,6 +483,7 @@ class ConditionChange(Sparse, frozen=True, kw_only=True):
     severity: Severity
     message: str
     previous_severity: Severity | None = None
+    recommended_action: str | None = None  # XID-1: the condition's, on gpu_xid_errors
 
 
 class Contribution(Record, frozen=True, kw_only=True):
@@ -548,7 +618,7 @@ class Command(Sparse, frozen=True, kw_only=True):
     evict: bool = False
     force: bool = False
     batch_id: str | None = None
-    hold_ids: list[str] = []
+    hold_ids: Annotated[list[str], msgspec.Meta(max_length=HOLDS_MAX)] = []
     effect: HoldEffect | None = None
     suite: str | None = None  # validate, isolate: the suite to run (None: the config's defaultSuite)
     job_id: str | None = None  # isolate: the failed job whose nodes are the suspects
@@ -600,7 +670,7 @@ class Allocation(Sparse, frozen=True, kw_only=True):
     state: AllocationState
     at: datetime
     reason: str | None = None
-    retry_on: list[str] = []
+    retry_on: Annotated[list[str], msgspec.Meta(max_length=RETRY_ON_MAX)] = []
     retry_attempts: int = 0
     restart: RestartPolicy = "never"
     node_fault_restarts: int = 0
@@ -610,7 +680,7 @@ class Allocation(Sparse, frozen=True, kw_only=True):
     requeueable: bool | None = None
     user: str | None = None
     partition: str | None = None
-    nodes: list[str] | None = None
+    nodes: Annotated[list[str], msgspec.Meta(max_length=JOB_NODES_MAX)] | None = None
     # A validation run's step (VAL-1): its exit status (None: killed or lost), the tail of
     # its output (at most OUTPUT_TAIL_BYTES), whether the suite's timeout ended it.
     exit_code: int | None = None
@@ -643,13 +713,13 @@ class Job(Sparse, frozen=True, kw_only=True):
     duration_seconds: float
     submitted_at: datetime
     submitted_by: str
-    retry_on: list[str] = []
+    retry_on: Annotated[list[str], msgspec.Meta(max_length=RETRY_ON_MAX)] = []
     retry_attempts: int = 0
     restart: RestartPolicy = "never"
     definition: str | None = None
     # A validation job (VAL-1, written by eviction): step i runs on ``nodes[i]``, held or not,
     # as soon as that node has room; it runs ``validation``'s command instead of sleeping.
-    nodes: list[str] | None = None
+    nodes: Annotated[list[str], msgspec.Meta(max_length=JOB_NODES_MAX)] | None = None
     validation: ValidationSuite | None = None
 
 
@@ -699,7 +769,7 @@ class SimHardware(Sparse, frozen=True, kw_only=True):
 
     node_id: str
     cluster: str
-    failing_gpus: list[int]
+    failing_gpus: Annotated[list[int], msgspec.Meta(max_length=GPUS_MAX)]
     set_at: datetime
     actor: str
 
