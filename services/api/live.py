@@ -1,8 +1,8 @@
 """The live feed: ``HP_NODES`` folded into the index as it is written, and every open page
 told what changed (server-sent events), never a poll of the whole table.
 
-One ordered push consumer, last view per node first and then every new one, is the only
-reader; each open page holds a bounded queue of change notices. A page that falls behind
+The views are followed by direct gets from the last one seen (every view first, then each
+new one), the only reader; each open page holds a bounded queue of change notices. A page that falls behind
 loses notices, not memory: one "changed" is as good as many, it re-reads its part.
 Whether the data can be read is a fact kept here too (reference 000: a cluster that cannot
 be read reports no health): the connection's state.
@@ -17,15 +17,14 @@ from datetime import UTC, datetime
 from typing import Any, Final
 
 from nats.aio.client import Client as NATS
-from nats.aio.msg import Msg
 from nats.js import JetStreamContext
-from nats.js.api import ConsumerConfig, DeliverPolicy
 
-from healthplane.contracts import streams, subjects, wire
+from healthplane.contracts import subjects, wire
+from healthplane.runtime.replay import StoredMsg, follow
 from healthplane_api.fold import ViewIndex, key_of
 
 QUEUE_NOTICES: Final = 64
-HEARTBEAT_S: Final = 2.0
+FOLLOW_EVERY_S: Final = 0.25  # how stale a page may be: a quarter second behind the views
 DECOMMISSIONED: Final = ("NODE_DEPROVISIONED", "NODE_REPLACED")
 ALL: Final = "*"  # a notice every page wants: the fleet changed shape, or readability did
 
@@ -60,40 +59,38 @@ class Feed:
     # -- the fold
 
     async def run(self, nc: NATS, js: JetStreamContext, stopping: asyncio.Event) -> None:
-        """Fold views until ``stopping``; watch the connection (nats-py's ordered consumer
-        recreates itself after a gap or a reconnect, from the last sequence it saw)."""
-        async def on_view(msg: Msg) -> None:
-            row = self.index.apply(msg.data)
-            if row is not None:
-                self._notify(key_of(row.cluster, row.node_id))
-            pending = msg.metadata.num_pending if msg.metadata else 0
-            if pending == 0 and not self.loaded.is_set():
+        """Fold views until ``stopping``; watch the connection. The views are followed by
+        direct gets from the last one seen (``runtime.replay.follow``): the api holds no
+        consumer, so its identity needs no right over any (SEC-8)."""
+        def on_views(batch: list[StoredMsg], caught_up: bool) -> None:
+            for stored in batch:
+                row = self.index.apply(stored.data)
+                if row is not None:
+                    self._notify(key_of(row.cluster, row.node_id))
+            if caught_up and not self.loaded.is_set():
                 self.loaded.set()
                 self._set_readable(True)
 
-        # One filter: a ">" filter selects the stored form of every install (HA-4).
-        (view_filter,) = streams.stored_filters("HP_NODES", [subjects.node_views()])
-        info = await js.stream_info("HP_NODES")
-        if not info.state.messages:
-            self.loaded.set()
-            self._set_readable(True)
-        async def on_gone(msg: Msg) -> None:
-            try:
-                event = wire.decode(wire.NodeEvent, msg.data)
-            except wire.WireError:
-                return
-            if self.index.remove(event.cluster, event.node_id, event.occurred_at):
-                self._notify(ALL)
+        def on_gone(batch: list[StoredMsg], caught_up: bool) -> None:
+            for stored in batch:
+                try:
+                    event = wire.decode(wire.NodeEvent, stored.data)
+                except wire.WireError:
+                    continue
+                if self.index.remove(event.cluster, event.node_id, event.occurred_at):
+                    self._notify(ALL)
 
-        self._subscriptions = [await js.subscribe(
-            view_filter, stream="HP_NODES", ordered_consumer=True, idle_heartbeat=HEARTBEAT_S, cb=on_view,
-            pending_msgs_limit=-1, pending_bytes_limit=-1,
-            config=ConsumerConfig(deliver_policy=DeliverPolicy.LAST_PER_SUBJECT))]
-        for kind in DECOMMISSIONED:  # from now on: the views already purged were never loaded
-            for stored in streams.stored_filters("HP_NODE_EVENTS", [f"{subjects.PREFIX}.event.*.*.{kind}"]):
-                self._subscriptions.append(await js.subscribe(
-                    stored, stream="HP_NODE_EVENTS", ordered_consumer=True, idle_heartbeat=HEARTBEAT_S, cb=on_gone,
-                    config=ConsumerConfig(deliver_policy=DeliverPolicy.NEW)))
+        def on_error(exc: Exception) -> None:
+            self._log.debug("following the views failed; trying again", error=str(exc) or type(exc).__name__)
+
+        # From now on: the views already purged were never loaded.
+        events = await js.stream_info("HP_NODE_EVENTS")
+        tails = [asyncio.create_task(follow(nc, "HP_NODES", subjects.node_views(), on_views, start_seq=1,
+                                            stopping=stopping, every_s=FOLLOW_EVERY_S, on_error=on_error))]
+        tails += [asyncio.create_task(follow(nc, "HP_NODE_EVENTS", f"{subjects.PREFIX}.event.*.*.{kind}", on_gone,
+                                             start_seq=events.state.last_seq + 1, stopping=stopping,
+                                             every_s=FOLLOW_EVERY_S, on_error=on_error))
+                  for kind in DECOMMISSIONED]
         try:
             while not stopping.is_set():
                 with contextlib.suppress(TimeoutError):
@@ -103,9 +100,9 @@ class Feed:
                 elif self.loaded.is_set():
                     self._set_readable(True)
         finally:
-            for subscription in self._subscriptions:
-                with contextlib.suppress(Exception):
-                    await subscription.unsubscribe()
+            for tail in tails:
+                tail.cancel()
+            await asyncio.gather(*tails, return_exceptions=True)
 
     # -- pages
 

@@ -23,8 +23,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from nats.aio.msg import Msg
-from nats.js.api import ConsumerConfig, DeliverPolicy
+from nats.js.api import DeliverPolicy
 
 from healthplane.contracts import subjects, wire
 from healthplane.contracts.config import ConfigError, decode_config
@@ -35,6 +34,7 @@ from healthplane.runtime.lifecycle import ServiceContext
 from healthplane.runtime.logs import LogBudget
 from healthplane.runtime.publish import Publisher
 from healthplane.runtime.pull import Delivery, PullLoop
+from healthplane.runtime.replay import StoredMsg, follow
 from healthplane_webhook_dispatcher.metrics import (
     CONFIG_VERSION,
     DELIVERIES,
@@ -64,7 +64,8 @@ from healthplane_webhook_dispatcher.rules import (
 )
 from healthplane_webhook_dispatcher.send import EndpointSender
 
-CONSUMER = "webhook-dispatcher"
+CONSUMER = "webhook-dispatcher"  # its own (contracts.streams.NAMED_DURABLES, SEC-8)
+CONFIG_FOLLOW_S = 1.0  # a config change reaches the endpoints within a second
 STREAM = "HP_NODE_EVENTS"
 
 
@@ -240,10 +241,12 @@ class Dispatcher:
         else:
             self._log.info("no cluster config applied yet; no webhook endpoints")
         # From past the newest record, valid or not: the skipped ones were named once already.
-        start = ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=found.last_seq + 1) \
-            if found.last_seq else ConsumerConfig(deliver_policy=DeliverPolicy.ALL)
-        self._config_sub = await self._js.subscribe(subjects.CONFIG, stream=configstore.STREAM,
-                                                    ordered_consumer=True, config=start, cb=self._on_config)
+        # Followed by direct gets, not a consumer of its own: a consumer on HP_CONFIG would
+        # need a grant that reaches every service's durable there (SEC-8).
+        self._config_stop = asyncio.Event()
+        self._config_sub = asyncio.create_task(follow(
+            self._ctx.nc, configstore.STREAM, subjects.CONFIG, self._on_configs, start_seq=found.last_seq + 1,
+            stopping=self._config_stop, every_s=CONFIG_FOLLOW_S))
 
     async def ensure_consumer(self) -> None:
         # NEW on first creation: a first deployment notifies from now on instead of
@@ -255,11 +258,12 @@ class Dispatcher:
 
     # ------------------------------------------------------------------ config
 
-    async def _on_config(self, msg: Msg) -> None:
-        try:
-            self.apply_config(wire.decode(wire.ConfigEnvelope, msg.data))
-        except wire.WireError as exc:
-            self._log.warning("config record ignored", reason=str(exc))
+    def _on_configs(self, records: list[StoredMsg], caught_up: bool) -> None:
+        for record in records:
+            try:
+                self.apply_config(wire.decode(wire.ConfigEnvelope, record.data))
+            except wire.WireError as exc:
+                self._log.warning("config record ignored", seq=record.seq, reason=str(exc))
 
     def apply_config(self, applied: wire.ConfigEnvelope) -> None:
         """WEB-1: the endpoints of the config in force, reconciled with the running ones."""
@@ -341,10 +345,8 @@ class Dispatcher:
 
     async def shutdown(self) -> None:
         if self._config_sub is not None:
-            try:
-                await self._config_sub.unsubscribe()
-            except Exception:
-                pass
+            self._config_stop.set()
+            await asyncio.gather(self._config_sub, return_exceptions=True)
         workers, self.workers = list(self.workers.values()), {}
         await asyncio.gather(*(w.close(self._settings.drain_s, "shutdown") for w in workers),
                              *self._closing)

@@ -20,7 +20,7 @@ STREAM = "BENCH"
 
 
 async def _fill(js: JetStreamContext, stream: str, count: int) -> float:
-    await js.add_stream(name=stream, subjects=[f"{stream.lower()}.>"])
+    await js.add_stream(name=stream, subjects=[f"{stream.lower()}.>"], allow_direct=True)
     started = time.perf_counter()
     window = []
     for i in range(count):

@@ -206,7 +206,7 @@ def test_cordon_to_slurm_drain_latency(tmp_path: Path) -> None:
         reason = event.hold.reason if event.hold else None
         if reason in got.cordon_at:
             stored[reason] = event.occurred_at.timestamp()  # the input's (the command's) timestamp
-            created[reason] = msg.metadata.timestamp.timestamp()
+            created[reason] = msg.time.timestamp()
     assert sorted(created) == sorted(got.cordon_at), f"{len(created)} HOLD_CREATED events for {SAMPLES} cordons"
     commanded = drain_commands(tmp_path / "hp" / "logs" / "slurm-adapter.log")
     assert sorted(commanded) == sorted(got.cordon_at), "a drain missing from the adapter's log"

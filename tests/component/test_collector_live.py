@@ -18,6 +18,7 @@ from nats.js import JetStreamContext
 
 from healthplane.contracts import subjects, wire
 from healthplane.stack.natsserver import NatsServer
+from tests.support.live import live
 from tests.support.secure import env_for
 
 pytestmark = pytest.mark.nats
@@ -58,8 +59,8 @@ async def test_xid_in_kmsg_triggers_an_out_of_band_report(nats_server: NatsServe
                                                           tmp_path: Path) -> None:
     fixture_root(tmp_path / "root")
     (tmp_path / "bin").mkdir()
-    reports = await js.subscribe(subjects.report("lab", "gpu-node-7"))
-    resources = await js.subscribe(subjects.resource("lab", "gpu-node-7"))
+    reports = await live(js, subjects.report("lab", "gpu-node-7"))
+    resources = await live(js, subjects.resource("lab", "gpu-node-7"))
     process = start_collector(nats_server, tmp_path, collector_config(tmp_path / "collector.yaml"))
     try:
         first = wire.decode(wire.HealthReport, (await reports.next_msg(timeout=30)).data)
@@ -92,8 +93,8 @@ async def test_health_disabled_still_publishes_resources(nats_server: NatsServer
     # and maintenance: true makes it say ready: false.
     fixture_root(tmp_path / "root")
     (tmp_path / "bin").mkdir()
-    reports = await js.subscribe(subjects.report("lab", "gpu-node-7"))
-    resources = await js.subscribe(subjects.resource("lab", "gpu-node-7"))
+    reports = await live(js, subjects.report("lab", "gpu-node-7"))
+    resources = await live(js, subjects.resource("lab", "gpu-node-7"))
     config = collector_config(tmp_path / "collector.yaml", interval=1, health={"disabled": True}, maintenance=True)
     process = start_collector(nats_server, tmp_path, config)
     try:

@@ -27,6 +27,7 @@ from healthplane.contracts import subjects, wire
 from healthplane.runtime.connect import connect
 from healthplane.stack.natsserver import NatsServer
 from tests.component.test_collector_live import collector_config, fixture_root
+from tests.support.live import live
 from tests.support.secure import creds_for, env_for
 
 pytestmark = pytest.mark.nats
@@ -138,7 +139,7 @@ def scrape(tmp_path: Path) -> str:
 async def test_rem2_gpu_reset_runs_nvidia_smi_and_reports_the_outcome(nats_server: NatsServer, js: JetStreamContext,
                                                                       tmp_path: Path) -> None:
     node_tree(tmp_path)
-    resources = await js.subscribe(subjects.resource(CLUSTER, NODE))
+    resources = await live(js, subjects.resource(CLUSTER, NODE))
     agent = start_agent(nats_server, tmp_path)
     sender = await eviction(nats_server)
     try:
@@ -198,7 +199,7 @@ async def test_rem2_reboot_is_proven_by_the_next_boot_s_id(nats_server: NatsServ
     root = node_tree(tmp_path)
     boot_id_file = root / "proc" / "sys" / "kernel" / "random" / "boot_id"
     pending = tmp_path / "state" / "remediation.pending"
-    resources = await js.subscribe(subjects.resource(CLUSTER, NODE))
+    resources = await live(js, subjects.resource(CLUSTER, NODE))
     sender = await eviction(nats_server)
     try:
         agent = start_agent(nats_server, tmp_path)
@@ -314,7 +315,7 @@ async def test_rem2_sec1_only_the_node_reads_its_subject_and_only_eviction_write
 async def test_rem2_the_simulator_answers_for_its_nodes(nats_server: NatsServer, js: JetStreamContext,
                                                         tmp_path: Path) -> None:
     node = "sim-001"
-    resources = await js.subscribe(subjects.resource(CLUSTER, node))
+    resources = await live(js, subjects.resource(CLUSTER, node))
     fleet = subprocess.Popen(
         [sys.executable, "-m", "healthplane.cli", "sim", "run", "--nodes", "2", "--gpus", "2", "--cluster", CLUSTER,
          "--interval", "3600"],

@@ -159,4 +159,4 @@ async def _differences_from_replay(nc, js: JetStreamContext) -> list[str]:  # ty
 
 async def _numbered(js: JetStreamContext):  # type: ignore[no-untyped-def]
     async for msg in replay(js, "HP_ASSESSMENTS", "hp.assess.>"):
-        yield msg.metadata.sequence.stream, msg
+        yield msg.seq, msg

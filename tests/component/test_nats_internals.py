@@ -38,18 +38,18 @@ def _records(first: int, count: int) -> list[Outbound]:
 
 
 async def _stream(js: JetStreamContext) -> None:
-    await js.add_stream(name=STREAM, subjects=["fence.>"])
+    await js.add_stream(name=STREAM, subjects=["fence.>"], allow_direct=True)
 
 
-def _spy_on_taps(monkeypatch: pytest.MonkeyPatch) -> list[nats_internals.PayloadTap | None]:
-    taps: list[nats_internals.PayloadTap | None] = []
-    tap_payloads = nats_internals.tap_payloads
+def _spy_on_taps(monkeypatch: pytest.MonkeyPatch) -> list[nats_internals.DirectTap | None]:
+    taps: list[nats_internals.DirectTap | None] = []
+    tap_direct = nats_internals.tap_direct
 
-    def spy(*args: Any) -> nats_internals.PayloadTap | None:
-        taps.append(tap_payloads(*args))
+    def spy(*args: Any) -> nats_internals.DirectTap | None:
+        taps.append(tap_direct(*args))
         return taps[-1]
 
-    monkeypatch.setattr(nats_internals, "tap_payloads", spy)
+    monkeypatch.setattr(nats_internals, "tap_direct", spy)
     return taps
 
 
@@ -64,9 +64,9 @@ async def test_on_the_pinned_nats_py_every_fast_path_is_engaged(
     publisher = Publisher(nc)
     with capture_logs() as logged:
         acks = await publisher.store_all(_records(0, 500))
-        payloads = await read_payloads(nc, js, STREAM, "fence.>", last_per_subject=True)
+        payloads = await read_payloads(nc, js, STREAM, "fence.>")
     assert [a.seq for a in acks] == list(range(1, 501))
-    assert len(payloads) == 50
+    assert payloads == [b"record %d" % i for i in range(500)]
     assert nats_internals.fast_paths(nc) == nats_internals.FastPaths(frames=True, parser=True)
     assert publisher.fast_acks
     assert taps and taps[0] is not None
@@ -83,15 +83,15 @@ async def test_the_ack_lane_and_the_payload_tap_share_one_connection(
     await publisher.store_all(_records(0, 3000))
     assert publisher.fast_acks
     routes_beside_the_tap: list[int] = []
-    tap_payloads = nats_internals.tap_payloads
+    tap_direct = nats_internals.tap_direct
 
-    def spy(*args: Any) -> nats_internals.PayloadTap | None:
-        tap = tap_payloads(*args)
+    def spy(*args: Any) -> nats_internals.DirectTap | None:
+        tap = tap_direct(*args)
         router = nc._ps
         routes_beside_the_tap.append(len(router._routes) if isinstance(router, nats_internals._Router) else 0)
         return tap
 
-    monkeypatch.setattr(nats_internals, "tap_payloads", spy)
+    monkeypatch.setattr(nats_internals, "tap_direct", spy)
 
     async def keep_storing() -> list[Ack]:
         acks: list[Ack] = []
@@ -103,7 +103,7 @@ async def test_the_ack_lane_and_the_payload_tap_share_one_connection(
     payloads = await read_payloads(nc, js, STREAM, "fence.>", batch=100)
     acks = await storing
     assert [a.seq for a in acks] == list(range(3001, 9001))
-    assert routes_beside_the_tap == [2]  # the tap went in beside the ack lane, on one wrapper
+    assert routes_beside_the_tap and set(routes_beside_the_tap) == {2}  # beside the ack lane, on one wrapper
     stored = [m.data for m in await read_all(nc, js, STREAM, "fence.>")]
     assert payloads == stored[:len(payloads)] and len(payloads) >= 3000
     assert publisher.fast_acks and isinstance(nc._ps, nats_internals._Router)
@@ -198,14 +198,19 @@ def _msg(subject: bytes, sid: int, body: bytes) -> bytes:
     return b"MSG %s %d %d\r\n%s\r\n" % (subject, sid, len(body), body)
 
 
+def _stored(seq: int, body: bytes) -> bytes:
+    """A direct get's answer: the record with its stream headers, on the read's inbox (sid 7)."""
+    header = b"NATS/1.0\r\nNats-Stream: HP_NODES\r\nNats-Subject: hp.node.c.n%d\r\nNats-Sequence: %d\r\n\r\n" % (seq, seq)
+    return b"HMSG _INBOX.r 7 %d %d\r\n%s%s\r\n" % (len(header), len(header) + len(body), header, body)
+
+
 _WIRE = b"".join([
     _msg(b"_INBOX.p.b0_0", 5, b'{"stream":"S","seq":1}'),  # an ack
-    b"MSG hp.node.c.n1 7 $JS.ACK.HP_NODES.x.1.1.1.1.2 7\r\nfirst-1\r\n",  # a delivery to the read
+    _stored(1, b"first-1"),  # an answer to the read
     b"HMSG _INBOX.p.b0_1 5 %d %d\r\n%s\r\n" % (len(_NO_STREAM), len(_NO_STREAM), _NO_STREAM),  # ack with headers
     b"PING\r\n",
     _msg(b"_INBOX.p.b0_2", 5, b'{"seq":3}\r\n'),  # an ack whose body holds CRLF
-    b"HMSG hp.node.c.n2 7 $JS.ACK.HP_NODES.x.1.2.2.1.1 %d %d\r\n%sheaded\r\n" % (
-        len(_HEADER), len(_HEADER) + 6, _HEADER),
+    _stored(2, b"headed"),
     b"MSG other 9 12\r\nnot\r\nours!!!\r\n",
 ])
 
@@ -224,7 +229,7 @@ async def test_acks_and_payloads_are_routed_by_subscription_at_every_split() -> 
         ack_route = nats_internals._AckRoute(lambda token, body, seen=acks: seen.append((token, body)),
                                              len(b"_INBOX.p."))
         router.add(5, ack_route)
-        tap = nats_internals.PayloadTap(router, 7, payloads, lambda: None)
+        tap = nats_internals.DirectTap(router, 7, lambda seq, body, out=payloads: out.append(body), print)
         router.add(7, tap)
         await connection._ps.parse(_WIRE[:split])
         await connection._ps.parse(_WIRE[split:])
@@ -245,8 +250,8 @@ async def test_a_route_removed_while_its_message_waits_leaves_it_to_nats_py() ->
     router = nats_internals._Router.install(connection)  # type: ignore[arg-type]
     assert router is not None
     payloads: list[bytes] = []
-    tap = nats_internals.PayloadTap(router, 7, payloads, lambda: None)
-    keep = nats_internals.PayloadTap(router, 8, [], lambda: None)
+    tap = nats_internals.DirectTap(router, 7, lambda seq, body: payloads.append(body), print)
+    keep = nats_internals.DirectTap(router, 8, lambda seq, body: None, print)
     router.add(7, tap)
     router.add(8, keep)
 
@@ -255,5 +260,7 @@ async def test_a_route_removed_while_its_message_waits_leaves_it_to_nats_py() ->
         connection.calls.append(("ping",))
 
     connection._process_ping = on_ping  # type: ignore[method-assign]
-    await connection._ps.parse(b"PING\r\nMSG s 7 r 2\r\nhi\r\n")
-    assert payloads == [] and connection.calls == [("ping",), ("msg", 7, b"s", b"r", b"hi", None)]
+    answer = _stored(1, b"hi")
+    await connection._ps.parse(b"PING\r\n" + answer)
+    header = answer.split(b"\r\n", 1)[1][:-len(b"hi\r\n")]
+    assert payloads == [] and connection.calls == [("ping",), ("msg", 7, b"_INBOX.r", b"", b"hi", header)]

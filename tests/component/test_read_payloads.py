@@ -1,10 +1,10 @@
 """``read_payloads``: the bulk read behind ``node list`` (issue 5's 100,000-node listing).
 
-It cuts payloads straight out of the connection's buffer instead of letting nats-py build a
-``Msg`` per record (``nats_internals.tap_payloads``, a route of the connection's one parser
-wrapper since issue 16.4), so these tests hold it to what ``read_all`` returns, on a real
-server, with other traffic on the same connection, and to nats-py's own parser for every
-byte split.
+It reads by direct gets (SEC-8: no consumer) and cuts the answers' payloads and sequences
+straight out of the connection's buffer instead of letting nats-py build a ``Msg`` per
+record (``nats_internals.tap_direct``, a route of the connection's one parser wrapper), so
+these tests hold it to what ``read_all`` returns, on a real server, with other traffic on the
+same connection, and to nats-py's own parser for every byte split.
 """
 
 from __future__ import annotations
@@ -39,14 +39,14 @@ async def test_payloads_equal_read_all_with_other_traffic_on_the_connection(
     await js.publish("hp.node.c0.n00000", b'{"nodeId":"n00000","latest":true}')  # last per subject wins
 
     installed: list[object] = []
-    install = nats_internals.tap_payloads
+    install = nats_internals.tap_direct
 
-    def spy(*args: Any) -> nats_internals.PayloadTap | None:
+    def spy(*args: Any) -> nats_internals.DirectTap | None:
         tap = install(*args) if tapped else None
         installed.append(tap)
         return tap
 
-    monkeypatch.setattr(nats_internals, "tap_payloads", spy)
+    monkeypatch.setattr(nats_internals, "tap_direct", spy)
     chatter: list[bytes] = []
 
     async def heard(msg: Any) -> None:
@@ -101,25 +101,29 @@ class _Connection:
         self.calls.append(("err", message))
 
 
-_HEADER = b"NATS/1.0\r\nNats-Msg-Id: a\r\n\r\n"
-_STATUS = b"NATS/1.0 408 Request Timeout\r\n\r\n"
+def _stored(seq: int, body: bytes) -> bytes:
+    """A direct get's answer on the read's inbox (sid 7): the record with its stream headers."""
+    header = b"NATS/1.0\r\nNats-Stream: HP_NODES\r\nNats-Subject: hp.node.c.n%d\r\nNats-Sequence: %d\r\n\r\n" % (seq, seq)
+    return b"HMSG _INBOX.r 7 %d %d\r\n%s%s\r\n" % (len(header), len(header) + len(body), header, body)
+
+
+_EOB = b"NATS/1.0 204 EOB\r\nNats-Num-Pending: 0\r\nNats-Last-Sequence: 3\r\n\r\n"
 _WIRE = b"".join([
-    b"MSG hp.node.c.n1 7 $JS.ACK.HP_NODES.x.1.1.1.1.2 7\r\nfirst-1\r\n",
-    b"HMSG hp.node.c.n2 7 $JS.ACK.HP_NODES.x.1.2.2.1.1 %d %d\r\n%sheaded\r\n" % (
-        len(_HEADER), len(_HEADER) + 6, _HEADER),
+    _stored(1, b"first-1"),
+    _stored(2, b"headed"),
     b"PING\r\n",
     b"MSG other 9 12\r\nnot\r\nours!!!\r\n",
-    b"HMSG _INBOX.x 7 %d %d\r\n%s\r\n" % (len(_STATUS), len(_STATUS), _STATUS),  # no reply: a status
-    b"MSG hp.node.c.n3 7 $JS.ACK.HP_NODES.x.1.3.3.1.0 10\r\nwith\r\ncrlf\r\n",  # binary-safe
+    _stored(3, b"with\r\ncrlf"),  # binary-safe
+    b"HMSG _INBOX.r 7 %d %d\r\n%s\r\n" % (len(_EOB), len(_EOB), _EOB),  # the end of the batch
     b'INFO {"server_id":"s"}\r\n',
 ])
 
 
-def _tap(connection: _Connection, out: list[bytes]) -> nats_internals.PayloadTap:
-    """The tap on sid 7, as ``tap_payloads`` puts it on a connection whose self-test passed."""
+def _tap(connection: _Connection, out: list[object]) -> nats_internals.DirectTap:
+    """The tap on sid 7, as ``tap_direct`` puts it on a connection whose self-test passed."""
     router = nats_internals._Router.install(connection)  # type: ignore[arg-type]
     assert router is not None and connection._ps is router
-    tap = nats_internals.PayloadTap(router, 7, out, lambda: None)
+    tap = nats_internals.DirectTap(router, 7, lambda seq, body: out.append((seq, body)), out.append)
     router.add(7, tap)
     return tap
 
@@ -129,16 +133,16 @@ async def test_the_tap_cuts_every_split_of_the_wire_like_nats_py_would() -> None
     wherever the socket reads happen to split the bytes."""
     plain = _Connection()  # nats-py alone on the same bytes: the reference
     await plain._ps.parse(_WIRE)
-    assert [c[4] for c in plain.calls if c[0] == "msg" and c[1] == 7 and c[3]] == [b"first-1", b"headed",
-                                                                                  b"with\r\ncrlf"]
+    assert [c[4] for c in plain.calls if c[0] == "msg" and c[1] == 7] == [b"first-1", b"headed",
+                                                                         b"with\r\ncrlf", b""]
     for split in range(len(_WIRE) + 1):
         connection = _Connection()
         inner = connection._ps
-        out: list[bytes] = []
+        out: list[object] = []
         tap = _tap(connection, out)
         await connection._ps.parse(_WIRE[:split])
         await connection._ps.parse(_WIRE[split:])
-        assert out == [b"first-1", b"headed", b"with\r\ncrlf"], split
+        assert out == [(1, b"first-1"), (2, b"headed"), (3, b"with\r\ncrlf"), "204"], split
         assert connection.calls == [("ping",), ("msg", 9, b"other", b"", b"not\r\nours!!!", None),
                                     ("info", {"server_id": "s"})], split
         tap.remove()
@@ -147,7 +151,7 @@ async def test_the_tap_cuts_every_split_of_the_wire_like_nats_py_would() -> None
 
 async def test_the_tap_hands_a_half_read_operation_back_when_removed() -> None:
     connection = _Connection()
-    out: list[bytes] = []
+    out: list[object] = []
     tap = _tap(connection, out)
     cut = len(_WIRE) - 10  # inside the INFO line
     await connection._ps.parse(_WIRE[:cut])

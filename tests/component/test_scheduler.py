@@ -92,7 +92,11 @@ def latest(records: list[wire.Allocation]) -> dict[str, wire.Allocation]:
 
 
 @asynccontextmanager
-async def scheduler(nc: NATS, js: JetStreamContext, slots: int = 1) -> AsyncIterator[Processor[SchedulerState]]:
+async def scheduler(server: NatsServer, slots: int = 1) -> AsyncIterator[Processor[SchedulerState]]:
+    """The scheduler's Processor in this process, as the scheduler's own identity: its
+    durables are its alone (SEC-8)."""
+    nc = await connect(server.url, name=SERVICE, creds=creds_for(server, SERVICE), give_up_after=5)
+    js = nc.jetstream()
     proc = Processor(nc=nc, js=js, service=SERVICE, core=SchedulerCore(slots), state_type=SchedulerState,
                      inputs=INPUTS, outputs=OUTPUTS, batch=64)
     proc.tick_every_s = 0.05
@@ -103,6 +107,7 @@ async def scheduler(nc: NATS, js: JetStreamContext, slots: int = 1) -> AsyncIter
     finally:
         proc.stop()
         await task
+        await nc.close()
 
 
 async def replayed(nc: NATS, js: JetStreamContext) -> SchedulerState:
@@ -114,9 +119,7 @@ async def replayed(nc: NATS, js: JetStreamContext) -> SchedulerState:
         for msg in await read_all(nc, js, spec.stream, filters):
             if msg.subject.startswith(FENCE_MARKS):
                 continue  # a lease holder's mark, not a record: the Processor passes over it too
-            meta = msg.metadata
-            state, _, _ = core.step(state, Inbound(spec.stream, meta.sequence.stream, msg.subject, msg.data, {},
-                                                meta.timestamp, True))
+            state, _, _ = core.step(state, Inbound(spec.stream, msg.seq, msg.subject, msg.data, {}, msg.time, True))
     return state
 
 
@@ -130,7 +133,7 @@ def settled(state: SchedulerState, core: SchedulerCore, now: datetime) -> Schedu
 # ---------------------------------------------------------------------------- placement
 
 
-async def test_placement_honours_status_holds_pol5_and_definitions(nc: NATS, js: JetStreamContext) -> None:
+async def test_placement_honours_status_holds_pol5_and_definitions(nats_server: NatsServer, nc: NATS, js: JetStreamContext) -> None:
     """EVI-8 and POL-5 on the bus: only READY nodes without holds, never below the definition's
     drainBelow, a node that never reported is placed on; steps finish after their duration."""
     config = parse_cluster_config({"nodeHealth": {"drainBelow": 45},
@@ -139,7 +142,7 @@ async def test_placement_honours_status_holds_pol5_and_definitions(nc: NATS, js:
     await put(js, view("cordoned", status="CORDONED", held=True), view("not-ready", status="NOT_READY"),
               view("offline", status="OFFLINE"), view("gated", score=40), view("never-reported", score=None),
               view("tolerant-40", score=40, definition="tolerant"), view("cpu", definition="cpu-pool"))
-    async with scheduler(nc, js) as proc:
+    async with scheduler(nats_server) as proc:
         await put(js, job("gpu-work", steps=3, duration=0.5, definition="gpu-pool"), job("any", steps=3, duration=0.5))
 
         async def all_finished() -> bool:
@@ -161,11 +164,11 @@ async def test_placement_honours_status_holds_pol5_and_definitions(nc: NATS, js:
 # ---------------------------------------------------------------------------- directives
 
 
-async def test_requeue_and_fail_directives_are_obeyed(nc: NATS, js: JetStreamContext) -> None:
+async def test_requeue_and_fail_directives_are_obeyed(nats_server: NatsServer, nc: NATS, js: JetStreamContext) -> None:
     """EVI-8: requeue -> `requeued` with the message and the step placed elsewhere with
     node_fault_restarts + 1; fail -> `failed` with the message, the job failed, no retry."""
     await put(js, view("n1"), view("n2"), view("n3"))
-    async with scheduler(nc, js) as proc:
+    async with scheduler(nats_server) as proc:
         await put(js, job("j1", steps=2, duration=60, retry=True))
 
         async def both_started() -> bool:
@@ -196,11 +199,11 @@ async def test_requeue_and_fail_directives_are_obeyed(nc: NATS, js: JetStreamCon
     assert state.jobs[f"{CLUSTER}\x00j1"].failed
 
 
-async def test_terminate_is_answered_rejected_on_request_and_the_node_is_never_used_again(
+async def test_terminate_is_answered_rejected_on_request_and_the_node_is_never_used_again(nats_server: NatsServer,
         nc: NATS, js: JetStreamContext) -> None:
     """EVI-8: the scheduler plays the provisioner of the simulated fleet."""
     await put(js, view("n1"), view("n2"))
-    async with scheduler(nc, js):
+    async with scheduler(nats_server):
         refusal = "RequestLimitExceeded: Request limit exceeded."
         await put(js, wire.ProviderSetting(node_id="n1", cluster=CLUSTER, reject_terminations=True, message=refusal,
                                            set_at=T0, actor="test"),
@@ -234,12 +237,12 @@ async def test_terminate_is_answered_rejected_on_request_and_the_node_is_never_u
 # ---------------------------------------------------------------------------- restart safety
 
 
-async def test_stopped_mid_run_and_restarted_nothing_is_emitted_twice(nc: NATS, js: JetStreamContext) -> None:
+async def test_stopped_mid_run_and_restarted_nothing_is_emitted_twice(nats_server: NatsServer, nc: NATS, js: JetStreamContext) -> None:
     """REL-1: a scheduler stopped in the middle of a run and a new one started from its snapshot
     emit every allocation record once, and end in the state a full replay reaches."""
     await put(js, *[view(f"n{i}") for i in range(6)])
     await put(js, *[job(f"j{i:02d}", steps=2, duration=0.2) for i in range(30)])
-    async with scheduler(nc, js):
+    async with scheduler(nats_server):
         async def some() -> bool:
             return len(await allocations(nc, js)) >= 25
 
@@ -252,7 +255,7 @@ async def test_stopped_mid_run_and_restarted_nothing_is_emitted_twice(nc: NATS, 
     await put(js, wire.Directive(id="while-down", node_id=running[0].node_id, cluster=CLUSTER, action="requeue",
                                  message="requeued while the scheduler was down", issued_at=T0,
                                  allocation_id=running[0].id))
-    async with scheduler(nc, js) as proc:
+    async with scheduler(nats_server) as proc:
         async def done() -> bool:
             return len(proc.state.done) == 30 and not proc.state.jobs
 
@@ -358,7 +361,7 @@ async def test_sim_provider_reject_is_what_the_scheduler_answers(nats_server: Na
     said = await asyncio.to_thread(cli, nats_server, "sim", "provider", "reject", "sim-003", "--message",
                                    "InsufficientInstanceCapacity: try again later")
     assert said.returncode == 0 and "reject terminations of sim-003" in said.stdout
-    async with scheduler(nc, js):
+    async with scheduler(nats_server):
         await put(js, wire.Directive(id="t1", node_id="sim-003", cluster=CLUSTER, action="terminate",
                                      message="deprovision --force by operator", issued_at=T0))
 

@@ -16,6 +16,7 @@ from nats.js import JetStreamContext
 
 from healthplane.contracts import subjects, wire
 from healthplane.stack.natsserver import NatsServer
+from tests.support.live import live
 from tests.support.secure import env_for
 from tests.unit.collector.test_inventory import machine, pci_device
 
@@ -65,7 +66,7 @@ async def test_resource_report_names_the_gpus_the_driver_reads_COL_11(
     config = tmp_path / "collector.yaml"
     config.write_text(json.dumps({"config": {"node-id": "gpu-node-7", "cluster": "lab",
                                              "health": {"report-interval-seconds": 3600}}}))
-    resources = await js.subscribe(subjects.resource("lab", "gpu-node-7"))
+    resources = await live(js, subjects.resource("lab", "gpu-node-7"))
     log = tmp_path / "collector.log"
     with log.open("ab") as stderr:
         process = subprocess.Popen(

@@ -59,7 +59,7 @@ async def test_sec9_no_stream_a_viewer_reads_holds_the_webhook_secret(nats_serve
             for stream in [s.name for s in streams.STREAMS]:
                 for msg in await read_all(viewer, vjs, stream, ">"):
                     raw = (msg.data or b"") + b"".join(f"{k}:{v}".encode() for k, v in (msg.headers or {}).items())
-                    assert SECRET.encode() not in raw, f"{stream} record {msg.metadata.sequence.stream} holds it"
+                    assert SECRET.encode() not in raw, f"{stream} record {msg.seq} holds it"
         finally:
             await viewer.close()
         assert SECRET not in log.read_text(errors="replace")

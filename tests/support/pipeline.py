@@ -192,7 +192,7 @@ async def assert_views_equal_a_replay(nc: NATS, js: JetStreamContext, fleet: Fle
     replay of the assessments by one core."""
     core, state = ScorerCore(), ScorerCore().initial_state()
     async for msg in replay(js, "HP_ASSESSMENTS", "hp.assess.>"):
-        state, _, _ = core.step(state, Inbound("HP_ASSESSMENTS", msg.metadata.sequence.stream, msg.subject, msg.data,
+        state, _, _ = core.step(state, Inbound("HP_ASSESSMENTS", msg.seq, msg.subject, msg.data,
                                             {}, T0, True))
     latest = {v.node_id: v for v in (wire.decode(wire.NodeView, m.data) for m in
                                      await read_all(nc, js, "HP_NODES", "hp.node.>", last_per_subject=True))}

@@ -85,9 +85,9 @@ async def ensure_toy_streams(js: JetStreamContext, suffix: str = "", duplicate_w
                              latest_per_key: bool = False) -> None:
     """``latest_per_key``: the output stream keeps one record per subject (per key), as the
     assessments and node views do."""
-    await js.add_stream(name=f"TOY_IN{suffix}", subjects=[f"toy{suffix}.in.>"])
+    await js.add_stream(name=f"TOY_IN{suffix}", subjects=[f"toy{suffix}.in.>"], allow_direct=True)
     await js.add_stream(name=f"TOY_OUT{suffix}", subjects=[f"toy{suffix}.out.>"], duplicate_window=duplicate_window,
-                        max_msgs_per_subject=1 if latest_per_key else -1)
+                        max_msgs_per_subject=1 if latest_per_key else -1, allow_direct=True)
 
 
 def processor(nc, js, suffix: str = "", snapshot_every: int = 200, batch: int = 50, log=None,  # type: ignore[no-untyped-def]

@@ -12,6 +12,8 @@ import importlib
 import sys
 from typing import TYPE_CHECKING, Any, Final
 
+from healthplane.contracts import streams
+
 if TYPE_CHECKING:
     from healthplane.cli.common import CommandGroup
 
@@ -48,7 +50,7 @@ SCHEDULERS: Final[dict[str, str]] = {"reference": "scheduler", "slurm": "slurm-a
 # The per-node folds that run as partitions of the node space (HA-4, ``--partitions P``); the
 # others decide over the whole fleet at once (policy's guardrails and breaker, eviction's holds
 # and directives, the schedulers' placement) and run as one holder with standbys.
-PARTITIONED: Final = ("health-ingest", "scorer")
+PARTITIONED: Final = streams.PARTITIONED
 
 
 def control_plane(scheduler: str = "reference") -> tuple[str, ...]:

@@ -16,12 +16,12 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from nats.aio.client import Client as NATS
-from nats.aio.msg import Msg
 
 from healthplane.client.errors import EXIT_RETRY, CommandFailed, PermissionDenied
 from healthplane.contracts import permissions, wire
 from healthplane.runtime import creds
 from healthplane.runtime.connect import connect, default_creds
+from healthplane.runtime.replay import StoredMsg
 
 R = TypeVar("R", bound=wire.Record)
 T = TypeVar("T")
@@ -122,12 +122,12 @@ def decoded_or_skipped(kind: type[R], data: bytes, where: Callable[[], str]) -> 
         return None
 
 
-def decoded(kind: type[R], messages: Iterable[Msg]) -> list[tuple[Msg, R]]:
+def decoded(kind: type[R], messages: Iterable[StoredMsg]) -> list[tuple[StoredMsg, R]]:
     """Each message with its record; one that is not a ``kind`` is named and skipped."""
     out = []
     for msg in messages:
         record = decoded_or_skipped(kind, msg.data, lambda msg=msg: (  # type: ignore[misc]
-            f"{msg.metadata.stream} record {msg.metadata.sequence.stream} ({msg.subject})"))
+            f"{msg.stream} record {msg.seq} ({msg.subject})"))
         if record is not None:
             out.append((msg, record))
     return out

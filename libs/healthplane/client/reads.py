@@ -258,7 +258,7 @@ async def event_page(nc: NATS, js: JetStreamContext, node_id: str, cluster: str 
     if start_after is not None:
         found = [(m, e) for m, e in found if e.occurred_at >= start_after]
     page, rest = found[:page_size], found[page_size:]
-    next_token = None if latest or not rest else page_token(rest[0][0].metadata.sequence.stream)
+    next_token = None if latest or not rest else page_token(rest[0][0].seq)
     return EventPage([e for _, e in page], next_token)
 
 

@@ -157,17 +157,45 @@ def reads(role: str) -> tuple[str, ...]:
 
 
 def stream_reads(stream: str) -> tuple[str, ...]:
-    """The JetStream API subjects that read ``stream``: info, gets, consumers and their acks."""
+    """The JetStream API subjects that read ``stream`` without a consumer (SEC-8): its info,
+    gets and direct gets (``runtime.replay``), and what its consumers are and how far they
+    got (``nats consumer ls/info``: read-only, and the list tells it all anyway; the control
+    is what is kept from readers)."""
     api = "$JS.API"
     return (
         f"{api}.STREAM.INFO.{stream}", f"{api}.STREAM.MSG.GET.{stream}",
         f"{api}.DIRECT.GET.{stream}", f"{api}.DIRECT.GET.{stream}.>",
-        f"{api}.CONSUMER.CREATE.{stream}", f"{api}.CONSUMER.CREATE.{stream}.>",
-        f"{api}.CONSUMER.DURABLE.CREATE.{stream}.>", f"{api}.CONSUMER.INFO.{stream}.>",
-        f"{api}.CONSUMER.DELETE.{stream}.>", f"{api}.CONSUMER.MSG.NEXT.{stream}.>",
-        f"{api}.CONSUMER.NAMES.{stream}", f"{api}.CONSUMER.LIST.{stream}",
-        f"$JS.ACK.{stream}.>", f"$JS.FC.{stream}.>",
+        f"{api}.CONSUMER.NAMES.{stream}", f"{api}.CONSUMER.LIST.{stream}", f"{api}.CONSUMER.INFO.{stream}.*",
     )
+
+
+def consumer_control(stream: str, consumer: str) -> tuple[str, ...]:
+    """Everything that makes, changes, reads from or acks one named consumer. Only by name:
+    the unnamed create (``CONSUMER.CREATE.<stream>``) takes a name in its body and so reaches
+    every consumer of the stream (it re-filters a durable), and is granted to no one where
+    a service holds a durable."""
+    api = "$JS.API.CONSUMER"
+    return (f"{api}.CREATE.{stream}.{consumer}", f"{api}.CREATE.{stream}.{consumer}.>",
+            f"{api}.DURABLE.CREATE.{stream}.{consumer}", f"{api}.DELETE.{stream}.{consumer}",
+            f"{api}.MSG.NEXT.{stream}.{consumer}", f"$JS.ACK.{stream}.{consumer}.>")
+
+
+def watches(stream: str) -> tuple[str, ...]:
+    """An ordered push consumer the server names (nats-py's KV watch and ``keys()``): only on
+    a KV stream, where no service holds a durable."""
+    return (f"$JS.API.CONSUMER.CREATE.{stream}", f"$JS.FC.{stream}.>")
+
+
+def own_consumers(role: str) -> tuple[str, ...]:
+    """The consumer API of ``role``'s own durables (``streams.durables_of``) and its KV watches."""
+    if role not in SERVICE_ROLES:
+        return ()
+    out = [subject for stream, consumer in streams.durables_of(role)
+           for subject in consumer_control(stream, consumer)]
+    out += watches(f"KV_{streams.LEASES_BUCKET}")  # its lease (runtime.lease)
+    if role == "substrate-bridge":
+        out += watches(f"KV_{streams.NODES_BUCKET}")  # the keys it holds (at start)
+    return tuple(out)
 
 
 def _extra_publish(role: str) -> tuple[str, ...]:
@@ -199,7 +227,7 @@ def _extra_publish(role: str) -> tuple[str, ...]:
         # It may also repair the nodes bucket by hand (purge a stale node's key), and move a
         # stream's leadership off a member before its host goes down (HA-2).
         return (*common, "$JS.API.STREAM.CREATE.*", "$JS.API.STREAM.UPDATE.*", "$JS.API.STREAM.LEADER.STEPDOWN.*",
-                "hp.sim.>",
+                "hp.sim.>", *consumer_control(SOURCED_STREAM, HUB_CONSUMER),  # a member's offer to its hub (FED)
                 f"$KV.{streams.NODES_BUCKET}.>", *replayable)
     return common
 
@@ -257,6 +285,7 @@ def of(role: str) -> Permissions:
     publish = [*publishes(role), *_extra_publish(role), own_inbox]
     for stream in reads(role):
         publish += stream_reads(stream)
+    publish += own_consumers(role)
     subscribe = [own_inbox, *_extra_subscribe(role)]
     # The simulator answers `sim inject` requests on the asker's inbox.
     if role == NODE:

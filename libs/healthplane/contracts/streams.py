@@ -40,6 +40,12 @@ LEASE_TTL_S: Final = 10.0
 # 4, 6, 8 and 12, so the usual P split the nodes evenly. Whether an install has slots is
 # chosen when its streams are created (``ensure(slotted=True)``, ``up --partitions``).
 PARTITION_SLOTS: Final = 24
+# The services that may run as P partitions (up --partitions): their durable consumers carry
+# the partition's index, and the permissions name every index a partition may have (SEC-8).
+PARTITIONED: Final = ("health-ingest", "scorer")
+# Durable consumers a service names after itself alone (the others are consumer_name's).
+NAMED_DURABLES: Final[dict[str, tuple[str, ...]]] = {
+    "substrate-bridge": ("HP_RESOURCES",), "webhook-dispatcher": ("HP_NODE_EVENTS",)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +81,9 @@ class StreamDef:
     description: str = ""
     # The services that read it (consumers, direct gets); viewers and admins read every stream.
     readers: tuple[str, ...] = ()
+    # Whether its readers consume it with durable consumers (SEC-8 names those in the
+    # permissions); False: read only now and then, by direct gets (snapshots, dead letters).
+    durable: bool = True
     # The per-node channel whose records get the slot token in a partitioned install (HA-4).
     slotted: str | None = None
 
@@ -254,14 +263,16 @@ STREAMS: Final[tuple[StreamDef, ...]] = (
         Channel("hp.snapshot.{service}.{partition}", "snapshot", "every stateful service",
                 "Latest folded state per service and partition", SERVICES),
         _fence("snapshot"),),
-        max_msgs_per_subject=1, description="latest snapshot per service and partition", readers=SERVICES),
+        max_msgs_per_subject=1, description="latest snapshot per service and partition", readers=SERVICES,
+        durable=False),
     # Bounded in bytes as well as age: a peer that floods garbage fills it, never the disk.
     StreamDef("HP_DEAD_LETTERS", (
         Channel("hp.dead.{service}.{stream}", None, "every service",
                 "An input the service could not process, byte for byte; what happened in Hp-Dead-* headers",
                 SERVICES),),
         max_age=30 * DAY, max_bytes=256 * 1024 * 1024,
-        description="inputs a service could not process, with the error (30 days)", readers=SERVICES),
+        description="inputs a service could not process, with the error (30 days)", readers=SERVICES,
+        durable=False),
 )
 CHANNELS: Final[tuple[Channel, ...]] = tuple(c for s in STREAMS for c in s.channels)
 STREAMS_BY_NAME: Final = {s.name: s for s in STREAMS}
@@ -316,3 +327,22 @@ def stored_filters(stream: str, filters: Iterable[str], slots: Iterable[int] | N
             raise ValueError(f"{stream}: filter {subject} does not select node records, a partition cannot split it")
         per_node.append(".".join(t if t != "*" or c == "*" else c for t, c in zip(tokens, channel, strict=True)))
     return tuple(f"{subject}.{slot}" for subject in per_node for slot in slots)
+
+
+def consumer_name(service: str, stream: str, partition: int = 0) -> str:
+    """The durable consumer of partition ``partition`` of ``service`` on ``stream``: the only
+    consumers of a stream, each its service's alone (SEC-8; readers use direct gets). Named by
+    the partition's index, not its layout (``2``, not ``2of4``), so that the permissions can
+    name every consumer a service may ever hold: one per slot at most. Two layouts of one
+    service never run at once (each folds every slot: they would write each view twice)."""
+    return f"{service}_{partition}-{stream}".replace(".", "_")
+
+
+def durables_of(service: str) -> tuple[tuple[str, str], ...]:
+    """Every (stream, consumer) ``service`` may hold: one per stream it reads and partition it
+    may run as, and the ones it names after itself."""
+    partitions = range(PARTITION_SLOTS) if service in PARTITIONED else range(1)
+    found = [(s.name, consumer_name(service, s.name, p)) for s in STREAMS if service in s.readers and s.durable
+             for p in partitions]
+    found += [(stream, service) for stream in NAMED_DURABLES.get(service, ())]
+    return tuple(found)

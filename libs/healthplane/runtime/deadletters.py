@@ -24,7 +24,6 @@ from datetime import datetime
 from typing import Any, Final, Literal
 
 from nats.aio.client import Client as NATS
-from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
 from healthplane import __version__
@@ -34,7 +33,7 @@ from healthplane.runtime.backoff import Backoff
 from healthplane.runtime.logs import LogBudget
 from healthplane.runtime.publish import Outbound, Publisher, PublishError
 from healthplane.runtime.pull import Delivery
-from healthplane.runtime.replay import read_all
+from healthplane.runtime.replay import StoredMsg, read_all
 
 STREAM: Final = "HP_DEAD_LETTERS"
 Reason = Literal["malformed", "error", "refused"]
@@ -91,15 +90,14 @@ def record(*, service: str, producer: str, input_stream: str, input_seq: int, in
     return subjects.dead_letter(service, input_stream), payload, headers
 
 
-def parse(msg: Msg) -> DeadLetter:
-    headers: Mapping[str, str] = msg.headers or {}
-    meta = msg.metadata
+def parse(msg: StoredMsg) -> DeadLetter:
+    headers: Mapping[str, str] = msg.headers
     seq = headers.get(INPUT_SEQ, "0")
     return DeadLetter(
-        id=meta.sequence.stream, service=headers.get(SERVICE, "?"), producer=headers.get(PRODUCER, ""),
+        id=msg.seq, service=headers.get(SERVICE, "?"), producer=headers.get(PRODUCER, ""),
         input_stream=headers.get(INPUT_STREAM, "?"), input_seq=int(seq) if seq.isdigit() else 0,
         input_subject=headers.get(INPUT_SUBJECT, ""), reason=headers.get(REASON, "?"),
-        error=headers.get(ERROR, ""), service_version=headers.get(VERSION, "?"), recorded_at=meta.timestamp,
+        error=headers.get(ERROR, ""), service_version=headers.get(VERSION, "?"), recorded_at=msg.time,
         payload=msg.data or b"", truncated=headers.get(TRUNCATED) == "true")
 
 

@@ -10,7 +10,7 @@ nats-py's public API:
   parser's ``buf``, ``state`` and ``reset``) that cuts the deliveries of chosen subscriptions
   (by ``Subscription._id``) out of the socket buffer before nats-py matches them with regular
   expressions and builds a ``Msg``, a queue entry and a task for each: a publisher's acks
-  (:func:`route_acks`) and a bulk read's payloads (:func:`tap_payloads`), on one connection
+  (:func:`route_acks`) and a bulk read's direct-get answers (:func:`tap_direct`), on one connection
   at once. Everything else goes, whole and in order, to nats-py's own parser.
 
 A nats-py release that kept these names but changed what they mean would lose acks without
@@ -39,6 +39,7 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.errors import ConnectionClosedError
+from nats.js import JetStreamContext
 from nats.protocol.parser import AWAITING_CONTROL_LINE, Parser
 
 from healthplane.runtime import logs, metrics
@@ -501,42 +502,52 @@ def routes_acks(nc: NATS, sub: Subscription) -> bool:
     return isinstance(router, _Router) and sid is not None and isinstance(router.routes(sid), _AckRoute)
 
 
-class PayloadTap(_Route):
-    """A bulk read's deliveries: the payload of each message with a reply subject (a
-    JetStream data message) is appended to ``out``, headers dropped; messages without one are
-    JetStream status messages and are dropped too. ``progress`` is called after each read."""
+class DirectTap(_Route):
+    """A direct get's answers (``runtime.replay``): each stored record (headers, no reply
+    subject) goes to ``on_record`` as (its ``Nats-Sequence``, its payload), sliced out of the
+    socket buffer; the closing status (``204 EOB``, ``404``) goes to ``on_status`` as its code."""
 
-    __slots__ = ("_out", "_progress", "_router", "_sid")
+    __slots__ = ("_on_record", "_on_status", "_router", "_sid")
 
-    def __init__(self, router: _Router, sid: int, out: list[bytes], progress: Callable[[], None]) -> None:
+    def __init__(self, router: _Router, sid: int, on_record: Callable[[int, bytes], None],
+                 on_status: Callable[[str], None]) -> None:
         self._router = router
         self._sid = sid
-        self._out = out
-        self._progress = progress
+        self._on_record = on_record
+        self._on_status = on_status
 
     def take(self, line: list[bytes], data: bytes, start: int, end: int) -> bool:
-        if line[0] == b"MSG":
-            if len(line) == 5:
-                self._out.append(data[start:end])
-        elif len(line) == 6:
-            self._out.append(data[start + int(line[-2]):end])
+        if line[0] != b"HMSG" or len(line) != 5:
+            return False  # not an answer of this shape: nats-py's path
+        body = start + int(line[-2])
+        if data.startswith(b"NATS/1.0\r\n", start):
+            at = data.find(b"Nats-Sequence: ", start, body)
+            if at < 0:
+                return False
+            at += 15
+            self._on_record(int(data[at:data.index(b"\r\n", at)]), data[body:end])
+        else:
+            self._on_status(data[start + 9:start + 12].decode())
         return True
 
-    def after_read(self) -> None:
-        self._progress()
-
     def remove(self) -> None:
-        """Stop tapping: later deliveries reach the subscription the ordinary way."""
         self._router.discard(self._sid, self)
 
 
-def tap_payloads(nc: NATS, sub: Subscription, out: list[bytes], progress: Callable[[], None]) -> PayloadTap | None:
-    """Tap the deliveries to ``sub`` (see :class:`PayloadTap`); None where the parser path is
-    off or cannot be put in place now (the subscription then gets them the ordinary way)."""
+def tap_direct(nc: NATS, sub: Subscription, on_record: Callable[[int, bytes], None],
+               on_status: Callable[[str], None]) -> DirectTap | None:
+    """Tap the direct get answers reaching ``sub`` (see :class:`DirectTap`); None where the
+    parser path is off or cannot be put in place now."""
     found = _router_for(nc, sub)
     if found is None:
         return None
     router, sid = found
-    tap = PayloadTap(router, sid, out, progress)
+    tap = DirectTap(router, sid, on_record, on_status)
     router.add(sid, tap)
     return tap
+
+
+def connection_of(js: JetStreamContext) -> NATS:
+    """The connection a JetStream context was made from (nats-py keeps it private)."""
+    nc: NATS = js._nc
+    return nc

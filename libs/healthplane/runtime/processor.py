@@ -45,7 +45,6 @@ from typing import Any, Generic, TypeVar, cast
 
 import msgspec
 from nats.aio.client import Client as NATS
-from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import StreamConfig
 from nats.js.errors import APIError
@@ -77,7 +76,7 @@ from healthplane.runtime.fold import (
 )
 from healthplane.runtime.publish import Ack, Outbound, Publisher, PublishError, Run
 from healthplane.runtime.pull import Delivery, PullLoop
-from healthplane.runtime.replay import read_all
+from healthplane.runtime.replay import StoredMsg, read_all
 
 S = TypeVar("S")
 
@@ -508,7 +507,7 @@ class Processor(Generic[S]):
             return True
 
     def _consumer_name(self, spec: Input) -> str:
-        return f"{self.producer}-{spec.stream}".replace(".", "_")
+        return streams.consumer_name(self.service, spec.stream, self.partition)
 
     async def _create_consumer(self, spec: Input) -> None:
         self._write_allowed()  # the durable is shared by the replicas: only the holder may reset it
@@ -644,7 +643,7 @@ class Processor(Generic[S]):
             info = await self._js.stream_info(stream)
             superseding = drops_records(info.config)
 
-            def note(msg: Msg, superseding: bool = superseding) -> None:
+            def note(msg: StoredMsg, superseding: bool = superseding) -> None:
                 headers = msg.headers or {}
                 if headers.get(PRODUCER_HEADER) != self.producer:
                     return

@@ -1,204 +1,229 @@
-"""Reading a stream from a position to its current end with an ordered consumer.
+"""Reading a stream without a consumer: JetStream's batched direct get (SEC-8).
 
-This is how the CLI reads (per-node subject filters, last-per-subject for listings) and how
-a service finds what it already emitted after a restart (headers only).
+Every read that is not a service's own work (``node list``, ``node events``, the api's read
+model, a restart's scan of what a service already emitted, the simulator's allocations) goes
+through here. A direct get is answered by the stream itself from its store: no consumer is
+made, so a reader needs no right over consumers at all, and the permissions can give each
+service's durable consumers to that service alone (``contracts.permissions``): a viewer, the
+api or another service can neither create, delete, pull from, ack nor re-filter them.
+
+One request asks for up to ``batch`` records matching a filter from a sequence on
+(``{"seq", "next_by_subj", "batch", "max_bytes"}``); the stream answers with the records, each
+with ``Nats-Sequence``/``Nats-Subject``/``Nats-Time-Stamp``/``Nats-Num-Pending`` headers, then
+a ``204 EOB`` status (or ``404`` when nothing matches). A read takes the stream's last
+sequence first and stops there: records stored meanwhile are the next read's.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
-from datetime import datetime
+from collections.abc import AsyncIterator, Callable, Iterable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Final
 
 import msgspec
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
-from nats.js.api import AckPolicy, ConsumerConfig, ConsumerInfo, DeliverPolicy
 from nats.js.errors import NotFoundError
 
 from healthplane.contracts import streams
 from healthplane.runtime import nats_internals
-from healthplane.runtime.pull import stream_seq_of
+
+BATCH: Final = 4096
+# Bytes per answer: the stream stops a batch there (its own default is the client's whole
+# pending allowance, 64 MiB, which one answer could fill).
+MAX_BYTES: Final = 8 * 1024 * 1024
+EMPTY: Final = "404"
+END_OF_BATCH: Final = "204"
+NO_RESPONDERS: Final = "503"
 
 
-async def replay(
-    js: JetStreamContext,
-    stream: str,
-    subject: str | None = None,
-    *,
-    start_seq: int = 1,
-    last_per_subject: bool = False,
-    headers_only: bool = False,
-    idle_timeout_s: float = 5.0,
-) -> AsyncIterator[Msg]:
-    """Yield every message of ``stream`` (matching ``subject``) from ``start_seq`` to the end
-    as it was when the replay started, in order."""
-    try:
-        info = await js.stream_info(stream, subjects_filter=subject if subject and "*" not in subject and ">" not in subject else None)
-    except NotFoundError:
-        return
-    end = info.state.last_seq
-    if end < start_seq or info.state.messages == 0:
-        return
-    if last_per_subject:
-        policy, opt_start = DeliverPolicy.LAST_PER_SUBJECT, None
-    elif start_seq <= max(1, info.state.first_seq):
-        policy, opt_start = DeliverPolicy.ALL, None
+@dataclass(frozen=True, slots=True)
+class StoredMsg:
+    """One stored record, as a direct get returns it."""
+
+    stream: str
+    seq: int
+    subject: str
+    time: datetime
+    headers: dict[str, str]
+    data: bytes
+
+
+class ReadError(Exception):
+    """The stream answered a read with an error (not 'nothing here')."""
+
+
+def _time(text: str) -> datetime:
+    # RFC 3339 with nanoseconds: Python keeps microseconds.
+    head, _, fraction = text.rstrip("Z").partition(".")
+    micros = (fraction + "000000")[:6] if fraction else "000000"
+    return datetime.fromisoformat(f"{head}.{micros}").replace(tzinfo=UTC)
+
+
+def _request(seq: int | None, subject: str, batch: int, start_time: datetime | None = None) -> bytes:
+    body: dict[str, object] = {"next_by_subj": subject, "batch": batch, "max_bytes": MAX_BYTES}
+    if start_time is not None:
+        body["start_time"] = start_time.astimezone(UTC).isoformat().replace("+00:00", "Z")
     else:
-        policy, opt_start = DeliverPolicy.BY_START_SEQUENCE, start_seq
-    sub = await js.subscribe(
-        subject or _only_subject(stream, info.config.subjects or []),
-        stream=stream,
-        ordered_consumer=True,
-        config=ConsumerConfig(deliver_policy=policy, opt_start_seq=opt_start,
-                              headers_only=headers_only or None),
-        pending_msgs_limit=-1,
-        pending_bytes_limit=-1,
-    )
+        body["seq"] = max(1, seq or 1)
+    return msgspec.json.encode(body)
+
+
+class _Answers:
+    """The answers to one request, as they reach an inbox: records, then the end."""
+
+    def __init__(self) -> None:
+        self.records: list[Msg] = []
+        self.done: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+
+    async def on_msg(self, msg: Msg) -> None:
+        headers = msg.headers or {}
+        if "Nats-Sequence" in headers:
+            self.records.append(msg)
+        elif not self.done.done():
+            self.done.set_result(headers.get("Status", ""))
+
+
+async def _ask(nc: NATS, stream: str, body: bytes, timeout_s: float) -> list[Msg]:
+    """One batch: the records the stream sent for ``body`` (empty when none match)."""
+    answers = _Answers()
+    inbox = nc.new_inbox()
+    sub = await nc.subscribe(inbox, cb=answers.on_msg, pending_msgs_limit=-1, pending_bytes_limit=-1)
     try:
-        consumer = await sub.consumer_info()
-        # num_pending counts what is not yet pushed: the server may already have sent
-        # everything, so "nothing to read" also needs nothing delivered.
-        if consumer.num_pending == 0 and not (consumer.delivered and consumer.delivered.consumer_seq):
-            return
-        while True:
-            msg = await sub.next_msg(timeout=idle_timeout_s)
-            yield msg
-            meta = msg.metadata
-            if meta.num_pending == 0 or meta.sequence.stream >= end:
-                return
+        await nc.publish(f"$JS.API.DIRECT.GET.{stream}", body, reply=inbox)
+        try:
+            status = await asyncio.wait_for(answers.done, timeout_s)
+        except TimeoutError:
+            raise TimeoutError(f"reading {stream}: no answer within {timeout_s:g} s") from None
     finally:
         await sub.unsubscribe()
+    if status == NO_RESPONDERS:
+        raise ReadError(f"reading {stream}: the stream does not answer direct gets (allow_direct)")
+    if status not in (END_OF_BATCH, EMPTY, ""):
+        raise ReadError(f"reading {stream}: the stream answered {status}")
+    return answers.records
 
 
-def _only_subject(stream: str, subjects: list[str]) -> str:
-    if len(subjects) != 1:
-        raise ValueError(f"stream {stream} has several subject trees; name the one to replay")
-    return subjects[0]
+async def _extent(js: JetStreamContext, stream: str) -> tuple[int, bool]:
+    """The stream's last sequence (0 when empty or missing), and whether it keeps one record
+    per subject (a read of it is last-per-subject already)."""
+    try:
+        info = await js.stream_info(stream)
+    except NotFoundError:
+        return 0, False
+    return (info.state.last_seq if info.state.messages else 0), info.config.max_msgs_per_subject == 1
+
+
+def _stored(stream: str, msg: Msg) -> StoredMsg:
+    headers = dict(msg.headers or {})
+    seq = int(headers.pop("Nats-Sequence"))
+    subject = headers.pop("Nats-Subject", "")
+    stamp = headers.pop("Nats-Time-Stamp", "")
+    for name in ("Nats-Stream", "Nats-Num-Pending", "Nats-Last-Sequence"):
+        headers.pop(name, None)
+    return StoredMsg(stream, seq, subject, _time(stamp) if stamp else datetime.now(UTC), headers, msg.data)
+
+
+async def _scan(nc: NATS, stream: str, subject: str, *, start_seq: int, end: int, start_time: datetime | None,
+                limit: int | None, batch: int, timeout_s: float) -> AsyncIterator[StoredMsg]:
+    """The records of ``stream`` matching ``subject`` from ``start_seq`` (or ``start_time``) to
+    ``end``, in order."""
+    seq, taken = start_seq, 0
+    first_time = start_time
+    while seq <= end:
+        want = batch if limit is None else min(batch, limit - taken)
+        if want <= 0:
+            return
+        records = await _ask(nc, stream, _request(seq, subject, want, first_time), timeout_s)
+        first_time = None
+        if not records:
+            return
+        for msg in records:
+            stored = _stored(stream, msg)
+            if stored.seq > end:
+                return
+            yield stored
+            taken += 1
+            seq = stored.seq + 1
+        if limit is not None and taken >= limit:
+            return
 
 
 async def read_all(nc: NATS, js: JetStreamContext, stream: str, subject: str | list[str], *,
                    last_per_subject: bool = False, start_seq: int | None = None, start_time: datetime | None = None,
-                   limit: int | None = None, headers_only: bool = False, sink: Callable[[Msg], None] | None = None,
-                   batch: int = 1000, idle_timeout_s: float = 10.0) -> list[Msg]:
-    """Every matching message now in ``stream``, in order, in large pull batches.
+                   limit: int | None = None, headers_only: bool = False, sink: Callable[[StoredMsg], None] | None = None,
+                   batch: int = BATCH, idle_timeout_s: float = 10.0) -> list[StoredMsg]:
+    """Every matching record now in ``stream``, in stream order (the first ``limit``).
 
-    For reads that must be fast over many records (``node list`` over 100,000 nodes, a
-    restart's scan of its own outputs): an ephemeral consumer without acks, drained with batch
-    requests all in flight at once, instead of a push subscription delivering one message at
-    a time. With ``sink`` each message is handed over as it arrives and nothing is kept.
-    """
-    if last_per_subject:
-        policy, opt_start = DeliverPolicy.LAST_PER_SUBJECT, None
-    elif start_seq and start_seq > 1:
-        policy, opt_start = DeliverPolicy.BY_START_SEQUENCE, start_seq
-    elif start_time is not None:
-        policy, opt_start = DeliverPolicy.BY_START_TIME, None
-    else:
-        policy, opt_start = DeliverPolicy.ALL, None
-    info = await _reader(js, stream, subject, policy, opt_start=opt_start,
-                         start_time=start_time if start_time and not opt_start else None, headers_only=headers_only)
-    if info is None:
+    ``last_per_subject`` keeps the latest record of each subject (a stream that keeps one per
+    subject already holds only those). With ``sink`` each record is handed over as it is
+    read and nothing is kept (not with ``last_per_subject``). ``headers_only`` is accepted for
+    the callers that need no payload; the payload comes anyway (a direct get has no
+    headers-only form)."""
+    del headers_only
+    end, _ = await _extent(js, stream)
+    if not end:
         return []
-    total = info.num_pending or 0
-    if limit is not None:
-        total = min(total, limit)
-    out: list[Msg] = []
-    if total == 0:
-        await _delete_quietly(js, stream, info.name)
-        return out
-    done = asyncio.get_running_loop().create_future()
-    inbox = nc.new_inbox()
-
-    received = 0
-
-    async def on_msg(msg: Msg) -> None:
-        nonlocal received
-        if not msg.reply:
-            return  # status messages: the count below decides when we are done
-        if received < total:
-            received += 1
-            if sink is None:
-                out.append(msg)
+    filters = list(streams.stored_filters(stream, [subject] if isinstance(subject, str) else subject))
+    first = max(1, start_seq or 1)
+    found: list[StoredMsg] = []
+    for filter_ in filters:
+        async for stored in _scan(nc, stream, filter_, start_seq=first, end=end,
+                                  start_time=start_time if not start_seq else None,
+                                  limit=None if last_per_subject else limit, batch=batch, timeout_s=idle_timeout_s):
+            if sink is not None and not last_per_subject and len(filters) == 1:
+                sink(stored)
             else:
-                sink(msg)
-        if received >= total and not done.done():
-            done.set_result(None)
+                found.append(stored)
+    if len(filters) > 1:
+        found.sort(key=lambda m: m.seq)
+    if last_per_subject:
+        latest = {m.subject: m for m in found}
+        found = sorted(latest.values(), key=lambda m: m.seq)
+    if limit is not None:
+        del found[limit:]
+    if sink is not None and found:
+        for stored in found:
+            sink(stored)
+        return []
+    return found
 
-    sub = await nc.subscribe(inbox, cb=on_msg, pending_msgs_limit=-1, pending_bytes_limit=-1)
+
+async def replay(js: JetStreamContext, stream: str, subject: str | None = None, *, start_seq: int = 1,
+                 last_per_subject: bool = False, headers_only: bool = False,
+                 idle_timeout_s: float = 5.0) -> AsyncIterator[StoredMsg]:
+    """Yield every record of ``stream`` (matching ``subject``) from ``start_seq`` to the end as
+    it was when the replay started, in order."""
+    nc = nats_internals.connection_of(js)
     try:
-        await _pull_all(nc, stream, info.name, total, inbox, lambda: received, done, batch, idle_timeout_s)
-    finally:
-        await sub.unsubscribe()
-        await _delete_quietly(js, stream, info.name)
-    out.sort(key=lambda m: stream_seq_of(m.reply))
-    return out
-
-
-async def _reader(js: JetStreamContext, stream: str, subject: str | list[str], policy: DeliverPolicy, *,
-                  opt_start: int | None = None, start_time: datetime | None = None,
-                  headers_only: bool = False) -> ConsumerInfo | None:
-    """An ephemeral consumer without acks for one read; ``None`` when the stream is missing.
-    The filters are the contract's subjects, read whatever the install's partitions (HA-4)."""
-    subjects_ = list(streams.stored_filters(stream, [subject] if isinstance(subject, str) else subject))
-    try:
-        return await js.add_consumer(stream, ConsumerConfig(
-            ack_policy=AckPolicy.NONE, deliver_policy=policy, opt_start_seq=opt_start, opt_start_time=start_time,
-            filter_subject=subjects_[0] if len(subjects_) == 1 else None,
-            filter_subjects=subjects_ if len(subjects_) > 1 else None,
-            headers_only=headers_only or None, inactive_threshold=30.0, mem_storage=True))
+        info = await js.stream_info(stream)
     except NotFoundError:
-        return None
+        return
+    wanted = subject or _only_subject(stream, info.config.subjects or [])
+    for stored in await read_all(nc, js, stream, wanted, start_seq=start_seq, last_per_subject=last_per_subject,
+                                 headers_only=headers_only, idle_timeout_s=idle_timeout_s):
+        yield stored
 
 
-async def _pull_all(nc: NATS, stream: str, consumer: str, total: int, inbox: str, received: Callable[[], int],
-                    done: asyncio.Future[None], batch: int, idle_timeout_s: float) -> None:
-    """Ask for all ``total`` messages at once, in batches the server fills in turn, and wait
-    until ``done``; a read that stops progressing for ``idle_timeout_s`` fails (a long read is
-    fine while it progresses)."""
-    batch = max(batch, -(-total // 64))  # at most 64 requests waiting on the server
-    request = msgspec.json.encode({"batch": batch, "expires": int(3600 * 1e9)})
-
-    async def ask() -> None:
-        for _ in range(-(-total // batch)):
-            await nc.publish(f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{consumer}", request, reply=inbox)
-
-    await ask()
-    # On a cluster the consumer lives on one server, set up there after the create's answer
-    # came back: requests that reach it first are lost. Ask again while nothing has come
-    # (extra requests ask for nothing more than the count; they go with the consumer).
-    wait_s = 0.1
-    while received() == 0 and not done.done() and wait_s < idle_timeout_s:
-        await asyncio.wait([done], timeout=wait_s)
-        if received() == 0 and not done.done():
-            await ask()
-        wait_s *= 2
-    seen = -1
-    while not done.done():
-        if received() == seen:
-            raise TimeoutError(f"reading {stream} stalled after {received()} of {total} messages")
-        seen = received()
-        await asyncio.wait([done], timeout=idle_timeout_s)
-
-
-async def _delete_quietly(js: JetStreamContext, stream: str, consumer: str) -> None:
-    try:
-        await js.delete_consumer(stream, consumer)
-    except Exception:
-        pass  # it expires on its own (inactive threshold)
+def _only_subject(stream: str, subjects_: list[str]) -> str:
+    if len(subjects_) != 1:
+        raise ValueError(f"stream {stream} has several subject trees; name the one to replay")
+    return subjects_[0]
 
 
 async def count_from(js: JetStreamContext, stream: str, subjects_: list[str], start_seq: int) -> int:
-    """How many messages matching ``subjects_`` lie at or after ``start_seq`` (a consumer's
-    pending count: no message is read)."""
-    subjects_ = list(streams.stored_filters(stream, subjects_))
-    info = await js.add_consumer(stream, ConsumerConfig(
-        ack_policy=AckPolicy.NONE, deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=max(1, start_seq),
-        filter_subject=subjects_[0] if len(subjects_) == 1 else None,
-        filter_subjects=subjects_ if len(subjects_) > 1 else None, inactive_threshold=5.0, mem_storage=True))
-    await _delete_quietly(js, stream, info.name)
-    return info.num_pending or 0
+    """How many records matching ``subjects_`` lie at or after ``start_seq``: one record per
+    filter is read, the stream counts the rest (``Nats-Num-Pending``)."""
+    nc = nats_internals.connection_of(js)
+    count = 0
+    for filter_ in streams.stored_filters(stream, subjects_):
+        records = await _ask(nc, stream, _request(start_seq, filter_, 1), 10.0)
+        if records:
+            count += 1 + int((records[0].headers or {}).get("Nats-Num-Pending", "0"))
+    return count
 
 
 async def start_of_last(js: JetStreamContext, stream: str, subjects_: list[str], count: int) -> int:
@@ -217,55 +242,131 @@ async def start_of_last(js: JetStreamContext, stream: str, subjects_: list[str],
     return high
 
 
+# ---------------------------------------------------------------------------- following
+
+
+async def follow(nc: NATS, stream: str, subject: str, on_batch: Callable[[list[StoredMsg], bool], None], *,
+                 start_seq: int, stopping: asyncio.Event, every_s: float = 0.25,
+                 on_error: Callable[[Exception], None] | None = None) -> None:
+    """Hand every record of ``stream`` matching ``subject`` from ``start_seq`` on to
+    ``on_batch`` as it is stored, until ``stopping``: a direct get for what came since the
+    last one seen, every ``every_s`` (a live tail without a consumer; a reconnect or a leader
+    moving costs a late answer, never a gap). ``on_batch`` is told whether the batch reached
+    the end of what was stored (caught up)."""
+    # The stored forms of every install (HA-4), each followed on its own.
+    await asyncio.gather(*(_follow_one(nc, stream, stored, on_batch, start_seq, stopping, every_s, on_error)
+                           for stored in streams.stored_filters(stream, [subject])))
+
+
+async def _follow_one(nc: NATS, stream: str, filter_: str, on_batch: Callable[[list[StoredMsg], bool], None],
+                      start_seq: int, stopping: asyncio.Event, every_s: float,
+                      on_error: Callable[[Exception], None] | None) -> None:
+    seq = start_seq
+    while not stopping.is_set():
+        try:
+            records = await _ask(nc, stream, _request(seq, filter_, BATCH), 10.0)
+        except Exception as exc:  # the connection is down, the stream electing: the next round
+            if on_error is not None:
+                on_error(exc)
+            try:
+                await asyncio.wait_for(stopping.wait(), every_s)
+            except TimeoutError:
+                pass
+            continue
+        batch = [_stored(stream, msg) for msg in records]
+        if batch:
+            seq = batch[-1].seq + 1
+        caught_up = len(records) < BATCH
+        if batch or caught_up:
+            on_batch(batch, caught_up)
+        if caught_up:
+            try:
+                await asyncio.wait_for(stopping.wait(), every_s)
+            except TimeoutError:
+                pass
+
+
 # ---------------------------------------------------------------------------- payloads only
 
 
 async def read_payloads(nc: NATS, js: JetStreamContext, stream: str, subject: str | list[str], *,
-                        last_per_subject: bool = False, batch: int = 1000,
+                        last_per_subject: bool = False, batch: int = BATCH,
                         idle_timeout_s: float = 10.0) -> list[bytes]:
-    """The payload of every matching message now in ``stream``, in the order the server sent
-    them (stream order), and nothing else: no headers, no metadata.
+    """The payload of every matching record now in ``stream``, in stream order, and nothing
+    else: for reads whose cost is the record count (``node list`` over 100,000 nodes).
 
-    :func:`read_all` for reads whose cost is the record count (``node list`` over 100,000
-    nodes): nats-py matches each delivery with regular expressions, parses its headers and
-    builds a ``Msg`` that goes through a queue and a task for every record; here the
-    connection's protocol parser gets a fast lane for this one subscription for the length of
-    the read (``nats_internals.tap_payloads``) that only slices payloads out of the socket
-    buffer (figures: docs/benchmarks.md, "node list"). Where the parser cannot be tapped (a nats-py whose
-    internals failed their self-test, or a parser caught mid-operation) the read still works,
-    at nats-py's speed.
+    The connection's protocol parser gets a fast lane for the read's inbox
+    (``nats_internals.tap_direct``) that slices the payload and the sequence out of the socket
+    buffer, instead of nats-py building a ``Msg`` with parsed headers, a queue entry and a task
+    for each (figures: docs/benchmarks.md, "node list"). Where the parser cannot be tapped the
+    read still works, at nats-py's speed. ``last_per_subject`` is meant for streams that keep
+    one record per subject (the views): on others use :func:`read_all`.
     """
-    info = await _reader(js, stream, subject, DeliverPolicy.LAST_PER_SUBJECT if last_per_subject else DeliverPolicy.ALL)
-    if info is None:
+    end, one_per_subject = await _extent(js, stream)
+    if not end:
         return []
-    total = info.num_pending or 0
+    filters = list(streams.stored_filters(stream, [subject] if isinstance(subject, str) else subject))
+    if len(filters) > 1 or (last_per_subject and not one_per_subject):
+        return [m.data for m in await read_all(nc, js, stream, filters, last_per_subject=last_per_subject,
+                                                 batch=batch, idle_timeout_s=idle_timeout_s)]
+    await nats_internals.engage(nc)  # the self-test, once per connection
     out: list[bytes] = []
-    if total == 0:
-        await _delete_quietly(js, stream, info.name)
-        return out
-    done = asyncio.get_running_loop().create_future()
+    seq = 1
+    while seq <= end:
+        page = await _ask_payloads(nc, stream, _request(seq, filters[0], batch), idle_timeout_s)
+        if page is None:
+            break
+        payloads, last = page
+        out += payloads
+        if last >= end or not payloads:
+            break
+        seq = last + 1
+    return out
 
-    def progress() -> None:
-        if len(out) >= total and not done.done():
-            done.set_result(None)
+
+async def _ask_payloads(nc: NATS, stream: str, body: bytes, timeout_s: float) -> tuple[list[bytes], int] | None:
+    """One batch's payloads and the last sequence among them; ``None`` when nothing matched."""
+    out: list[bytes] = []
+    last = 0
+    done: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+
+    def on_status(status: str) -> None:
+        if not done.done():
+            done.set_result(status)
+
+    def on_record(seq: int, payload: bytes) -> None:
+        nonlocal last
+        out.append(payload)
+        last = seq
 
     async def on_msg(msg: Msg) -> None:  # the ordinary path: only when the tap is not in place
-        if msg.reply:  # status messages carry no reply subject
-            out.append(msg.data)
-            progress()
+        headers = msg.headers or {}
+        if "Nats-Sequence" in headers:
+            on_record(int(headers["Nats-Sequence"]), msg.data)
+        else:
+            on_status(headers.get("Status", ""))
 
-    await nats_internals.engage(nc)  # the self-test, once per connection
     inbox = nc.new_inbox()
     sub = await nc.subscribe(inbox, cb=on_msg, pending_msgs_limit=-1, pending_bytes_limit=-1)
-    tap: nats_internals.PayloadTap | None = None
+    tap: nats_internals.DirectTap | None = None
     try:
         await nc.flush()  # a PONG round trip: the parser is idle between operations now
-        tap = nats_internals.tap_payloads(nc, sub, out, progress)
-        await _pull_all(nc, stream, info.name, total, inbox, lambda: len(out), done, batch, idle_timeout_s)
+        tap = nats_internals.tap_direct(nc, sub, on_record, on_status)
+        await nc.publish(f"$JS.API.DIRECT.GET.{stream}", body, reply=inbox)
+        try:
+            status = await asyncio.wait_for(done, timeout_s)
+        except TimeoutError:
+            raise TimeoutError(f"reading {stream}: no answer within {timeout_s:g} s") from None
     finally:
         if tap is not None:
             tap.remove()
         await sub.unsubscribe()
-        await _delete_quietly(js, stream, info.name)
-    del out[total:]  # nodes added while reading: the batches asked for may hold a few more
-    return out
+    if status == EMPTY and not out:
+        return None
+    if status not in (END_OF_BATCH, EMPTY):
+        raise ReadError(f"reading {stream}: the stream answered {status}")
+    return out, last
+
+
+def subjects_of(messages: Iterable[StoredMsg]) -> list[str]:
+    return [m.subject for m in messages]

@@ -76,8 +76,13 @@ _ACCOUNT_LIMITS: Final = {
 }
 
 
+# SEC-8: consumers are the services' durables (about 60 at 24 partitions) and their KV
+# watches (a few per replica); readers make none (direct gets). A bound far above that keeps
+# an identity gone wrong from filling the server with consumers.
+CONSUMER_LIMIT: Final = 4096
 _JETSTREAM_LIMITS: Final = {"mem_storage": _NO_LIMIT, "disk_storage": _NO_LIMIT, "streams": _NO_LIMIT,
-                            "consumer": _NO_LIMIT}
+                            "consumer": CONSUMER_LIMIT}
+
 
 
 

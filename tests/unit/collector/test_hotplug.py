@@ -22,6 +22,7 @@ from healthplane.contracts import subjects, wire
 from healthplane_collector import udev
 from healthplane_collector.agent import Collector, HostSources, Hotplug, Settings, run_agent
 from healthplane_collector.hotplug import DeviceEvent, Reprobe, reprobe_for
+from tests.support.live import live
 from tests.unit.collector.test_inventory import machine, pci_device
 from tests.unit.collector.test_resources import MIB, fake_nvidia_smi, smi_log
 
@@ -264,8 +265,8 @@ async def test_a_gpu_plugged_in_sends_a_resource_report_at_once_COL_11(
     monkeypatch.setenv("PATH", str(tmp_path / "bin"))  # no smartctl: honest "unavailable"
     settings = Settings(node_id="gpu-node-7", cluster="lab", root=root, gpu_source="nvidia-smi", interval_s=3600)
     collector = Collector(settings, HostSources(settings), None)
-    resources = await js.subscribe(subjects.resource("lab", "gpu-node-7"))
-    reports = await js.subscribe(subjects.report("lab", "gpu-node-7"))
+    resources = await live(js, subjects.resource("lab", "gpu-node-7"))
+    reports = await live(js, subjects.report("lab", "gpu-node-7"))
 
     async def publish(subject: str, payload: bytes) -> None:
         await js.publish(subject, payload, timeout=5)
