@@ -40,6 +40,10 @@ faststream = pytest.importorskip(
 from faststream import AckPolicy as FsAckPolicy  # noqa: E402
 from faststream.nats import JStream, NatsBroker, PullSub  # noqa: E402
 
+# In-process services run as the test's own identity: on an open server, as the other
+# component benches (what identities cost is tests/bench/test_auth_pipeline.py's).
+pytestmark = pytest.mark.insecure
+
 BATCH = 512  # what the services pull with (Processor batch=512)
 ROUNDS = 3
 # Whole batches (98 and 39 of 512): faststream's batch mode waits out ``PullSub.timeout`` (5 s)

@@ -7,12 +7,17 @@ from __future__ import annotations
 import asyncio
 import time
 
+import pytest
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig
 
 from healthplane.runtime.pull import Delivery, PullLoop
 from healthplane.runtime.replay import replay
 from tests.bench import harness
+
+# In-process services run as the test's own identity: on an open server, as the other
+# component benches (what identities cost is tests/bench/test_auth_pipeline.py's).
+pytestmark = pytest.mark.insecure
 
 MESSAGES = 50_000
 PAYLOAD = b"x" * 600

@@ -27,6 +27,10 @@ CYCLE_SCRIPT = """
 import asyncio, json, sys, time
 from pathlib import Path
 from healthplane_collector.agent import Collector, HostSources, KmsgWatcher, Settings
+
+# In-process services run as the test's own identity: on an open server, as the other
+# component benches (what identities cost is tests/bench/test_auth_pipeline.py's).
+pytestmark = pytest.mark.insecure
 settings = Settings(node_id="bench", state_dir=Path(sys.argv[1]), gpu_source="auto")
 async def main():
     kmsg = KmsgWatcher(Path("/dev/kmsg"), settings.state_dir, None)

@@ -15,6 +15,7 @@ from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 
+import pytest
 from nats.js import JetStreamContext
 
 from healthplane.contracts import subjects, wire
@@ -25,6 +26,10 @@ from healthplane_collector.agent import Collector, Settings
 from healthplane_collector.sim import SimNode
 from tests.bench import harness
 from tests.bench.bus import publish_all
+
+# In-process services run as the test's own identity: on an open server, as the other
+# component benches (what identities cost is tests/bench/test_auth_pipeline.py's).
+pytestmark = pytest.mark.insecure
 
 T0 = datetime(2026, 11, 30, 9, 0, tzinfo=UTC)
 FAULTS = 100

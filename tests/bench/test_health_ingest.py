@@ -7,6 +7,7 @@ import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 
+import pytest
 from nats.js import JetStreamContext
 
 from healthplane.contracts import subjects, wire
@@ -27,6 +28,10 @@ from tests.bench.bus import (
     raw_consume_rate,
     record_service_loop,
 )
+
+# In-process services run as the test's own identity: on an open server, as the other
+# component benches (what identities cost is tests/bench/test_auth_pipeline.py's).
+pytestmark = pytest.mark.insecure
 
 NODES = 100_000
 T0 = datetime(2026, 11, 30, 9, 0, tzinfo=UTC)

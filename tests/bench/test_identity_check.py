@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+import pytest
+
 from healthplane.contracts import subjects, wire
 from healthplane.runtime.fold import Inbound, decoder
 from healthplane_health_ingest import fold as ingest
@@ -14,6 +16,10 @@ from healthplane_health_ingest.rules import IngestState
 from tests.bench import harness
 from tests.bench.bus import core_cpu_per_record
 from tests.bench.test_health_ingest import T0, _template
+
+# In-process services run as the test's own identity: on an open server, as the other
+# component benches (what identities cost is tests/bench/test_auth_pipeline.py's).
+pytestmark = pytest.mark.insecure
 
 NODES = 20_000
 ROUNDS = 9

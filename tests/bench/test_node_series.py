@@ -24,6 +24,10 @@ from healthplane_scorer.fold import NodeScore, ScorerState
 from healthplane_scorer.metrics import NodeSeries
 from tests.bench import harness
 
+# In-process services run as the test's own identity: on an open server, as the other
+# component benches (what identities cost is tests/bench/test_auth_pipeline.py's).
+pytestmark = pytest.mark.insecure
+
 NODES = 100_000
 T0 = datetime(2026, 12, 3, tzinfo=UTC)
 

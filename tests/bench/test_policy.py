@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 from datetime import UTC, datetime, timedelta
 
+import pytest
 from nats.js import JetStreamContext
 
 from healthplane.contracts import subjects, wire
@@ -18,6 +19,10 @@ from healthplane_policy.fold import INPUTS, OUTPUTS, PolicyCore
 from healthplane_policy.rules import PolicyState, policy_config
 from tests.bench import harness
 from tests.bench.bus import processor_rate, publish_all, raw_consume_rate
+
+# In-process services run as the test's own identity: on an open server, as the other
+# component benches (what identities cost is tests/bench/test_auth_pipeline.py's).
+pytestmark = pytest.mark.insecure
 
 FLEET = 10_000
 FAULTY = 3_000  # 30 %

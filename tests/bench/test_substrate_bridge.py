@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 
+import pytest
 from nats.js import JetStreamContext
 from nats.js.api import KeyValueConfig, StorageType
 
@@ -17,6 +18,10 @@ from healthplane_substrate_bridge.bridge import Bridge
 from tests.bench import harness
 from tests.bench.bus import CpuMeter, publish_all, raw_consume_rate
 from tests.support.records import resource_report
+
+# In-process services run as the test's own identity: on an open server, as the other
+# component benches (what identities cost is tests/bench/test_auth_pipeline.py's).
+pytestmark = pytest.mark.insecure
 
 NODES = 100_000
 MIB = 1024 * 1024

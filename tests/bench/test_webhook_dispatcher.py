@@ -27,6 +27,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
+import pytest
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 from prometheus_client import REGISTRY
@@ -42,6 +43,10 @@ from healthplane_webhook_dispatcher.rules import CONTENT_TYPE, Settings, endpoin
 from healthplane_webhook_dispatcher.send import EndpointSender
 from tests.bench import harness
 from tests.bench.bus import publish_all
+
+# In-process services run as the test's own identity: on an open server, as the other
+# component benches (what identities cost is tests/bench/test_auth_pipeline.py's).
+pytestmark = pytest.mark.insecure
 
 ROOT = Path(__file__).resolve().parents[2]
 SECRET = "bench-secret"
