@@ -2,9 +2,10 @@
 live feed. Reads go through ``healthplane.client.reads`` and commands through the CLI's own
 ``node_actions``, so the answers, the outcomes and the messages are the CLI's.
 
-Node ids (``10.0.0.42/9100``) travel percent-encoded as one path segment; the routes take
-the raw path and decode each segment themselves, because the server's decoded path has
-already turned ``%2F`` into a separator.
+Node ids (``10.0.0.42/9100``, ``%``, ``+``, spaces, UTF-8) travel percent-encoded as one path
+segment (UI-1). The server's decoded path has already turned ``%2F`` into a separator, so the
+routes that take a node id match on the raw path (``NodeRoute``) and decode that one segment
+once (``NodeIdConvertor``); every link to a node is built by ``pages.node_path``.
 """
 
 from __future__ import annotations
@@ -18,11 +19,12 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import partial
 from typing import Any, Final
-from urllib.parse import parse_qs, quote, unquote, urlencode
+from urllib.parse import parse_qs, quote, unquote_to_bytes, urlencode
 
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 from starlette.applications import Starlette
+from starlette.convertors import Convertor, register_url_convertor
 from starlette.requests import Request
 from starlette.responses import (
     HTMLResponse,
@@ -31,8 +33,9 @@ from starlette.responses import (
     Response,
     StreamingResponse,
 )
-from starlette.routing import Mount, Route
+from starlette.routing import Match, Mount, Route
 from starlette.staticfiles import StaticFiles
+from starlette.types import Scope
 
 from healthplane.client import commands, federation, reads
 from healthplane.client.config import in_force
@@ -75,9 +78,34 @@ class Backend:
     hub: bool = False  # a federation hub: the dashboard is one row per attached cluster (FED-1)
 
 
-def _segments(request: Request) -> list[str]:
-    raw = request.scope.get("raw_path") or request.url.path.encode()
-    return [unquote(part) for part in raw.split(b"?", 1)[0].decode("ascii", "replace").split("/")[1:]]
+class NodeIdConvertor(Convertor[str]):
+    """A node id: one segment of the raw path, percent-decoded once as UTF-8 (UI-1)."""
+
+    regex = "[^/]+"
+
+    def convert(self, value: str) -> str:
+        # ``value`` is raw bytes read as latin-1 (NodeRoute): back to bytes, then %XX, then UTF-8.
+        return unquote_to_bytes(value.encode("latin-1")).decode("utf-8", "replace")
+
+    def to_string(self, value: str) -> str:
+        return pages.quote_id(value)
+
+
+register_url_convertor("node_id", NodeIdConvertor())
+
+
+class NodeRoute(Route):
+    """A route with a ``{node_id:node_id}`` segment, matched on the raw path (ASGI
+    ``raw_path``): ``%2F`` in an id stays inside its segment, so ``GET /nodes/a%2Fb`` is
+    node ``a/b``, never the ``/nodes/{id}/{verb}`` POST route (405)."""
+
+    def matches(self, scope: Scope) -> tuple[Match, Scope]:
+        raw = scope.get("raw_path") if scope["type"] == "http" else None
+        if raw is None:  # a server that does not say: the decoded path, as Route would
+            return super().matches(scope)
+        # Some clients (httpx's ASGI transport) leave the query on raw_path; latin-1 keeps every byte.
+        path = raw.split(b"?", 1)[0].decode("latin-1")
+        return super().matches({**scope, "path": path, "root_path": ""})
 
 
 def _error(status: int, message: str) -> JSONResponse:
@@ -162,13 +190,13 @@ def build(backend: Backend) -> Starlette:
         return Response(body, media_type="application/json")
 
     async def node(request: Request, caller: auth.Caller | None) -> Response:
-        node_id = _segments(request)[3]
+        node_id = request.path_params["node_id"]
         view = await find_node(backend.nc, backend.js, node_id, request.query_params.get("cluster"))
         why = await reads.automation_status(backend.js, view, datetime.now(UTC))
         return JSONResponse(reads.shown(view, why))
 
     async def events(request: Request, caller: auth.Caller | None) -> Response:
-        node_id, query = _segments(request)[3], request.query_params
+        node_id, query = request.path_params["node_id"], request.query_params
         page = await reads.event_page(backend.nc, backend.js, node_id, query.get("cluster"),
                                       types=[t.upper() for t in query.getlist("type")], since=query.get("since"),
                                       latest=_bool(query.get("latest")),
@@ -200,8 +228,7 @@ def build(backend: Backend) -> Starlette:
     # -- commands
 
     async def command(request: Request, caller: auth.Caller | None) -> Response:
-        parts = _segments(request)
-        node_id, verb = parts[3], parts[4]
+        node_id, verb = request.path_params["node_id"], request.path_params["verb"]
         if verb not in VERBS:
             return _error(404, f"no command {verb!r}: one of {', '.join(VERBS)}")
         refused = _cookie_refused(request)
@@ -262,14 +289,15 @@ def build(backend: Backend) -> Starlette:
 
     # -- pages
 
-    def render(name: str, request: Request, caller: auth.Caller | None, **values: Any) -> HTMLResponse:
+    def render(name: str, request: Request, caller: auth.Caller | None, status: int = 200,
+               **values: Any) -> HTMLResponse:
         feed = backend.feed
         values |= {"caller": caller, "open_bus": backend.callers.open, "csrf": backend.callers.csrf(caller),
                    "readable": feed.readable, "unreadable_since": feed.unreadable_since,
                    "unreadable_reason": feed.unreadable_reason, "now": datetime.now(UTC),
-                   "fragment": request.query_params.get("fragment") == "1", "quote": _quote_id,
+                   "fragment": request.query_params.get("fragment") == "1", "node_path": pages.node_path,
                    "notice": request.query_params.get("notice"), "failed": request.query_params.get("failed")}
-        return HTMLResponse(env.get_template(name).render(**values),
+        return HTMLResponse(env.get_template(name).render(**values), status,
                             headers={"Cache-Control": "no-store", "X-Frame-Options": "DENY",
                                      "Content-Security-Policy": "default-src 'self'; frame-ancestors 'none'"})
 
@@ -278,9 +306,9 @@ def build(backend: Backend) -> Starlette:
             try:
                 return await handler(request, await caller_of(request))
             except auth.Unauthorized:
-                return RedirectResponse(f"/login?next={quote(request.url.path)}", 303)
+                return RedirectResponse(f"/login?next={quote(_raw_path(request))}", 303)
             except NodeNotFound as exc:
-                return render("missing.html", request, None, message=str(exc))
+                return render("missing.html", request, None, 404, message=str(exc))
         return endpoint
 
     async def dashboard(request: Request, caller: auth.Caller | None) -> Response:
@@ -304,7 +332,7 @@ def build(backend: Backend) -> Starlette:
                       clusters=backend.feed.index.clusters(), next_query=next_query)
 
     async def node_page(request: Request, caller: auth.Caller | None) -> Response:
-        node_id = _segments(request)[1]
+        node_id = request.path_params["node_id"]
         cluster = request.query_params.get("cluster")
         if not backend.feed.readable:
             return render("node.html", request, caller, view=None, node_id=node_id, history=[], trend=None,
@@ -320,8 +348,8 @@ def build(backend: Backend) -> Starlette:
 
     async def node_form(request: Request) -> Response:
         """A command from the node page: a form with the page's CSRF value, from this origin."""
-        node_id, verb = _segments(request)[1], _segments(request)[2]
-        back = f"/nodes/{_quote_id(node_id)}"
+        node_id, verb = request.path_params["node_id"], request.path_params["verb"]
+        back = pages.node_path(node_id)
         try:
             caller = await caller_of(request)
         except auth.Unauthorized:
@@ -379,13 +407,13 @@ def build(backend: Backend) -> Starlette:
         Route("/api/v1/nodes", api(nodes)),
         Route("/api/v1/summary", api(summary)),
         Route("/api/v1/config", api(config)),
-        Route("/api/v1/nodes/{node_id}/events", api(events)),
-        Route("/api/v1/nodes/{node_id}/{verb}", api(command), methods=["POST"]),
-        Route("/api/v1/nodes/{node_id}", api(node)),
+        NodeRoute("/api/v1/nodes/{node_id:node_id}/events", api(events)),
+        NodeRoute("/api/v1/nodes/{node_id:node_id}/{verb}", api(command), methods=["POST"]),
+        NodeRoute("/api/v1/nodes/{node_id:node_id}", api(node)),
         Route("/", page(dashboard)),
         Route("/nodes", page(nodes_page)),
-        Route("/nodes/{node_id}/{verb}", node_form, methods=["POST"]),
-        Route("/nodes/{node_id}", page(node_page)),
+        NodeRoute("/nodes/{node_id:node_id}/{verb}", node_form, methods=["POST"]),
+        NodeRoute("/nodes/{node_id:node_id}", page(node_page)),
         Route("/login", login, methods=["GET", "POST"]),
         Route("/logout", logout, methods=["POST"]),
         Route("/live", live_feed),
@@ -394,8 +422,10 @@ def build(backend: Backend) -> Starlette:
     return Starlette(routes=routes)
 
 
-def _quote_id(node_id: str) -> str:
-    return quote(node_id, safe="")
+def _raw_path(request: Request) -> str:
+    """The path as the client sent it (a node id still one encoded segment), for ``?next=``."""
+    raw = request.scope.get("raw_path")
+    return raw.split(b"?", 1)[0].decode("latin-1") if raw else quote(request.url.path)
 
 
 def _cookie_refused(request: Request) -> str | None:

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Final
+from urllib.parse import quote
 
 import jinja2
 
@@ -15,6 +16,16 @@ from healthplane.contracts import wire
 
 TEMPLATES: Final = Path(__file__).parent / "templates"
 STATIC: Final = Path(__file__).parent / "static"
+
+
+def quote_id(node_id: str) -> str:
+    """A node id as one path segment: ``/``, ``%``, ``+``, spaces, ``#``, ``?`` and UTF-8 escaped (UI-1)."""
+    return quote(node_id, safe="")
+
+
+def node_path(node_id: str, verb: str | None = None) -> str:
+    """The node page's path (with ``verb``: its command form's), the one way a link to a node is built."""
+    return f"/nodes/{quote_id(node_id)}" + (f"/{quote(verb, safe='')}" if verb else "")
 
 
 def when(value: datetime | None) -> str:

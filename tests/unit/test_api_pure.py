@@ -1,20 +1,27 @@
 """The pure cores behind the API and the web UI: the nodes table's index (API-3), the
 dashboard's summary and words (API-3, reference 000), "why is automation not acting?"
-(API-4) and the score trend (API-3)."""
+(API-4), the score trend (API-3) and the node routes' raw-path matching (UI-1)."""
 
 from __future__ import annotations
 
+import asyncio
 from datetime import UTC, datetime, timedelta
+from typing import Final
 
+import httpx
 import msgspec
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
 
 from healthplane.client import reads
 from healthplane.contracts import automation, views, wire
 from healthplane.contracts.config import NodeHealth
 from healthplane_api import fold, pages
+from healthplane_api.app import NodeRoute
 
 NOW = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
 
@@ -177,3 +184,40 @@ def test_api3_a_decommissioned_node_leaves_the_table_and_a_late_view_does_not_br
     assert index.apply(msgspec.json.encode(row)) is None and index.rows == {}
     again = msgspec.structs.replace(row, last_reported_at=NOW + timedelta(minutes=5))
     assert index.apply(msgspec.json.encode(again)) == again and list(index.rows) == [fold.key_of("a", "n1")]
+
+
+async def _echo(request: Request) -> JSONResponse:
+    return JSONResponse({"route": request.scope["route"].path, **request.path_params})
+
+
+# The api's node routes, each answering with what it matched: the routing alone, in-process.
+ECHO: Final = Starlette(routes=[
+    NodeRoute("/api/v1/nodes/{node_id:node_id}/events", _echo),
+    NodeRoute("/api/v1/nodes/{node_id:node_id}/{verb}", _echo, methods=["POST"]),
+    NodeRoute("/api/v1/nodes/{node_id:node_id}", _echo),
+    NodeRoute("/nodes/{node_id:node_id}", _echo),
+])
+
+
+def _send(method: str, path: str) -> httpx.Response:
+    async def send() -> httpx.Response:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=ECHO), base_url="http://hp") as client:
+            return await client.request(method, path)
+    return asyncio.run(send())
+
+
+@given(st.text(min_size=1, max_size=40))
+def test_ui1_any_id_travels_as_one_raw_segment_decoded_once(node_id: str) -> None:
+    page = _send("GET", pages.node_path(node_id) + "?cluster=default")
+    assert page.json() == {"route": "/nodes/{node_id:node_id}", "node_id": node_id}
+    shown = _send("GET", f"/api/v1/nodes/{pages.quote_id(node_id)}/events")
+    assert shown.json() == {"route": "/api/v1/nodes/{node_id:node_id}/events", "node_id": node_id}
+    cordon = _send("POST", f"/api/v1/nodes/{pages.quote_id(node_id)}/cordon")
+    assert cordon.json() == {"route": "/api/v1/nodes/{node_id:node_id}/{verb}", "node_id": node_id, "verb": "cordon"}
+
+
+@pytest.mark.parametrize("node_id", ["10.0.0.42/9100", "10.0.0.42/cordon", "n%41", "a+b", "with space", "x#y?z=1",
+                                     "gpu-ü-01"])
+def test_ui1_a_get_of_an_id_with_a_slash_is_the_node_never_the_post_only_verb_route(node_id: str) -> None:
+    shown = _send("GET", f"/api/v1/nodes/{pages.quote_id(node_id)}")
+    assert shown.status_code == 200 and shown.json() == {"route": "/api/v1/nodes/{node_id:node_id}", "node_id": node_id}
