@@ -2,9 +2,11 @@
 store, stopped by pid. Never a mocked bus.
 
 Every server runs secure (SEC-1, issue 18): operator mode with the keys of a fresh
-``creds`` keystore, and this process's clients connect as an admin (``HEALTHPLANE_NATS_CREDS``,
-which the CLI and services a test starts inherit unless the test gives them their own
-identity with ``tests.support.secure``). ``@pytest.mark.insecure`` runs a test without auth.
+``creds`` keystore. The CLI and services a test starts connect as an admin
+(``HEALTHPLANE_NATS_CREDS``) unless the test gives them their own identity with
+``tests.support.secure``; the test's own ``nc`` is a maintainer's (it makes the streams and
+puts the records a test plays), its ``admin`` fixture an admin's (config, commands).
+``@pytest.mark.insecure`` runs a test without auth.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from healthplane.runtime import converge, heap
 from healthplane.runtime.connect import connect
 from healthplane.stack.keystore import Keystore
 from healthplane.stack.natsserver import NatsServer
+from tests.support.secure import creds_for
 from tests.support.slurm import slurm  # noqa: F401  (fixture)
 
 
@@ -58,7 +61,11 @@ def nats_server(tmp_path: Path, keystore: Keystore, monkeypatch: pytest.MonkeyPa
 
 @pytest.fixture
 async def nc(nats_server: NatsServer) -> AsyncIterator[NATS]:
-    client = await connect(nats_server.url, name="test", give_up_after=5)
+    """The test's hands on the bus: the maintainer's (SEC-10: it makes the streams and may put
+    any record a test plays, as a dead-letter replay would). What only the admin may do (apply
+    config, command as a person) goes through ``admin``."""
+    client = await connect(nats_server.url, name="test", creds=creds_for(nats_server, "maintainer", "test"),
+                           give_up_after=5)
     try:
         yield client
     finally:
@@ -70,3 +77,14 @@ async def js(nc: NATS) -> JetStreamContext:
     context = nc.jetstream()
     await converge.ensure(context)
     return context
+
+
+@pytest.fixture
+async def admin(nats_server: NatsServer) -> AsyncIterator[JetStreamContext]:
+    """An admin's JetStream (``test``, the identity the CLI this test starts inherits): config
+    and commands."""
+    client = await connect(nats_server.url, name="test-admin", give_up_after=5)
+    try:
+        yield client.jetstream()
+    finally:
+        await client.close()

@@ -37,6 +37,11 @@ stack)
     issue admin user admin --role admin
     # Applying config is an admin's right; its own name keeps it apart in the config history.
     issue config-apply user config-apply --role admin
+    # Stream administration (SEC-10: converge, dead-letter replay, purge) is not the admin's:
+    # the streams job makes the streams as one maintainer, an operator replays dead letters
+    # as another (docker-compose.yml says how to use it).
+    issue streams user streams --role maintainer
+    issue maintainer user maintainer --role maintainer
     issue health-ingest service health-ingest
     issue scorer service scorer
     issue eviction service eviction

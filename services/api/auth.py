@@ -128,7 +128,7 @@ class Callers:
             raise Unauthorized(f"not a token: {exc}") from None
         found = credentials.tags(claims)
         role, name = found.get("role", ""), found.get("user", "")
-        if role not in permissions.USER_ROLES or not name:
+        if role not in permissions.TOKEN_ROLES or not name:
             raise Unauthorized("not a person's token (healthplane creds token NAME --role viewer|admin)")
         expires = claims.get("exp")
         if isinstance(expires, int) and expires < time.time():

@@ -16,7 +16,7 @@ from typing import Any, Final
 
 import msgspec
 
-from healthplane.contracts import views
+from healthplane.contracts import subjects, views
 
 SORTS: Final = ("node", "cluster", "status", "health", "score", "jobs")
 _HEALTH_ORDER: Final = {"DEGRADED": 0, "UNKNOWN": 1, "HEALTHY": 2}
@@ -40,16 +40,22 @@ def key_of(cluster: str, node_id: str) -> str:
 class ViewIndex:
     rows: dict[str, views.ListRow] = field(default_factory=dict)
     skipped: int = 0  # records that were not views (REL-3): counted, never fatal
+    mismatched: int = 0  # of those, views on another node's subject (SEC-7)
     # Decommissioned nodes (NODE_DEPROVISIONED / NODE_REPLACED): the scorer purges their view,
     # which no consumer sees; a view reported before then and delivered after stays out.
     gone: dict[str, datetime] = field(default_factory=dict)
 
-    def apply(self, payload: bytes) -> views.ListRow | None:
-        """Fold one stored view; the row when what a page shows of it changed, else ``None``."""
+    def apply(self, payload: bytes, subject: str | None = None) -> views.ListRow | None:
+        """Fold one stored view; the row when what a page shows of it changed, else ``None``.
+        A view whose payload names another node than its ``subject`` is skipped (SEC-7)."""
         try:
             row = views.decode_row(payload)
         except msgspec.DecodeError:
             self.skipped += 1
+            return None
+        if subject is not None and not subjects.names_node(subject, row.cluster, row.node_id):
+            self.skipped += 1
+            self.mismatched += 1
             return None
         key = key_of(row.cluster, row.node_id)
         left = self.gone.get(key)

@@ -64,7 +64,7 @@ class Feed:
         consumer, so its identity needs no right over any (SEC-8)."""
         def on_views(batch: list[StoredMsg], caught_up: bool) -> None:
             for stored in batch:
-                row = self.index.apply(stored.data)
+                row = self.index.apply(stored.data, stored.subject)
                 if row is not None:
                     self._notify(key_of(row.cluster, row.node_id))
             if caught_up and not self.loaded.is_set():

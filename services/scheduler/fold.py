@@ -24,7 +24,7 @@ from typing import Any, Final
 
 from healthplane.contracts import gating, subjects, wire
 from healthplane.contracts.subjects import job_key, node_key
-from healthplane.runtime.fold import Emit, Inbound, Input, Note, Reject, Step
+from healthplane.runtime.fold import Emit, Inbound, Input, Note, Reject, Step, its_own
 from healthplane_scheduler.rules import (
     ACTIVE,
     TERMINAL,
@@ -183,19 +183,19 @@ class SchedulerCore:
         if inbound.stream == "HP_ALLOCATIONS" and kind == "job":
             self._on_job(state, index, wire.decode(wire.Job, inbound.data), inbound.at)
         elif inbound.stream == "HP_ALLOCATIONS" and kind == "alloc":
-            self._on_allocation(state, index, wire.decode(wire.Allocation, inbound.data))
+            self._on_allocation(state, index, its_own(inbound, wire.decode(wire.Allocation, inbound.data)))
         elif inbound.stream == "HP_DIRECTIVES":
-            self._on_directive(state, wire.decode(wire.Directive, inbound.data))
+            self._on_directive(state, its_own(inbound, wire.decode(wire.Directive, inbound.data)))
         elif inbound.stream == "HP_NODES":
-            self._on_view(state, index, wire.decode(wire.NodeView, inbound.data))
+            self._on_view(state, index, its_own(inbound, wire.decode(wire.NodeView, inbound.data)))
         elif inbound.stream == "HP_CONFIG":
             self._on_config(state, wire.decode(wire.ConfigEnvelope, inbound.data))
         elif inbound.stream == "HP_COMMANDS" and kind == "provision":
-            self._on_termination(state, index, wire.decode(wire.TerminationResult, inbound.data))
+            self._on_termination(state, index, its_own(inbound, wire.decode(wire.TerminationResult, inbound.data)))
         elif inbound.stream == "HP_COMMANDS" and kind == "provider":
-            self._on_provider(state, wire.decode(wire.ProviderSetting, inbound.data))
+            self._on_provider(state, its_own(inbound, wire.decode(wire.ProviderSetting, inbound.data)))
         elif inbound.stream == "HP_COMMANDS" and kind == "hardware":
-            truth = wire.decode(wire.SimHardware, inbound.data)
+            truth = its_own(inbound, wire.decode(wire.SimHardware, inbound.data))
             key = node_key(truth.cluster, truth.node_id)
             if truth.failing_gpus:
                 state.hardware[key] = sorted(set(truth.failing_gpus))

@@ -27,7 +27,7 @@ from datetime import datetime, timedelta
 from typing import Final
 
 from healthplane.contracts import gating, subjects, wire
-from healthplane.runtime.fold import Emit, Inbound, Input, Note, Reject, Step
+from healthplane.runtime.fold import Emit, Inbound, Input, Note, Reject, Step, its_own
 from healthplane_slurm_adapter.records import SlurmError, SlurmJob, SlurmNode
 from healthplane_slurm_adapter.rules import (
     ENDED,
@@ -164,7 +164,7 @@ class AdapterCore:
 
     def step(self, state: AdapterState, inbound: Inbound) -> Step[AdapterState]:
         if inbound.stream == "HP_NODES":
-            view = wire.decode(wire.NodeView, inbound.data)
+            view = its_own(inbound, wire.decode(wire.NodeView, inbound.data))
             if view.cluster == self.cluster:
                 state.nodes[view.node_id] = NodeWant(holds=list(view.holds), score=view.score,
                                                      definition=view.definition)
@@ -173,13 +173,13 @@ class AdapterCore:
             state.drain_below, state.drain_below_by_definition = gating.thresholds(envelope)
             state.config_version = envelope.version
         elif inbound.stream == "HP_DIRECTIVES":
-            self._on_directive(state, wire.decode(wire.Directive, inbound.data))
+            self._on_directive(state, its_own(inbound, wire.decode(wire.Directive, inbound.data)))
         elif inbound.stream == "HP_ALLOCATIONS" and inbound.subject.startswith(f"{subjects.PREFIX}.job."):
             self._on_job(state, wire.decode(wire.Job, inbound.data))
         elif inbound.stream == "HP_ALLOCATIONS":
-            self._on_allocation(state, wire.decode(wire.Allocation, inbound.data))
+            self._on_allocation(state, its_own(inbound, wire.decode(wire.Allocation, inbound.data)))
         elif inbound.stream == "HP_COMMANDS":
-            result = wire.decode(wire.TerminationResult, inbound.data)
+            result = its_own(inbound, wire.decode(wire.TerminationResult, inbound.data))
             if result.cluster == self.cluster:
                 state.answered[result.directive_id] = result.accepted
                 state.pending = [d for d in state.pending if d.id != result.directive_id]

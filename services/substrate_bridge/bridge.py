@@ -52,19 +52,21 @@ def _configured_cap(settings: Settings, applied: configstore.InForce | None) -> 
     return applied.config.substrate.nodes_bucket_max_bytes if applied else None
 
 
-async def apply_cap(js: JetStreamContext, log: Any, settings: Settings) -> None:
-    """Resize the bucket in place to the configured cap (BRG-1) and log the cap in force."""
+async def report_cap(js: JetStreamContext, log: Any, settings: Settings) -> None:
+    """Log the nodes bucket's cap in force (BRG-1), and the configured one where it differs.
+    The bridge may not change a stream (SEC-10): stream administration (``healthplane up`` at
+    each start, ``healthplane streams converge``) resizes the bucket in place."""
     found = await configstore.read(js)
     for record in found.skipped:
         log.warning("config record skipped", seq=record.seq, reason=record.reason)
     decision = decide_cap(_configured_cap(settings, found.in_force))
-    info = await js.stream_info(BUCKET_STREAM)
-    if decision.in_force is not None and info.config.max_bytes != decision.in_force:
-        info.config.max_bytes = decision.in_force
-        await js.update_stream(info.config)
-    in_force = decision.in_force if decision.in_force is not None else info.config.max_bytes
+    in_force = (await js.stream_info(BUCKET_STREAM)).config.max_bytes
     if decision.clamped:
-        log.warning("nodes bucket cap in force", cap_bytes=in_force, configured_bytes=decision.configured)
+        log.warning("nodes bucket cap clamped", configured_bytes=decision.configured, clamped_bytes=decision.in_force)
+    if decision.in_force is not None and decision.in_force != in_force:
+        log.warning("nodes bucket cap in force differs from the configured one", cap_bytes=in_force,
+                    configured_bytes=decision.in_force,
+                    fix="healthplane streams converge (the maintainer), or the next healthplane up, resizes it in place")
     else:
         log.info("nodes bucket cap in force", cap_bytes=in_force)
 

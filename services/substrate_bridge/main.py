@@ -7,7 +7,7 @@ import argparse
 from healthplane.runtime import metrics
 from healthplane.runtime.lease import Lease
 from healthplane.runtime.lifecycle import Runner, ServiceContext, run_service, serve_replicated
-from healthplane_substrate_bridge.bridge import SERVICE, Bridge, Settings, apply_cap
+from healthplane_substrate_bridge.bridge import SERVICE, Bridge, Settings, report_cap
 
 
 def main(args: argparse.Namespace) -> int:
@@ -24,7 +24,7 @@ def main(args: argparse.Namespace) -> int:
 
         async def lead(lease: Lease) -> list[Runner]:
             # One replica consumes: two would each register a newcomer (HA-3).
-            await apply_cap(ctx.js, ctx.log, settings)
+            await report_cap(ctx.js, ctx.log, settings)
             bridge = Bridge(ctx, settings.bucket_sample_seconds)
             led[:] = [(bridge, lease)]
             await bridge.start()

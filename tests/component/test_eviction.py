@@ -254,9 +254,9 @@ async def test_rel1_kill_9_in_the_middle_of_drain_all(nats_server: NatsServer, j
 
 
 async def test_rel3_a_malformed_command_does_not_block_the_next(nats_server: NatsServer, js: JetStreamContext,
-                                                                services: object) -> None:
+                                                                admin: JetStreamContext, services: object) -> None:
     await register(js, "cn-7")
     await registered(js, "cn-7")
-    await js.publish(subjects.command("default", "cn-7", "cordon", "test"), b'{"id": 1}')
+    await admin.publish(subjects.command("default", "cn-7", "cordon", "test"), b'{"id": 1}')
     cordon = node_cli(nats_server, "cordon", "cn-7")
     assert cordon.returncode == 0 and cordon.stdout.startswith("cordon hold created for cn-7: ")

@@ -38,6 +38,7 @@ from tests.support.pipeline import (
     until,
     viewed_all,
 )
+from tests.support.secure import creds_for
 
 pytestmark = [pytest.mark.nats, pytest.mark.slow]
 NODES = [f"n{i:02d}" for i in range(16)]
@@ -57,7 +58,7 @@ async def test_ha1_every_stream_and_bucket_is_r3_and_more_than_the_cluster_has_i
         cluster: NatsCluster) -> None:
     # HA-1: on three servers a service's ensure() creates everything R3 (it sees the three);
     # R5 on three servers is refused with the stream named; R1 -> R3 happens in place.
-    nc = await connect(cluster.url, name="ha1", give_up_after=10)
+    nc = await connect(cluster.url, name="ha1", creds=creds_for(cluster, "maintainer", "test"), give_up_after=10)
     try:
         js = nc.jetstream()
         assert len(nc.servers) == 3

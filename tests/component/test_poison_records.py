@@ -16,6 +16,7 @@ from healthplane.contracts import subjects, wire
 from healthplane.contracts.config import parse_cluster_config
 from healthplane.runtime import configstore
 from healthplane.stack.natsserver import NatsServer
+from tests.support.secure import apply_config, publish_as_admin
 
 pytestmark = pytest.mark.nats
 
@@ -49,9 +50,9 @@ def event(node: str, n: int) -> wire.NodeEvent:
 async def test_config_show_and_apply_read_past_bad_records(nats_server: NatsServer, js: JetStreamContext) -> None:
     # REL-3 / issue 15.1: a non-JSON record and a record whose config does not validate
     # leave the config in force readable and the next apply working.
-    await configstore.apply(js, parse_cluster_config({"cluster": "prod"}), actor="test")
-    await js.publish(subjects.CONFIG, NOT_JSON)
-    await js.publish(subjects.CONFIG, NOT_A_CONFIG)
+    await apply_config(js, parse_cluster_config({"cluster": "prod"}))
+    await publish_as_admin(js, subjects.CONFIG, NOT_JSON)
+    await publish_as_admin(js, subjects.CONFIG, NOT_A_CONFIG)
 
     shown = cli(nats_server, "config", "show", "-o", "json")
     clean(shown)
@@ -70,8 +71,8 @@ async def test_config_show_and_apply_read_past_bad_records(nats_server: NatsServ
 async def test_config_apply_after_a_bad_record(nats_server: NatsServer, js: JetStreamContext,
                                                tmp_path: Path) -> None:
     # REL-3: apply expects the newest record's sequence, bad or not, and takes the next version.
-    await configstore.apply(js, parse_cluster_config({"cluster": "prod"}), actor="test")
-    await js.publish(subjects.CONFIG, NOT_JSON)
+    await apply_config(js, parse_cluster_config({"cluster": "prod"}))
+    await publish_as_admin(js, subjects.CONFIG, NOT_JSON)
     config = tmp_path / "cluster.yaml"
     config.write_text("cluster: prod\nnodeHealth:\n  mode: cordon\n")
     applied = cli(nats_server, "config", "apply", "-f", str(config))
@@ -86,7 +87,7 @@ async def test_config_apply_after_a_bad_record(nats_server: NatsServer, js: JetS
 
 async def test_only_bad_config_records(nats_server: NatsServer, js: JetStreamContext) -> None:
     # REL-3: nothing valid was ever applied: one line, exit 1; the first apply is version 1.
-    await js.publish(subjects.CONFIG, NOT_JSON)
+    await publish_as_admin(js, subjects.CONFIG, NOT_JSON)
     shown = cli(nats_server, "config", "show")
     clean(shown)
     assert shown.returncode == 1
@@ -95,7 +96,7 @@ async def test_only_bad_config_records(nats_server: NatsServer, js: JetStreamCon
         "(JSON is malformed: invalid character (byte 0))",
         "healthplane: no valid config applied yet; services use the built-in defaults",
     ]
-    assert await configstore.apply(js, parse_cluster_config({}), actor="test") == 1
+    assert await apply_config(js, parse_cluster_config({})) == 1
 
 
 async def test_node_reads_skip_bad_views_and_events(nats_server: NatsServer, js: JetStreamContext) -> None:

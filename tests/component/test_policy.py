@@ -21,10 +21,9 @@ from nats.js.errors import NotFoundError
 
 from healthplane.contracts import subjects, wire
 from healthplane.contracts.config import parse_cluster_config
-from healthplane.runtime import configstore
 from healthplane.runtime.replay import replay
 from healthplane.stack.natsserver import NatsServer, free_port
-from tests.support.secure import env_for
+from tests.support.secure import apply_config, env_for
 
 pytestmark = pytest.mark.nats
 CLUSTER = "lab"
@@ -64,7 +63,7 @@ def _scrape(port: int) -> str:
 
 
 async def apply(js: JetStreamContext, node_health: dict[str, Any]) -> None:
-    await configstore.apply(js, parse_cluster_config({"cluster": CLUSTER, "nodeHealth": node_health}), actor="test")
+    await apply_config(js, parse_cluster_config({"cluster": CLUSTER, "nodeHealth": node_health}))
 
 
 async def publish_event(js: JetStreamContext, node: str, kind: str, when: datetime, *, actor: str = "scorer",

@@ -22,7 +22,7 @@ from nats.js import JetStreamContext
 
 from healthplane.contracts import subjects, wire
 from healthplane.contracts.config import parse_cluster_config
-from healthplane.runtime import configstore, logs, snapshots
+from healthplane.runtime import logs, snapshots
 from healthplane.runtime.connect import connect
 from healthplane.runtime.fold import Inbound
 from healthplane.runtime.processor import FENCE_MARKS, Processor
@@ -31,7 +31,7 @@ from healthplane.stack.natsserver import NatsServer
 from healthplane_collector.sim import Fleet
 from healthplane_scheduler.fold import INPUTS, OUTPUTS, SERVICE, SchedulerCore
 from healthplane_scheduler.rules import SchedulerState
-from tests.support.secure import creds_for, env_for
+from tests.support.secure import apply_config, creds_for, env_for
 
 pytestmark = pytest.mark.nats
 CLUSTER = "default"
@@ -138,7 +138,7 @@ async def test_placement_honours_status_holds_pol5_and_definitions(nats_server: 
     drainBelow, a node that never reported is placed on; steps finish after their duration."""
     config = parse_cluster_config({"nodeHealth": {"drainBelow": 45},
                                    "provisionerDefinitions": {"tolerant": {"nodeHealth": {"drainBelow": 20}}}})
-    await configstore.apply(js, config, actor="test")
+    await apply_config(js, config)
     await put(js, view("cordoned", status="CORDONED", held=True), view("not-ready", status="NOT_READY"),
               view("offline", status="OFFLINE"), view("gated", score=40), view("never-reported", score=None),
               view("tolerant-40", score=40, definition="tolerant"), view("cpu", definition="cpu-pool"))

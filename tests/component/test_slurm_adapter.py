@@ -24,10 +24,9 @@ from nats.js import JetStreamContext
 
 from healthplane.contracts import subjects, wire
 from healthplane.contracts.config import parse_cluster_config
-from healthplane.runtime import configstore
 from healthplane.runtime.replay import read_all
 from healthplane.stack.natsserver import NatsServer, free_port
-from tests.support.secure import env_for
+from tests.support.secure import apply_config, env_for
 from tests.support.slurm import SlurmCluster
 
 pytestmark = [pytest.mark.nats, pytest.mark.slurm]
@@ -361,7 +360,7 @@ async def test_node_names_map_through_the_template(
 
 async def test_config_sets_the_gate(nc: NATS, js: JetStreamContext, slurm: SlurmCluster, adapter: Adapter) -> None:
     """SLU-2, POL-5: the gate follows the applied config's drainBelow."""
-    await configstore.apply(js, parse_cluster_config({"nodeHealth": {"cordonBelow": 80, "drainBelow": 70}}), actor="test")
+    await apply_config(js, parse_cluster_config({"nodeHealth": {"cordonBelow": 80, "drainBelow": 70}}))
     await put(js, view("sim-002", score=60))
     await until(lambda: drained(slurm, "sim-002"), what="the gated drain")
     assert reason(slurm, "sim-002") == "healthplane: score 60 below drainBelow 70"

@@ -142,16 +142,23 @@ async def test_cap_from_environment_is_clamped_and_logged(nats_server: NatsServe
                                                           tmp_path: Path, bridges: list[BridgeProcess]) -> None:
     # BRG-1: a value that arrives without validation is clamped, and the log names both.
     bridge = _start(bridges, nats_server, tmp_path, HEALTHPLANE_NODES_BUCKET_MAX_BYTES="1024")
-    line = bridge.wait_for_line("nodes bucket cap in force")
-    assert (line["cap_bytes"], line["configured_bytes"], line["level"]) == (64 * MIB, 1024, "warning")
-    assert (await js.stream_info("KV_substrate-nodes")).config.max_bytes == 64 * MIB
+    line = bridge.wait_for_line("nodes bucket cap clamped")
+    assert (line["configured_bytes"], line["clamped_bytes"], line["level"]) == (1024, 64 * MIB, "warning")
+    assert bridge.wait_for_line("nodes bucket cap in force")["cap_bytes"] == 64 * MIB
     bridge.stop()
+    # SEC-10: the bridge may not change a stream; it says what differs and who resizes.
     bridge = _start(bridges, nats_server, tmp_path, HEALTHPLANE_NODES_BUCKET_MAX_BYTES=str(8 * 1024 * MIB))
-    assert bridge.wait_for_line("nodes bucket cap in force")["cap_bytes"] == 2048 * MIB
+    line = bridge.wait_for_line("nodes bucket cap in force differs from the configured one")
+    assert (line["cap_bytes"], line["configured_bytes"]) == (64 * MIB, 2048 * MIB)
+    assert "streams converge" in line["fix"]
+    assert (await js.stream_info("KV_substrate-nodes")).config.max_bytes == 64 * MIB
 
 
-async def test_applied_cap_resizes_the_bucket_in_place_on_restart(nats_server: NatsServer, js: JetStreamContext,
-                                                                  tmp_path: Path, bridges: list[BridgeProcess]) -> None:
+async def test_applied_cap_resizes_the_bucket_in_place_by_stream_administration(
+        nats_server: NatsServer, js: JetStreamContext, admin: JetStreamContext, tmp_path: Path,
+        bridges: list[BridgeProcess]) -> None:
+    """BRG-1 with SEC-10: the config's cap is put in force by `healthplane streams converge` as
+    the maintainer (up does the same at each start), in place; the bridge then logs it."""
     await _publish(js, resource_report("cn-1"))
     bridge = _start(bridges, nats_server, tmp_path)
     line = bridge.wait_for_line("nodes bucket cap in force")
@@ -159,12 +166,22 @@ async def test_applied_cap_resizes_the_bucket_in_place_on_restart(nats_server: N
     kv = await js.key_value(streams.NODES_BUCKET)
     await _until(lambda: _has_key(kv, "default.cn-1"))
     bridge.stop()
-    await configstore.apply(js, parse_cluster_config({"substrate": {"nodesBucketMaxBytes": 128 * MIB}}))
+    await configstore.apply(admin, parse_cluster_config({"substrate": {"nodesBucketMaxBytes": 128 * MIB}}))
+    as_admin = _cli(nats_server, "admin", "streams", "converge")
+    assert as_admin.returncode != 0 and "permission denied" in as_admin.stderr, as_admin
+    assert len(as_admin.stderr.strip().splitlines()) == 1 and "Traceback" not in as_admin.stderr
+    done = _cli(nats_server, "maintainer", "streams", "converge")
+    assert done.returncode == 0 and "KV_substrate-nodes" in done.stdout, done
+    assert (await js.stream_info("KV_substrate-nodes")).config.max_bytes == 128 * MIB
     bridge = _start(bridges, nats_server, tmp_path)
     line = bridge.wait_for_line("nodes bucket cap in force")
     assert line["cap_bytes"] == 128 * MIB and "configured_bytes" not in line
-    assert (await js.stream_info("KV_substrate-nodes")).config.max_bytes == 128 * MIB
     assert await _has_key(kv, "default.cn-1")  # resized in place, nothing lost
+
+
+def _cli(server: NatsServer, role: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "healthplane.cli", *args], capture_output=True, text=True, timeout=60,
+                          env=env_for(server, role, role))
 
 
 async def _has_key(kv, key: str) -> bool:  # type: ignore[no-untyped-def]

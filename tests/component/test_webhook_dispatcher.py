@@ -31,13 +31,13 @@ from prometheus_client import REGISTRY
 
 from healthplane.contracts import subjects, wire
 from healthplane.contracts.config import parse_cluster_config
-from healthplane.runtime import configstore, deadletters
+from healthplane.runtime import deadletters
 from healthplane.runtime.connect import connect
 from healthplane.runtime.lifecycle import ServiceContext
 from healthplane.stack.natsserver import NatsServer, free_port
 from healthplane_webhook_dispatcher.dispatch import Dispatcher
 from healthplane_webhook_dispatcher.rules import Settings, endpoint_label
-from tests.support.secure import creds_for, env_for
+from tests.support.secure import apply_config, creds_for, env_for
 from tests.support.webhook_receiver import HOSTILE, Hostile, Misbehaviour, Received, Receiver
 
 pytestmark = pytest.mark.nats
@@ -111,7 +111,7 @@ def referenced(hook: dict[str, Any]) -> dict[str, Any]:
 
 async def apply_hooks(js: JetStreamContext, *hooks: dict[str, Any]) -> int:
     config = parse_cluster_config({"nodeEventWebhooks": [referenced(h) for h in hooks]})
-    return await configstore.apply(js, config, actor="test")
+    return await apply_config(js, config)
 
 
 async def until(predicate: Callable[[], bool], timeout: float = 10.0) -> None:

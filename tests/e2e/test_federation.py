@@ -76,8 +76,10 @@ def federation(tmp_path: Path) -> Iterator[tuple[Stack, Stack, Stack, Link]]:
 
 
 async def _spy_on_commands(hub: Stack) -> int:
-    """What a hub admin gets by sourcing cluster a's HP_COMMANDS into a stream of its own."""
-    nc = await connect(str(hub.stack["natsUrl"]), name="spy", creds=str(hub.stack["adminCreds"]), give_up_after=5)
+    """What the hub's maintainer (the one who may make streams there, SEC-10) gets by sourcing
+    cluster a's HP_COMMANDS into a stream of its own."""
+    nc = await connect(str(hub.stack["natsUrl"]), name="spy", creds=str(hub.stack["maintainerCreds"]),
+                       give_up_after=5)
     try:
         config = {"name": "SPY", "subjects": [], "storage": "file", "num_replicas": 1,
                   "sources": [{"name": "HP_COMMANDS", "external": {"api": "$JS.a.API"}}]}

@@ -17,11 +17,10 @@ from nats.js import JetStreamContext
 
 from healthplane.contracts import streams, subjects, wire
 from healthplane.contracts.config import parse_cluster_config
-from healthplane.runtime import configstore
 from healthplane.runtime.connect import connect
 from healthplane.runtime.replay import read_all
 from healthplane.stack.natsserver import NatsServer
-from tests.support.secure import creds_for, env_for
+from tests.support.secure import apply_config, creds_for, env_for
 from tests.support.webhook_receiver import Receiver
 
 pytestmark = pytest.mark.nats
@@ -40,7 +39,7 @@ async def test_sec9_no_stream_a_viewer_reads_holds_the_webhook_secret(nats_serve
                                        "--metrics-port", "0"], env=env_for(nats_server, "webhook-dispatcher"),
                                       stdout=subprocess.DEVNULL, stderr=out)
     try:
-        await configstore.apply(js, parse_cluster_config({"nodeEventWebhooks": [
+        await apply_config(js, parse_cluster_config({"nodeEventWebhooks": [
             {"url": receiver.url, "secretFile": str(secret_file)}]}), actor="test")
         async with asyncio.timeout(30):  # the dispatcher starts, reads its config, then delivers
             sent = 0

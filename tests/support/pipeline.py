@@ -155,8 +155,9 @@ def view_of(view: wire.NodeView | None, folded: wire.NodeView) -> bool:
 
 
 async def clients(servers: NatsServer | NatsCluster, name: str) -> tuple[NATS, NATS]:
-    """The test's own connection (an admin) and the fleet's (the cluster's simulator identity)."""
-    nc = await connect(servers.url, name=name, give_up_after=10)
+    """The test's own connection (a maintainer: it makes the streams, SEC-10) and the fleet's
+    (the cluster's simulator identity)."""
+    nc = await connect(servers.url, name=name, creds=creds_for(servers, "maintainer", "test"), give_up_after=10)
     sim_nc = await connect(servers.url, name=f"{name}-fleet", creds=creds_for(servers, "sim", CLUSTER),
                            give_up_after=10)
     return nc, sim_nc

@@ -4,7 +4,14 @@ suite runs every service with exactly the permissions it ships with."""
 from __future__ import annotations
 
 import os
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
+from nats.js import JetStreamContext
+
+from healthplane.contracts.config import ClusterConfig
+from healthplane.runtime import configstore, nats_internals
+from healthplane.runtime.connect import connect
 from healthplane.stack.natsserver import NatsCluster, NatsServer
 
 
@@ -16,7 +23,7 @@ def creds_for(server: NatsServer | NatsCluster, role: str, name: str | None = No
         return None
     path = server.store_dir.parent / f"{role}-{(name or 'default').replace('/', '_')}.creds"
     if not path.exists():
-        if role in ("admin", "viewer"):
+        if role in ("admin", "viewer", "maintainer"):
             keystore.user(name or role, role, path)
         elif role == "sim":
             keystore.sim(name or "default", path)
@@ -39,3 +46,33 @@ def env_for(server: NatsServer | NatsCluster, role: str, name: str | None = None
     if creds is not None:
         env["HEALTHPLANE_NATS_CREDS"] = creds
     return env
+
+
+@asynccontextmanager
+async def as_admin(js: JetStreamContext) -> AsyncIterator[JetStreamContext]:
+    """The same server as ``js``, as the test's admin (``HEALTHPLANE_NATS_CREDS``): what only
+    an admin may do, apply config or command as a person (SEC-10: the test's own connection
+    is a maintainer's). On an open server, ``js`` itself."""
+    creds = os.environ.get("HEALTHPLANE_NATS_CREDS")
+    if not creds:
+        yield js
+        return
+    nc = nats_internals.connection_of(js)
+    admin = await connect(nc.connected_url.geturl() if nc.connected_url else None, name="test-admin", creds=creds,
+                          give_up_after=5)
+    try:
+        yield admin.jetstream()
+    finally:
+        await admin.close()
+
+
+async def apply_config(js: JetStreamContext, config: ClusterConfig, actor: str = "test") -> int:
+    """``configstore.apply`` as the test's admin (applying config is the admin's, SEC-10)."""
+    async with as_admin(js) as admin:
+        return await configstore.apply(admin, config, actor=actor)
+
+
+async def publish_as_admin(js: JetStreamContext, subject: str, payload: bytes) -> None:
+    """One record only an admin may put (a config, a command as a person, SEC-10)."""
+    async with as_admin(js) as admin:
+        await admin.publish(subject, payload, timeout=5)

@@ -127,7 +127,8 @@ def test_sec3_every_bus_client_in_compose_has_its_own_credentials_file(compose: 
 
 def test_sec3_the_creds_jobs_issue_exactly_the_containers_compose_runs(compose: dict[str, Any],
                                                                        script: Script) -> None:
-    """SEC-3: one identity per container plus the admin's, none left over; each job runs a
+    """SEC-3: one identity per container plus the admin's and the maintainer's (for the
+    operator, SEC-10), none left over; each job runs a
     branch of the script and writes where the containers read."""
     jobs = _jobs(compose)
     assert set(jobs) == {"creds", "collector-creds"}
@@ -140,7 +141,7 @@ def test_sec3_the_creds_jobs_issue_exactly_the_containers_compose_runs(compose: 
         mounts = _mounts(svc)
         assert mounts[KEYS_VOLUME] == (script.variables["keys"], False), name
         assert mounts[CREDS_VOLUME] == (script.variables["out"], False), name
-    assert sorted(issued) == sorted({*_bus_clients(compose), "admin"})
+    assert sorted(issued) == sorted({*_bus_clients(compose), "admin", "maintainer"})
     assert "depends_on" not in jobs["creds"], "the first job waits for nothing: nats-server waits for it"
     assert jobs["collector-creds"]["depends_on"] == {"creds": COMPLETED}  # the keys exist
     assert re.search(rf"^\s+{re.escape(Script.ISSUE_BODY)}$", script.text, re.M), \
@@ -165,9 +166,12 @@ def test_sec3_each_container_gets_the_role_its_command_needs(compose: dict[str, 
             assert role == "node" and rest == ["--cluster", node_cluster] and node_cluster == cluster, issued[name]
         elif args.command == "config":
             assert issued[name] == ["user", name, "--role", "admin"], issued[name]
+        elif args.command == "streams":  # stream administration is the maintainer's (SEC-10)
+            assert issued[name] == ["user", name, "--role", "maintainer"], issued[name]
         else:
             pytest.fail(f"{name}: no identity rule for `healthplane {args.command}`")
     assert issued["admin"] == ["user", "admin", "--role", "admin"]
+    assert issued["maintainer"] == ["user", "maintainer", "--role", "maintainer"]
 
 
 def test_sec3_every_command_of_the_creds_script_is_a_real_subcommand(script: Script) -> None:

@@ -53,7 +53,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     issue_flags(sim, "sim")
     token = actions.add_parser("token", help="print a bearer token for the HTTP API")
     token.add_argument("name", metavar="NAME")
-    token.add_argument("--role", required=True, **one_of(permissions.USER_ROLES))
+    token.add_argument("--role", required=True, **one_of(permissions.TOKEN_ROLES))
     keys_flags(token)
     rotate = actions.add_parser("rotate", help="a fresh key in every credentials file of NAME; the old keys revoked")
     rotate.add_argument("name", metavar="NAME")

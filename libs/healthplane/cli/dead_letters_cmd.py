@@ -12,7 +12,8 @@ import json
 
 from nats.js.errors import NotFoundError
 
-from healthplane.cli.common import connection_flags, fail, nats_client, one_of
+from healthplane.cli.common import connection_flags, fail, nats_client, one_of, who
+from healthplane.client.connection import acked_or_refused
 from healthplane.client.errors import EXIT_USAGE, CommandFailed
 from healthplane.contracts import wire
 from healthplane.runtime import deadletters
@@ -69,6 +70,9 @@ async def _replay(args: argparse.Namespace) -> int:
             raise CommandFailed(f"dead letter {args.id} holds only the start of its input (it was larger than "
                                 "a message can carry with its headers); it cannot be sent again")
         subject = headers[deadletters.INPUT_SUBJECT]
-        ack = await js.publish(subject, raw.data or b"", headers={"Hp-Replayed-From": f"{deadletters.STREAM}:{args.id}"})
+        ack = await acked_or_refused(nc, who(args), f"replay dead letters on {subject} (the maintainer's "
+                                     "credentials do: stream administration, SEC-10)", js.publish(
+                                         subject, raw.data or b"",
+                                         headers={"Hp-Replayed-From": f"{deadletters.STREAM}:{args.id}"}))
     print(f"dead letter {args.id} sent again on {subject} ({ack.stream} seq {ack.seq})")
     return 0

@@ -72,10 +72,11 @@ def _attach(args: argparse.Namespace) -> int:
     data_dir = Path(args.data_dir)
     stack = _hub_stack(data_dir)
     out = Path(args.out or f"{name}.member.creds").resolve()
-    admin = stack.get("adminCreds")
+    # The member's aggregate is a stream: made as the maintainer (stream administration, SEC-10).
+    maintainer = stack.get("maintainerCreds")
     if not stack.get("insecure"):
         Keystore.open(data_dir / "creds").member(name, out)
-    asyncio.run(_create_aggregate(str(stack["natsUrl"]), str(admin) if admin else None, name, data_dir))
+    asyncio.run(_create_aggregate(str(stack["natsUrl"]), str(maintainer) if maintainer else None, name, data_dir))
     creds_flag = "" if stack.get("insecure") else f" --attach-creds {out}"
     if not stack.get("insecure"):
         print(f"member credentials for {name}: {out}")
@@ -84,9 +85,9 @@ def _attach(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _create_aggregate(nats_url: str, admin: str | None, name: str, data_dir: Path) -> None:
+async def _create_aggregate(nats_url: str, maintainer: str | None, name: str, data_dir: Path) -> None:
     try:
-        nc = await connect(nats_url, name="healthplane-federation", creds=admin, give_up_after=5.0)
+        nc = await connect(nats_url, name="healthplane-federation", creds=maintainer, give_up_after=5.0)
     except ConnectionError as exc:
         raise CommandFailed(f"the hub in {data_dir} does not answer: {exc}", EXIT_RETRY) from exc
     try:

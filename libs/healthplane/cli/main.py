@@ -22,6 +22,7 @@ from healthplane.cli import (
     node_cmd,
     policy_cmd,
     registry,
+    streams_cmd,
     validate_cmd,
     xid_cmd,
 )
@@ -143,6 +144,8 @@ LIBRARY_GROUPS: Final = (
                  creds_cmd.add_arguments, creds_cmd.run),
     CommandGroup("federation", "a federation hub: attach a cluster, list the attached ones",
                  federation_cmd.add_arguments, federation_cmd.run),
+    CommandGroup("streams", "stream administration as the maintainer: converge (SEC-10)", streams_cmd.add_arguments,
+                 streams_cmd.run),
     CommandGroup("xid", "what GPU Xid N means and what NVIDIA's catalog says to do (XID-1)",
                  xid_cmd.add_arguments, xid_cmd.run),
 )

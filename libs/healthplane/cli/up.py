@@ -29,7 +29,13 @@ from pathlib import Path
 
 from healthplane.cli import registry
 from healthplane.client import federation
-from healthplane.contracts.config import ClusterConfig, ConfigError, load_cluster_config
+from healthplane.contracts.config import (
+    NODES_BUCKET_ENV,
+    ClusterConfig,
+    ConfigError,
+    load_cluster_config,
+    nodes_bucket_cap,
+)
 from healthplane.runtime import configstore, converge
 from healthplane.runtime import creds as credentials
 from healthplane.runtime import tls as client_tls
@@ -149,7 +155,7 @@ def run(args: argparse.Namespace) -> int:
                               federation=fed, name=f"healthplane-{fed.domain}" if fed else "healthplane").start()
             nats_url, replicas = nats.url, 1
         try:
-            asyncio.run(_prepare(nats_url, config, identities.admin if identities else None, replicas,
+            asyncio.run(_prepare(nats_url, config, identities, replicas,
                                  slotted=True if args.partitions > 1 else None,
                                  offer_to_hub=fed is not None and fed.hub_url is not None))
         except (ConnectionError, converge.StreamConflict, configstore.ConfigConflict,
@@ -250,6 +256,7 @@ class Identities:
     keystore: Keystore
     admin: Path
     viewer: Path
+    maintainer: Path  # stream administration (SEC-10): converge, replay, purge
     admin_token: Path
     viewer_token: Path
     by_child: dict[str, Path]
@@ -282,6 +289,7 @@ def _identities(data_dir: Path, cluster: str) -> Identities:
     by_child["sim"] = kept(directory / "sim.creds", partial(keystore.sim, cluster))
     admin = kept(directory / "admin.creds", partial(keystore.user, "admin", "admin"))
     viewer = kept(directory / "viewer.creds", partial(keystore.user, "viewer", "viewer"))
+    maintainer = kept(directory / "maintainer.creds", partial(keystore.user, "maintainer", "maintainer"))
 
     def token_file(role: str, path: Path) -> None:
         write_secret(path, keystore.token(role, role) + "\n")
@@ -295,19 +303,28 @@ def _identities(data_dir: Path, cluster: str) -> Identities:
             except CredsError:  # expired, revoked or of an older format: a new one
                 path.unlink()
         tokens[role] = kept(path, partial(token_file, role), expires_at=_token_expiry)
-    return Identities(keystore, admin, viewer, tokens["admin"], tokens["viewer"], by_child)
+    return Identities(keystore, admin, viewer, maintainer, tokens["admin"], tokens["viewer"], by_child)
 
 
-async def _prepare(nats_url: str, config: ClusterConfig, admin: Path | None, replicas: int | None, *,
+async def _prepare(nats_url: str, config: ClusterConfig, identities: Identities | None, replicas: int | None, *,
                    slotted: bool | None = None, offer_to_hub: bool = False) -> None:
-    nc = await connect(nats_url, name="healthplane-up", creds=str(admin) if admin else None, give_up_after=10)
+    """The streams as the maintainer (stream administration, SEC-10), then the config as the
+    admin: each identity does its own part."""
+    maintainer = str(identities.maintainer) if identities else None
+    nc = await connect(nats_url, name="healthplane-up", creds=maintainer, give_up_after=10)
     try:
         js = nc.jetstream()
-        await converge.ensure(js, replicas, servers=len(nc.servers), slotted=slotted)
-        await configstore.apply(js, config, actor="healthplane-up", on_skipped=lambda record: print(
-            f"healthplane up: warning: {record.line()}", file=sys.stderr))
+        await converge.ensure(js, replicas, servers=len(nc.servers), slotted=slotted,
+                              nodes_bucket_cap=nodes_bucket_cap(config, os.environ.get(NODES_BUCKET_ENV)))
         if offer_to_hub:  # a federation member: the consumer the hub sources through (FED-1)
             await federation.offer_to_hub(nc, config.cluster)
+    finally:
+        await nc.close()
+    admin = str(identities.admin) if identities else None
+    nc = await connect(nats_url, name="healthplane-up", creds=admin, give_up_after=10)
+    try:
+        await configstore.apply(nc.jetstream(), config, actor="healthplane-up", on_skipped=lambda record: print(
+            f"healthplane up: warning: {record.line()}", file=sys.stderr))
     finally:
         await nc.close()
 
@@ -358,6 +375,7 @@ def _write_stack(data_dir: Path, nats_url: str, servers: list[NatsServer], child
     }
     if identities is not None:
         stack |= {"adminCreds": str(identities.admin), "viewerCreds": str(identities.viewer),
+                  "maintainerCreds": str(identities.maintainer),
                   "adminToken": str(identities.admin_token), "viewerToken": str(identities.viewer_token)}
     if server_tls is not None:
         stack["tlsCa"] = str(server_tls.ca)
@@ -466,8 +484,9 @@ def _print_access(nats_url: str, identities: Identities | None, server_tls: tls.
     if exports:
         print(f"export {' '.join(exports)}")
     if identities is not None:
-        print(f"(admin; a read-only viewer: {identities.viewer}; more: `healthplane creds --data-dir "
-              f"{args.data_dir} user NAME --role admin|viewer`)")
+        print(f"(admin; a read-only viewer: {identities.viewer}; stream administration, dead-letter replay: "
+              f"{identities.maintainer}; more: `healthplane creds --data-dir {args.data_dir} user NAME "
+              "--role admin|viewer|maintainer`)")
     else:
         print("no authentication (--insecure): the CLI needs no credentials")
     for url in (c.url for c in children if c.url):

@@ -398,7 +398,8 @@ class Webhook(_Camel):
 
 class Substrate(_Camel):
     # Unset (None) changes nothing: an existing bucket keeps its cap, a new one gets 64 MiB
-    # (BRG-1). Set, it must lie in 64 MiB..2 GiB; the bridge resizes the bucket on restart.
+    # (BRG-1). Set, it must lie in 64 MiB..2 GiB; stream administration resizes the bucket at the
+    # next `healthplane up` or `healthplane streams converge` (the bridge may not, SEC-10).
     nodes_bucket_max_bytes: Annotated[
         int, Field(ge=NODES_BUCKET_MIN_BYTES, le=NODES_BUCKET_MAX_BYTES)
     ] | None = None
@@ -568,3 +569,16 @@ def load_collector_config(path: Path | str) -> CollectorConfig:
 def decode_config(envelope: wire.ConfigEnvelope) -> ClusterConfig:
     """The config one ``hp.config`` record carries; ``ConfigError`` names what is wrong."""
     return parse_cluster_config(envelope.config, f"hp.config version {envelope.version}")
+
+
+NODES_BUCKET_ENV: Final = "HEALTHPLANE_NODES_BUCKET_MAX_BYTES"
+
+
+def nodes_bucket_cap(config: ClusterConfig | None, from_environment: str | None) -> int | None:
+    """The nodes bucket's size stream administration puts in force (BRG-1): the environment's
+    (``NODES_BUCKET_ENV``, an unvalidated path: clamped), else the config's; ``None`` keeps the
+    bucket's size."""
+    configured = (from_environment or "").strip()
+    if configured.isdigit() and int(configured) > 0:
+        return clamp_nodes_bucket_cap(int(configured))
+    return config.substrate.nodes_bucket_max_bytes if config is not None else None

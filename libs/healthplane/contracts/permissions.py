@@ -34,13 +34,18 @@ NODE: Final = "collector"
 SIM: Final = "sim"
 VIEWER: Final = "viewer"
 ADMIN: Final = "admin"
-USER_ROLES: Final = (VIEWER, ADMIN)
+# SEC-10: stream administration (converge, replay, purge, delete, a bucket repaired by hand) is
+# not the admin's who commands and applies config; a person does it as the maintainer.
+MAINTAINER: Final = "maintainer"
+USER_ROLES: Final = (VIEWER, ADMIN, MAINTAINER)
+# The roles a bearer token may carry (the HTTP API and the UI): never stream administration.
+TOKEN_ROLES: Final = (VIEWER, ADMIN)
 API: Final = "api"  # the HTTP API's own identity reads only; it commands as each caller
 MEMBER: Final = "member"  # a federation member's leaf link, on the hub (FED)
 SOURCED_STREAM: Final = "HP_NODES"  # what the hub sources from each member
 HUB_CONSUMER: Final = "hub"  # the member's durable consumer the hub sources through
 SERVICE_ROLES: Final = streams.SERVICES
-ROLES: Final = (NODE, SIM, VIEWER, ADMIN, MEMBER, *SERVICE_ROLES)
+ROLES: Final = (NODE, SIM, VIEWER, ADMIN, MAINTAINER, MEMBER, *SERVICE_ROLES)
 
 # The template functions nats-server expands from a user JWT's tags.
 CLUSTER: Final = "{{tag(cluster)}}"
@@ -212,23 +217,25 @@ def _extra_publish(role: str) -> tuple[str, ...]:
         owned = tuple(f"$JS.API.STREAM.PURGE.{s.name}" for s in streams.STREAMS
                       if all(c.writers == (role,) for c in s.channels if not c.address.startswith(streams.FENCE_PREFIX)))
         common = (*common, *owned)
-        if role == "substrate-bridge":  # it sizes the nodes bucket (BRG-1) and writes it
-            return (*common, own_lease, own_lease_tree, f"$JS.API.STREAM.UPDATE.KV_{streams.NODES_BUCKET}",
-                    f"$KV.{streams.NODES_BUCKET}.>")
+        if role == "substrate-bridge":  # it writes the nodes bucket; the maintainer sizes it (BRG-1, SEC-10)
+            return (*common, own_lease, own_lease_tree, f"$KV.{streams.NODES_BUCKET}.>")
         return (*common, own_lease, own_lease_tree)
     if role == ADMIN:
-        # Creates and converges the streams (``healthplane up``), drives the simulator, and
-        # replays dead letters to the subject they came from (any record subject but the
-        # actor-bound commands: those only as itself).
-        # Never a remediation request (SEC-10): only eviction asks a node to reset a GPU or reboot.
+        # Commands as itself (its channels above), applies config, drives the simulator.
+        return (*common, "hp.sim.>")
+    if role == MAINTAINER:
+        # Stream administration (SEC-10): creates, converges, purges and deletes the streams
+        # (``healthplane up``, ``streams converge``), moves a stream's leadership off a member
+        # before its host goes down (HA-2), offers a federation member's consumer to its hub,
+        # repairs the nodes bucket by hand, and replays dead letters to the subject they came
+        # from: any record subject but the actor-bound commands, remediation requests and the
+        # config (applying config is the admin's).
         replayable = tuple(c.subject for c in streams.CHANNELS
                            if "{actor}" not in c.address and c.record is not None
-                           and not c.address.startswith("hp.remediate."))
-        # It may also repair the nodes bucket by hand (purge a stale node's key), and move a
-        # stream's leadership off a member before its host goes down (HA-2).
-        return (*common, "$JS.API.STREAM.CREATE.*", "$JS.API.STREAM.UPDATE.*", "$JS.API.STREAM.LEADER.STEPDOWN.*",
-                "hp.sim.>", *consumer_control(SOURCED_STREAM, HUB_CONSUMER),  # a member's offer to its hub (FED)
-                f"$KV.{streams.NODES_BUCKET}.>", *replayable)
+                           and not c.address.startswith(("hp.remediate.", "hp.config")))
+        return (*common, "$JS.API.STREAM.CREATE.*", "$JS.API.STREAM.UPDATE.*", "$JS.API.STREAM.PURGE.*",
+                "$JS.API.STREAM.DELETE.*", "$JS.API.STREAM.LEADER.STEPDOWN.*",
+                *consumer_control(SOURCED_STREAM, HUB_CONSUMER), f"$KV.{streams.NODES_BUCKET}.>", *replayable)
     return common
 
 

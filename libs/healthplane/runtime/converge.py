@@ -78,6 +78,7 @@ async def ensure(
     *,
     servers: int = 1,
     slotted: bool | None = None,
+    nodes_bucket_cap: int | None = None,
 ) -> EnsureResult:
     """Create or converge every stream and both buckets. Idempotent.
 
@@ -89,7 +90,11 @@ async def ensure(
     ``slotted``: the node records of the partitioned folds' streams carry their slot (HA-4,
     chosen at install); ``None`` keeps what exists and creates missing streams without.
     Changing it on a stream that holds records is refused: its records would sit under two
-    layouts, and a partition would miss the old ones."""
+    layouts, and a partition would miss the old ones.
+
+    ``nodes_bucket_cap``: the nodes bucket's size in force (BRG-1, already clamped), made or
+    resized in place; ``None`` leaves an existing bucket as it is. Only stream administration
+    may resize (the maintainer: ``up``, ``streams converge``; SEC-10), not the bridge."""
     await _retried(js.account_info)  # JetStream answers for this account
     created: list[str] = []
     updated: list[str] = []
@@ -126,10 +131,8 @@ async def ensure(
         await _placed(definition.name, wanted.num_replicas or 1, js.update_stream(wanted))
         updated.append(definition.name)
     buckets = (
-        # The bridge resizes the nodes bucket to the configured cap (BRG-1); here we only make
-        # sure it exists so that readers never race its creation.
-        KeyValueConfig(bucket=NODES_BUCKET, history=1, max_bytes=nodes_bucket_max_bytes, storage=StorageType.FILE,
-                       direct=True, description="latest resource report per node"),
+        KeyValueConfig(bucket=NODES_BUCKET, history=1, max_bytes=nodes_bucket_cap or nodes_bucket_max_bytes,
+                       storage=StorageType.FILE, direct=True, description="latest resource report per node"),
         KeyValueConfig(bucket=LEASES_BUCKET, history=1, ttl=LEASE_TTL_S, storage=StorageType.FILE,
                        description="leader leases of replicated services"),
     )
@@ -142,11 +145,15 @@ async def ensure(
             await _placed(stream, bucket.replicas, js.create_key_value(bucket))
             created.append(stream)
             continue
-        if replicas is not None and info.config.num_replicas != replicas:
-            # A bucket is a stream: its replicas change like any stream's (create_key_value
-            # on an existing bucket refuses another replica count).
-            info.config.num_replicas = replicas
-            await _placed(stream, replicas, js.update_stream(info.config))
+        resize = bucket.bucket == NODES_BUCKET and nodes_bucket_cap is not None \
+            and info.config.max_bytes != nodes_bucket_cap
+        if (replicas is not None and info.config.num_replicas != replicas) or resize:
+            # A bucket is a stream: its replicas and size change like any stream's
+            # (create_key_value on an existing bucket refuses another replica count).
+            info.config.num_replicas = replicas or info.config.num_replicas
+            if resize:
+                info.config.max_bytes = nodes_bucket_cap
+            await _placed(stream, info.config.num_replicas or 1, js.update_stream(info.config))
             updated.append(stream)
     return EnsureResult(tuple(created), tuple(updated))
 

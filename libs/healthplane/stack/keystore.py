@@ -241,7 +241,7 @@ class Keystore:
             store._ensure_seed("hp.nk", nkeys.PREFIX_BYTE_ACCOUNT)
             for role in permissions.ROLES:
                 store._ensure_seed(f"signers/{role}.nk", nkeys.PREFIX_BYTE_ACCOUNT)
-            for role in permissions.USER_ROLES:
+            for role in permissions.TOKEN_ROLES:
                 store._ensure_seed(_token_signer(role), nkeys.PREFIX_BYTE_ACCOUNT)
             if not store._path("operator.jwt").exists():  # signed once: a reload refuses a new one
                 write_secret(store._path("operator.jwt"), encode_jwt({"sub": public(operator), "name": "healthplane",
@@ -282,7 +282,7 @@ class Keystore:
 
     def token_signer_roles(self) -> dict[str, str]:
         """Public key of each bearer-token signing key → the people's role it grants."""
-        return {public(self._seed(_token_signer(role))): role for role in permissions.USER_ROLES}
+        return {public(self._seed(_token_signer(role))): role for role in permissions.TOKEN_ROLES}
 
     def _sign_account(self, revocations: dict[str, int] | None = None) -> str:
         """(Re-)sign ``hp.jwt`` with today's templates and the revocation list."""
@@ -293,7 +293,7 @@ class Keystore:
             signer = self._ensure_seed(f"signers/{role}.nk", nkeys.PREFIX_BYTE_ACCOUNT)
             keys.append({"kind": "user_scope", "key": public(signer), "role": role,
                          "template": permissions.of(role).template(), "description": f"role {role}"})
-        for role in permissions.USER_ROLES:  # the same permissions, for a JWT that is its own proof
+        for role in permissions.TOKEN_ROLES:  # the same permissions, for a JWT that is its own proof
             keys.append({"kind": "user_scope", "key": public(self._seed(_token_signer(role))), "role": f"{role}-token",
                          "template": {**permissions.of(role).template(), "bearer_token": True},
                          "description": f"bearer tokens of role {role}"})
@@ -402,8 +402,9 @@ class Keystore:
         of its signing key, so the JWT alone connects as ``name`` with ``role``'s permissions
         (no seed, no nonce to sign). The API connects with it and nats-server checks it:
         signature, expiry and revocation, like every identity's."""
-        if role not in permissions.USER_ROLES:
-            raise CredsError(f"role {role!r}: one of {', '.join(permissions.USER_ROLES)}")
+        if role not in permissions.TOKEN_ROLES:
+            raise CredsError(f"role {role!r}: a token is one of {', '.join(permissions.TOKEN_ROLES)} (stream "
+                             "administration never goes through the HTTP API: use the maintainer's credentials, SEC-10)")
         _check_name("user name", name)
         _check_person(name)
         moment = int(time.time())
