@@ -82,6 +82,23 @@ async def test_sec8_no_other_identity_takes_over_a_services_durable(
         await eviction.close()
 
 
+@pytest.mark.parametrize(("role", "name"), [("viewer", "victor"), ("api", None), ("collector", "c1/n1")])
+async def test_sec8_no_reader_may_touch_any_services_durable(nats_server: NatsServer, js: JetStreamContext,
+                                                              role: str, name: str | None) -> None:
+    """Every durable of every service (its first partition's, and the ones named after the
+    service), attacked by a viewer, the api and a node: each takeover refused by the server."""
+    attacker = await _as(nats_server, creds_for(nats_server, role, name))
+    try:
+        for service in (s for s in permissions.SERVICE_ROLES if s != role):  # the api's own are its own
+            for stream, consumer in streams.durables_of(service):
+                if consumer.startswith(f"{service}_") and not consumer.startswith(f"{service}_0-"):
+                    continue  # the other partitions' are the same grants, checked by the table test
+                for what, subject, body in _takeovers(stream, consumer):
+                    assert await _refused(attacker, subject, body), f"{role} could {what} {service}'s {consumer}"
+    finally:
+        await attacker.close()
+
+
 async def test_sec8_readers_read_by_direct_get_and_see_consumers_without_touching_them(
         nats_server: NatsServer, js: JetStreamContext) -> None:
     """A viewer reads every record and the consumer list (``nats consumer ls``), makes none."""
@@ -94,6 +111,7 @@ async def test_sec8_readers_read_by_direct_get_and_see_consumers_without_touchin
         assert len(await read_payloads(viewer, vjs, "HP_NODES", subjects.node_views(), last_per_subject=True)) == 30
         assert [m.subject for m in await read_all(viewer, vjs, "HP_NODES", subjects.node_views("c1"), limit=3)] == [
             subjects.node_view("c1", f"n{i:02d}") for i in range(3)]
+        assert "HP_NODES" in [info.config.name for info in await vjs.streams_info()]  # nats stream ls (INT-1)
         assert EVICTION_COMMANDS in [c.name for c in await vjs.consumers_info("HP_COMMANDS")]
         assert (await vjs.consumer_info("HP_COMMANDS", EVICTION_COMMANDS)).config.filter_subject == FILTER
         # No consumer of its own either: a reader never needs one.

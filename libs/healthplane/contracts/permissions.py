@@ -207,7 +207,8 @@ def _extra_publish(role: str) -> tuple[str, ...]:
     """What is not a record: lease keys, stream management, the simulator's control subjects."""
     if role == NODE:
         return ()
-    common: tuple[str, ...] = ("$JS.API.INFO", "$JS.API.STREAM.NAMES", "$JS.API.STREAM.INFO.*")
+    # What streams there are, with their configs and states (`nats stream ls`): read-only.
+    common: tuple[str, ...] = ("$JS.API.INFO", "$JS.API.STREAM.NAMES", "$JS.API.STREAM.LIST", "$JS.API.STREAM.INFO.*")
     if role in SERVICE_ROLES:
         # Its lease, and those of its partitions and their members (HA-4): scorer.2of4, scorer.members.X.
         own_lease = f"$KV.{streams.LEASES_BUCKET}.{encode_token(role)}"
