@@ -24,6 +24,7 @@ its message names every finding behind that reason. Three kinds of finding:
 from __future__ import annotations
 
 import fnmatch
+import re
 import sys
 from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime, timedelta
@@ -31,7 +32,7 @@ from typing import Final
 
 import msgspec
 
-from healthplane.contracts import wire
+from healthplane.contracts import automation, wire
 from healthplane.contracts import xid as xid_catalog
 from healthplane.contracts.subjects import node_key
 from healthplane.runtime import heap
@@ -221,9 +222,6 @@ def findings(node: NodeState, report: wire.HealthReport, config: IngestConfig) -
 
     failed = [name for name in ("edac", "smart", "ioerr", "kmsg", "mounts", "gpu")
               if getattr(signals, name).status == "failed"]
-    if failed:
-        reasons = "; ".join(f"{n}: {getattr(signals, n).reason or 'failed'}" for n in failed)
-        out.append(Finding("collector_failed", "CollectorFailed", "warning", f"collector failed ({reasons})"))
 
     # Memory: EDAC sysfs (per controller) and EDAC lines in the ring buffer.
     if signals.edac.status == "ok":
@@ -298,8 +296,46 @@ def findings(node: NodeState, report: wire.HealthReport, config: IngestConfig) -
                 out.append(Finding("gpu_throttling", "GpuThermalThrottle", "warning", f"GPU {bus}: thermal slowdown"))
             if gpu.throttle.power_brake:
                 out.append(Finding("gpu_throttling", "GpuPowerBrake", "warning", f"GPU {bus}: power brake slowdown"))
+    if failed:  # last: whether a fault explains it is known once this report's faults are folded
+        out.insert(0, _collector_failed(node, signals, failed))
     # Hardware Xids are sticky too, but reported per device above with their latest Xid.
     return out + [s.finding for k, s in node.sticky.items() if not k.startswith("xid.")]
+
+
+# XID-2: the faults that take a GPU off the bus or make the driver drop it (NVIDIA's catalog:
+# 79 fell off the bus; 48 a double-bit ECC error; 95 an uncontained ECC error), and the sticky
+# keys of the uncorrectable ECC and failed row remap it may have reported before.
+GPU_LOSING_XIDS: Final = frozenset({48, 79, 95})
+_GPU_LOSING_KEYS: Final = ("gpu.ecc.ue.", "gpu.remap.")
+_LOST_GPU: Final = re.compile(r"GPU is lost|GPU_IS_LOST|fallen off the bus|Unable to determine the device handle",
+                              re.IGNORECASE)
+_BUS: Final = re.compile(r"\b[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]\b")
+
+
+def _collector_failed(node: NodeState, signals: wire.Signals, failed: list[str]) -> Finding:
+    """collector_failed; ``EXPLAINED`` (XID-2) when the only failure is the GPU read of a GPU
+    that is gone and a fatal fault of that GPU is on record: evidence, not blindness."""
+    reasons = "; ".join(f"{n}: {getattr(signals, n).reason or 'failed'}" for n in failed)
+    if failed == ["gpu"] and _LOST_GPU.search(signals.gpu.reason or ""):
+        cause = _gpu_loss_cause(node, signals.gpu.reason or "")
+        if cause is not None:
+            return Finding("collector_failed", automation.EXPLAINED, "warning",
+                           f"collector failed ({reasons}), explained by {cause}: the GPU is gone, not unseen")
+    return Finding("collector_failed", "CollectorFailed", "warning", f"collector failed ({reasons})")
+
+
+def _gpu_loss_cause(node: NodeState, reason: str) -> str | None:
+    """The fatal fault on record of the GPU ``reason`` names (of any GPU when it names none)."""
+    named = {match.lower() for match in _BUS.findall(reason)}
+    for key, held in sorted(node.sticky.items()):
+        device = held.device.lower()
+        if named and not any(device.endswith(bus) or bus.endswith(device) for bus in named):
+            continue
+        if key.startswith("xid.") and int(key.rsplit(".", 1)[1]) in GPU_LOSING_XIDS:
+            return f"Xid {key.rsplit('.', 1)[1]} on {held.device}"
+        if key.startswith(_GPU_LOSING_KEYS):
+            return f"{held.finding.detail}"
+    return None
 
 
 def _xid_findings(node: NodeState, report: wire.HealthReport, quiet: int) -> list[Finding]:

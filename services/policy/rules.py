@@ -36,7 +36,6 @@ ACTOR = automation.POLICY
 # either took out of service is one "automation itself took out of service" (POL-4): in
 # replace mode a fault-evicted provisioned instance is replaced, as reference 000 describes.
 AUTOMATION = automation.AUTOMATION
-BLIND = automation.BLIND  # never acted on, and no policy event (POL-3)
 REPLACEMENT_WINDOW = timedelta(hours=1)
 RETRY_REPLACE_AFTER = timedelta(minutes=1)  # doubled per rejection, capped below
 RETRY_REPLACE_CAP = timedelta(minutes=30)
@@ -572,8 +571,8 @@ def _evaluate(d: _Decision, node: Node) -> None:
     settings = state.config.settings_for(node.definition)
     if node.score is None or not node.second_reading:
         return
-    if any(condition in BLIND for condition in node.conditions):
-        return  # no action and no event while the node cannot be fully seen (POL-3)
+    if automation.blinding((kind, fact.reason) for kind, fact in node.conditions.items()):
+        return  # no action and no event while the node cannot be fully seen (POL-3, XID-2)
     level = _level(node.score, settings)
     if level == 0:
         node.episode = None  # recovered: the next degradation is a new episode

@@ -41,6 +41,7 @@ DEFAULT_PENALTIES: Final[Mapping[str, int]] = {
     "GpuPowerBrake": 10,
     # Absence of evidence is not evidence of a fault: these never move the score.
     "CollectorFailed": 0,
+    "CollectorFailedExplained": 0,  # XID-2: the fault that explains it carries the points
     "HeartbeatMissed": 0,
     "TelemetryStale": 0,
 }

@@ -9,6 +9,7 @@ pure; ``node show``, the API and the node page all call it with what ``reads`` f
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from datetime import datetime, timedelta
 from typing import Final
 
@@ -21,6 +22,15 @@ POLICY: Final = "policy"
 AUTOMATION: Final = frozenset({POLICY, "eviction"})
 # A node the control plane cannot fully see is never acted on, and gets no policy event (POL-3).
 BLIND: Final = frozenset({"heartbeat_missed", "telemetry_stale", "collector_failed"})
+# XID-2: a collector failure a fatal fault of the same device explains (a GPU that fell off
+# the bus cannot be read: it is gone, not unseen) is evidence, not blindness.
+EXPLAINED: Final = "CollectorFailedExplained"
+
+
+def blinding(conditions: Iterable[tuple[str, str]]) -> list[str]:
+    """The condition types among ``(type, reason)`` that leave the node unseen (POL-3), an
+    explained collector failure not among them (XID-2)."""
+    return sorted(kind for kind, reason in conditions if kind in BLIND and reason != EXPLAINED)
 POLICY_EVENTS: Final = ("POLICY_RECOMMENDED", "POLICY_ACTED", "POLICY_HALTED")
 
 
@@ -30,10 +40,19 @@ def explain(view: wire.NodeView, health: NodeHealth, *, last_policy: wire.NodeEv
     its numbers, or why there is nothing to decide."""
     if view.score is None:
         return "not yet scored: automation acts on a node's score, and this node has none yet"
-    blind = sorted(c.type for c in view.conditions if c.type in BLIND)
+    blind = blinding((c.type, c.reason) for c in view.conditions)
     if blind:
         return (f"blind: {wire.condition_title(blind[0])}; automation takes no action on a node it cannot fully "
                 "see (POL-3)")
+    explained = next((c for c in view.conditions if c.reason == EXPLAINED), None)
+    prefix = f"not blind: {explained.message} (XID-2); " if explained is not None else ""
+    return prefix + _decision(view, health, last_policy=last_policy, last_uncordon=last_uncordon,
+                              last_score=last_score, now=now)
+
+
+def _decision(view: wire.NodeView, health: NodeHealth, *, last_policy: wire.NodeEvent | None,
+              last_uncordon: wire.NodeEvent | None, last_score: wire.NodeEvent | None, now: datetime) -> str:
+    assert view.score is not None
     if view.score >= health.cordon_below:
         return f"nothing to do: score {view.score} is not below cordonBelow {health.cordon_below} ({health.mode} mode)"
     action = "drain" if view.score < health.drain_below else "cordon"
