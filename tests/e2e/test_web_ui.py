@@ -61,6 +61,9 @@ def test_api5_a_fault_turns_the_dashboard_degraded_live_and_the_node_page_explai
         expect(page.locator("#nodes tbody tr").first).to_contain_text("sim-005")  # lowest score first
         page.click("#nodes a:text-is('sim-005')")
         expect(page.locator("#conditions")).to_contain_text("GPU Xid Errors")
+        # XID-3: what NVIDIA's catalog says to do about Xid 79, and XID-2: the lost GPU is explained.
+        expect(page.locator("#conditions")).to_contain_text("Recommended action (NVIDIA's Xid catalog): RESTART_BM")
+        expect(page.locator("#automation")).to_contain_text("not blind")
         expect(page.locator("#explanation")).to_contain_text("-45")
         expect(page.locator("#trend circle")).to_have_count(2)
         expect(page.locator("#automation")).to_contain_text("Why is automation not acting?")

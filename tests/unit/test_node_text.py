@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
+import msgspec
 import pytest
 
 from healthplane.cli.node_cmd import detail, show_text
@@ -80,3 +81,11 @@ def test_a_stale_view_says_so(age_s: int, status: wire.NodeStatus, interval: int
     assert (found is not None) == stale
     text = show_text(view(status=status, interval=interval), now=T0 + timedelta(seconds=age_s))
     assert ("Stale:" in text) == stale
+
+
+def test_xid3_node_show_says_what_nvidia_recommends() -> None:
+    shown = view()
+    xid = msgspec.structs.replace(shown.conditions[0], recommended_action="RESTART_BM")
+    text = show_text(msgspec.structs.replace(shown, conditions=[xid]), now=T0)
+    assert "GPU 0: Xid 79\n    recommended action: RESTART_BM" in text
+    assert "recommended action" not in show_text(view(), now=T0)  # none without an Xid's action

@@ -222,6 +222,8 @@ def show_text(view: wire.NodeView, now: datetime | None = None, automation: str 
         lines.append("Conditions:")
         for c in view.conditions:
             lines.append(f"  {wire.condition_title(c.type)} [{c.severity.capitalize()}] {c.message}")
+            if c.recommended_action:  # XID-3: what NVIDIA's Xid catalog says to do
+                lines.append(f"    recommended action: {c.recommended_action} (healthplane xid N explains a code)")
             noun = "observation" if c.observations == 1 else "observations"
             lines.append(f"    first seen {_time(c.first_seen)}, {c.observations} {noun}")
     failures = view.attributed_failures
