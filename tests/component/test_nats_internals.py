@@ -229,7 +229,7 @@ async def test_acks_and_payloads_are_routed_by_subscription_at_every_split() -> 
         ack_route = nats_internals._AckRoute(lambda token, body, seen=acks: seen.append((token, body)),
                                              len(b"_INBOX.p."))
         router.add(5, ack_route)
-        tap = nats_internals.DirectTap(router, 7, lambda seq, body, out=payloads: out.append(body), print)
+        tap = nats_internals.DirectTap(router, 7, lambda seq, subject, body, out=payloads: out.append(body), print)
         router.add(7, tap)
         await connection._ps.parse(_WIRE[:split])
         await connection._ps.parse(_WIRE[split:])
@@ -250,8 +250,8 @@ async def test_a_route_removed_while_its_message_waits_leaves_it_to_nats_py() ->
     router = nats_internals._Router.install(connection)  # type: ignore[arg-type]
     assert router is not None
     payloads: list[bytes] = []
-    tap = nats_internals.DirectTap(router, 7, lambda seq, body: payloads.append(body), print)
-    keep = nats_internals.DirectTap(router, 8, lambda seq, body: None, print)
+    tap = nats_internals.DirectTap(router, 7, lambda seq, subject, body: payloads.append(body), print)
+    keep = nats_internals.DirectTap(router, 8, lambda seq, subject, body: None, print)
     router.add(7, tap)
     router.add(8, keep)
 

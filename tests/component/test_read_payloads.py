@@ -17,7 +17,7 @@ from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 from nats.protocol.parser import Parser
 
-from healthplane.runtime import nats_internals
+from healthplane.runtime import nats_internals, replay
 from healthplane.runtime.connect import connect
 from healthplane.runtime.replay import read_all, read_payloads
 from healthplane.stack.natsserver import NatsServer
@@ -123,7 +123,7 @@ def _tap(connection: _Connection, out: list[object]) -> nats_internals.DirectTap
     """The tap on sid 7, as ``tap_direct`` puts it on a connection whose self-test passed."""
     router = nats_internals._Router.install(connection)  # type: ignore[arg-type]
     assert router is not None and connection._ps is router
-    tap = nats_internals.DirectTap(router, 7, lambda seq, body: out.append((seq, body)), out.append)
+    tap = nats_internals.DirectTap(router, 7, lambda seq, subject, body: out.append((seq, body)), out.append)
     router.add(7, tap)
     return tap
 
@@ -166,3 +166,27 @@ async def test_the_tap_stays_out_of_a_parser_mid_operation() -> None:
     await connection._ps.parse(b"MSG other 9 12\r\nnot")  # the parser holds half a message
     assert nats_internals._Router.install(connection) is None  # type: ignore[arg-type]
     assert connection._ps.__class__ is Parser
+
+
+@pytest.mark.parametrize("reader", ["payloads", "all"])
+async def test_a_view_replaced_while_the_read_runs_is_read_once_at_its_latest(
+        nc: NATS, js: JetStreamContext, monkeypatch: pytest.MonkeyPatch, reader: str) -> None:
+    """SEC-8's direct-get read of a one-per-subject stream: a node's view replaced after the
+    read took the stream's extent moves past it (its old record is gone); the read still has
+    that node, once, at its latest (found red by the eviction scenarios: a node missing)."""
+    for i in range(50):
+        await js.publish(f"hp.node.c.n{i:02d}", b'{"nodeId":"n%02d","v":1}' % i)
+    extent = replay._extent
+
+    async def replaced_meanwhile(js_: JetStreamContext, stream: str) -> tuple[int, bool]:
+        found = await extent(js_, stream)
+        await js.publish("hp.node.c.n00", b'{"nodeId":"n00","v":2}')  # n00's old record is deleted
+        return found
+
+    monkeypatch.setattr(replay, "_extent", replaced_meanwhile)
+    if reader == "payloads":
+        payloads = await read_payloads(nc, js, "HP_NODES", "hp.node.>", last_per_subject=True)
+    else:
+        payloads = [m.data for m in await read_all(nc, js, "HP_NODES", "hp.node.>", last_per_subject=True)]
+    assert len(payloads) == 50 and payloads.count(b'{"nodeId":"n00","v":2}') == 1
+    assert not any(b'"n00","v":1' in p for p in payloads)

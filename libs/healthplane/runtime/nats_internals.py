@@ -504,12 +504,13 @@ def routes_acks(nc: NATS, sub: Subscription) -> bool:
 
 class DirectTap(_Route):
     """A direct get's answers (``runtime.replay``): each stored record (headers, no reply
-    subject) goes to ``on_record`` as (its ``Nats-Sequence``, its payload), sliced out of the
-    socket buffer; the closing status (``204 EOB``, ``404``) goes to ``on_status`` as its code."""
+    subject) goes to ``on_record`` as (its ``Nats-Sequence``, its ``Nats-Subject``, its
+    payload), sliced out of the socket buffer; the closing status (``204 EOB``, ``404``) goes to
+    ``on_status`` as its code."""
 
     __slots__ = ("_on_record", "_on_status", "_router", "_sid")
 
-    def __init__(self, router: _Router, sid: int, on_record: Callable[[int, bytes], None],
+    def __init__(self, router: _Router, sid: int, on_record: Callable[[int, bytes, bytes], None],
                  on_status: Callable[[str], None]) -> None:
         self._router = router
         self._sid = sid
@@ -522,10 +523,12 @@ class DirectTap(_Route):
         body = start + int(line[-2])
         if data.startswith(b"NATS/1.0\r\n", start):
             at = data.find(b"Nats-Sequence: ", start, body)
-            if at < 0:
+            named = data.find(b"Nats-Subject: ", start, body)
+            if at < 0 or named < 0:
                 return False
-            at += 15
-            self._on_record(int(data[at:data.index(b"\r\n", at)]), data[body:end])
+            at, named = at + 15, named + 14
+            self._on_record(int(data[at:data.index(b"\r\n", at)]), data[named:data.index(b"\r\n", named)],
+                            data[body:end])
         else:
             self._on_status(data[start + 9:start + 12].decode())
         return True
@@ -534,7 +537,7 @@ class DirectTap(_Route):
         self._router.discard(self._sid, self)
 
 
-def tap_direct(nc: NATS, sub: Subscription, on_record: Callable[[int, bytes], None],
+def tap_direct(nc: NATS, sub: Subscription, on_record: Callable[[int, bytes, bytes], None],
                on_status: Callable[[str], None]) -> DirectTap | None:
     """Tap the direct get answers reaching ``sub`` (see :class:`DirectTap`); None where the
     parser path is off or cannot be put in place now."""

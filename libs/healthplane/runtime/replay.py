@@ -17,6 +17,7 @@ sequence first and stops there: records stored meanwhile are the next read's.
 from __future__ import annotations
 
 import asyncio
+import sys
 from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -171,6 +172,11 @@ async def read_all(nc: NATS, js: JetStreamContext, stream: str, subject: str | l
     end, _ = await _extent(js, stream)
     if not end:
         return []
+    if last_per_subject:
+        # To the stream's end as the read reaches it, not as it began: a subject's record
+        # replaced meanwhile has a sequence past ``end``, and its old one is gone (REL: a node
+        # would drop out of the read). The duplicates that gives are folded below.
+        end = sys.maxsize
     filters = list(streams.stored_filters(stream, [subject] if isinstance(subject, str) else subject))
     first = max(1, start_seq or 1)
     found: list[StoredMsg] = []
@@ -314,23 +320,33 @@ async def read_payloads(nc: NATS, js: JetStreamContext, stream: str, subject: st
         return [m.data for m in await read_all(nc, js, stream, filters, last_per_subject=last_per_subject,
                                                  batch=batch, idle_timeout_s=idle_timeout_s)]
     await nats_internals.engage(nc)  # the self-test, once per connection
+    # By subject: read on to the end as the read reaches it, since a record replaced meanwhile
+    # moves past where the read began (read_all says why); the latest of each subject is kept.
+    latest: dict[bytes, bytes] = {}
     out: list[bytes] = []
     seq = 1
-    while seq <= end:
+    while True:
         page = await _ask_payloads(nc, stream, _request(seq, filters[0], batch), idle_timeout_s)
         if page is None:
             break
-        payloads, last = page
-        out += payloads
-        if last >= end or not payloads:
+        records, last = page
+        if last_per_subject:
+            for subject_, payload in records:
+                latest.pop(subject_, None)  # re-inserted: the dict keeps the latest's stream order
+                latest[subject_] = payload
+        else:
+            out += [payload for _, payload in records]
+        if not records or (not last_per_subject and last >= end):
             break
         seq = last + 1
-    return out
+    return list(latest.values()) if last_per_subject else out
 
 
-async def _ask_payloads(nc: NATS, stream: str, body: bytes, timeout_s: float) -> tuple[list[bytes], int] | None:
-    """One batch's payloads and the last sequence among them; ``None`` when nothing matched."""
-    out: list[bytes] = []
+async def _ask_payloads(nc: NATS, stream: str, body: bytes,
+                        timeout_s: float) -> tuple[list[tuple[bytes, bytes]], int] | None:
+    """One batch's (subject, payload)s and the last sequence among them; ``None`` when nothing
+    matched."""
+    out: list[tuple[bytes, bytes]] = []
     last = 0
     done: asyncio.Future[str] = asyncio.get_running_loop().create_future()
 
@@ -338,15 +354,15 @@ async def _ask_payloads(nc: NATS, stream: str, body: bytes, timeout_s: float) ->
         if not done.done():
             done.set_result(status)
 
-    def on_record(seq: int, payload: bytes) -> None:
+    def on_record(seq: int, subject: bytes, payload: bytes) -> None:
         nonlocal last
-        out.append(payload)
+        out.append((subject, payload))
         last = seq
 
     async def on_msg(msg: Msg) -> None:  # the ordinary path: only when the tap is not in place
         headers = msg.headers or {}
         if "Nats-Sequence" in headers:
-            on_record(int(headers["Nats-Sequence"]), msg.data)
+            on_record(int(headers["Nats-Sequence"]), headers.get("Nats-Subject", "").encode(), msg.data)
         else:
             on_status(headers.get("Status", ""))
 
