@@ -35,6 +35,7 @@ from healthplane.runtime.fold import (
 )
 from healthplane_health_ingest import detectors
 from healthplane_health_ingest.rules import (
+    COUNTERS_MAX,
     STICKY_MAX,
     Change,
     Detect,
@@ -42,6 +43,7 @@ from healthplane_health_ingest.rules import (
     IngestState,
     NodeState,
     assess,
+    counters_capped,
     health,
     miss_deadline,
     missed,
@@ -69,6 +71,7 @@ HEARTBEAT_MISSED: Final = "heartbeat_missed"
 # SEC-11: a node's sticky faults reached rules.STICKY_MAX and one more was refused (noted once
 # per occurrence: when the map, full, first refuses one).
 STICKY_CAPPED: Final = "sticky_capped"
+COUNTERS_CAPPED: Final = "counters_capped"
 
 # (due, node key, the report the node went silent after)
 Deadline = tuple[datetime, str, int]
@@ -106,12 +109,17 @@ class IngestCore:
             state.gone = {k: v for k, v in state.gone.items() if k != node_key(report.cluster, report.node_id)}
         notes: list[Note] = []
         detect = self._detect(state, notes) if state.config.detectors or self.plugins else None
-        capped = sticky_capped(state.nodes.get(node_key(report.cluster, report.node_id)))
+        before = state.nodes.get(node_key(report.cluster, report.node_id))
+        capped, counting_capped = sticky_capped(before), counters_capped(before)
         node, changes = assess(state, report, inbound.at, inbound.seq, detect)
         if node.sticky_refused and not capped:
             notes.append(note("warning", "sticky faults capped: the node's further sticky faults are not held",
                               counter=STICKY_CAPPED, node_id=report.node_id, cluster=report.cluster,
                               cap=STICKY_MAX, refused=node.sticky_refused))
+        if node.counters_refused and not counting_capped and counters_capped(node):
+            notes.append(note("warning", "counters capped: the node's further devices are not followed",
+                              counter=COUNTERS_CAPPED, node_id=report.node_id, cluster=report.cluster,
+                              cap=COUNTERS_MAX, refused=node.counters_refused))
         _schedule(state, node)
         return Step(state, self._records(node, changes, inbound, assessment=True), notes)
 

@@ -51,6 +51,11 @@ SEVERITY_ORDER: Final = {"info": 1, "warning": 2, "critical": 3}
 # its own): the first STICKY_MAX in fold order stay, so a replay keeps the same ones, and the
 # rest are refused (``NodeState.sticky_refused``; the fold notes it once).
 STICKY_MAX: Final = 1024
+# SEC-11: the climbing counters a node keeps (one per memory controller, disk, Xid of a GPU,
+# ...): a real node keeps a few hundred at most. A node that names new devices in every report
+# would grow the state without end; past the cap a new counter is not kept (the first in fold
+# order stay, so a replay agrees), and the fold notes it once, as for sticky faults.
+COUNTERS_MAX: Final = 16_384
 
 
 class IngestConfig(msgspec.Struct, frozen=True):
@@ -100,6 +105,7 @@ class NodeState(msgspec.Struct, omit_defaults=True):
     sticky: dict[str, Sticky] = msgspec.field(default_factory=heap.empty)
     # Sticky faults refused since the map was last below STICKY_MAX at a report (SEC-11).
     sticky_refused: int = 0
+    counters_refused: int = 0  # SEC-11: new counters not kept, the node's counters being full
     conditions: dict[str, wire.Condition] = msgspec.field(default_factory=heap.empty)
     # Disks whose latest SMART verdict was failing (ING-2a): a state, not a sticky fault.
     # Disk name -> serial (a dict, not a set: its order survives a snapshot unchanged).
@@ -148,6 +154,8 @@ def _keep(node: NodeState, key: str, packed: int, *, baseline_zero: bool) -> Non
         counters.pop(key, None)  # what a missing entry reads as
     elif key in counters:
         counters[key] = packed
+    elif len(counters) >= COUNTERS_MAX:
+        node.counters_refused += 1  # SEC-11: full; this counter is not followed
     else:
         # Interned: the same counters (a memory controller, a disk, a GPU) on every node.
         counters[sys.intern(key)] = packed
@@ -208,6 +216,11 @@ def _sticky(node: NodeState, key: str, finding: Finding, device: str = "", ident
 def sticky_capped(node: NodeState | None) -> bool:
     """SEC-11: the node's sticky map is full and has refused a fault since it last had room."""
     return node is not None and node.sticky_refused > 0 and len(node.sticky) >= STICKY_MAX
+
+
+def counters_capped(node: NodeState | None) -> bool:
+    """SEC-11: the node's counters are full and have refused one."""
+    return node is not None and node.counters_refused > 0 and len(node.counters) >= COUNTERS_MAX
 
 
 def findings(node: NodeState, report: wire.HealthReport, config: IngestConfig) -> list[Finding]:
