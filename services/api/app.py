@@ -15,7 +15,7 @@ import contextlib
 import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import partial
 from typing import Any, Final
@@ -38,6 +38,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import Scope
 
 from healthplane.client import commands, federation, reads
+from healthplane.client import events as tails  # `events` is a route below
 from healthplane.client.config import in_force
 from healthplane.client.connection import Identity
 from healthplane.client.errors import (
@@ -59,6 +60,8 @@ COMMAND_TIMEOUT_S: Final = 10.0
 LIVE_MIN_INTERVAL_S: Final = 1.0  # a page re-reads at most once a second, however busy the fleet
 LIVE_TICK_S: Final = 15.0  # and at least this often: a view turns stale without being written
 TREND_EVENTS: Final = 500
+EVENTS_KEEPALIVE_S: Final = 15.0  # an idle event stream still says something this often (proxies, Last-Event-ID)
+EVENTS_BUFFER: Final = 256  # events read ahead of a slow event-stream client, at most (see _event_messages)
 
 
 class BadRequest(Exception):
@@ -76,6 +79,7 @@ class Backend:
     callers: auth.Callers
     log: Any
     hub: bool = False  # a federation hub: the dashboard is one row per attached cluster (FED-1)
+    stopping: asyncio.Event = field(default_factory=asyncio.Event)  # the service stops: event streams end
 
 
 class NodeIdConvertor(Convertor[str]):
@@ -203,6 +207,24 @@ def build(backend: Backend) -> Starlette:
                                       page_size=_int(request, "pageSize", reads.DEFAULT_PAGE_SIZE),
                                       token=query.get("pageToken"))
         return JSONResponse(page.to_builtins())
+
+    async def event_stream(request: Request, caller: auth.Caller | None) -> Response:
+        """INT-1: ``events watch`` as server-sent events; ``Last-Event-ID`` (a browser's
+        EventSource sends it when it reconnects) resumes right after that position."""
+        query = request.query_params
+        selection = tails.select(query.get("cluster") or None, query.get("node") or None, query.getlist("type"))
+        resume = (request.headers.get("last-event-id") or "").strip()
+        if resume:
+            if not resume.isdigit():
+                raise BadRequest(f"Last-Event-ID {resume!r} is not a position this stream sent")
+            begun = await tails.start(backend.nc, backend.js, selection, from_position=int(resume) + 1)
+        else:
+            since = query.get("since")
+            begun = await tails.start(backend.nc, backend.js, selection,
+                                       since=reads.parse_since(since, datetime.now(UTC)) if since else None)
+        return StreamingResponse(_event_messages(backend.nc, selection, begun, backend.stopping),
+                                 media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
 
     async def summary(request: Request, caller: auth.Caller | None) -> Response:
         if backend.hub or _bool(request.query_params.get("federation")):
@@ -407,6 +429,7 @@ def build(backend: Backend) -> Starlette:
         Route("/api/v1/nodes", api(nodes)),
         Route("/api/v1/summary", api(summary)),
         Route("/api/v1/config", api(config)),
+        Route("/api/v1/events/stream", api(event_stream)),
         NodeRoute("/api/v1/nodes/{node_id:node_id}/events", api(events)),
         NodeRoute("/api/v1/nodes/{node_id:node_id}/{verb}", api(command), methods=["POST"]),
         NodeRoute("/api/v1/nodes/{node_id:node_id}", api(node)),
@@ -456,6 +479,41 @@ async def _history(nc: NATS, js: JetStreamContext, view: wire.NodeView) -> list[
     """The node page's history: the newest page of events, newest first."""
     found = await reads.event_page(nc, js, view.node_id, view.cluster, latest=True, page_size=reads.DEFAULT_PAGE_SIZE)
     return list(reversed(found.events))
+
+
+async def _event_messages(nc: NATS, selection: tails.Selection, begun: tails.Start,
+                          stopping: asyncio.Event) -> AsyncIterator[bytes]:
+    """One server-sent event per node event: ``id`` its position, ``event`` its type, ``data``
+    the stored event (EVT-2). An idle stream sends, every EVENTS_KEEPALIVE_S, a comment and an
+    ``id`` with no data: a browser takes it as its Last-Event-ID without an event, so one that
+    reconnects after a quiet spell (or after records of other types) starts past them.
+
+    A slow client is neither dropped nor skipped: it is held back. This generator reads the
+    next event only when the server has taken the previous one (uvicorn's send waits while the
+    socket's buffer is full), and the tail reads at most EVENTS_BUFFER events ahead of it, then
+    pauses until half are taken and reads on from its exact position. A slow client costs that
+    much memory and lags; it loses nothing, and a client that went away ends the stream (the
+    disconnect cancels it). When the service stops, the stream ends: the client reconnects
+    with its Last-Event-ID to whichever api answers next."""
+    tail = tails.Tail(nc, selection, begun.position, buffer=EVENTS_BUFFER)
+    ending = asyncio.ensure_future(stopping.wait())
+    ending.add_done_callback(lambda _: tail.stop())
+    try:
+        yield b"retry: 2000\n\n"
+        if begun.note:
+            yield b"event: notice\ndata: " + json.dumps({"notice": begun.note}).encode() + b"\n\n"
+        while True:
+            watched = await tail.next(EVENTS_KEEPALIVE_S)
+            if watched is None and stopping.is_set():
+                return
+            if watched is None:
+                yield b": keepalive\nid: %d\n\n" % (tail.position - 1)
+                continue
+            yield b"id: %d\nevent: %s\ndata: %s\n\n" % (watched.position, watched.event.type.encode(),
+                                                           wire.encode(watched.event))
+    finally:
+        ending.cancel()
+        tail.stop()  # no await: a cancelled request may not wait for anything
 
 
 async def _changes(feed: live.Feed, wanted: str | None, request: Request) -> AsyncIterator[bytes]:

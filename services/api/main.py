@@ -35,7 +35,7 @@ def main(args: argparse.Namespace) -> int:
         # /readyz: ready once every node's latest view is in the index (the first full read).
         metrics.readiness(SERVICE, lambda: (True, "node views read") if feed.loaded.is_set() and feed.readable
                           else (False, feed.unreadable_reason if feed.loaded.is_set() else "reading node views"))
-        backend = Backend(ctx.nc, ctx.js, feed, callers, ctx.log, hub=settings.federation_hub)
+        backend = Backend(ctx.nc, ctx.js, feed, callers, ctx.log, hub=settings.federation_hub, stopping=ctx.stopping)
         server = _Embedded(uvicorn.Config(build(backend), host=settings.host, port=settings.port, http="h11",
                                           ws="none", lifespan="off", log_config=None, access_log=False,
                                           timeout_keep_alive=5, timeout_graceful_shutdown=1,

@@ -85,6 +85,17 @@ def document() -> dict[str, Any]:
         "/api/v1/summary": {"get": {
             "summary": "per cluster: nodes by health, the worst score; fleet totals (node summary -o json)",
             "responses": {"200": _json(_ref("Summary"), "the summary"), "401": _ERRORS["401"]}}},
+        "/api/v1/events/stream": {"get": {
+            "summary": "node events live as server-sent events (events watch): id = the event's position, event = "
+                       "its type, data = the event; Last-Event-ID resumes right after that position",
+            "parameters": [_CLUSTER, _query("node", {"type": "string"}),
+                           _query("type", {"type": "string"}, "repeatable, any case"),
+                           _query("since", {"type": "string"}, "24h, 30m, 7d or an RFC 3339 time (default: from now)"),
+                           {"name": "Last-Event-ID", "in": "header", "schema": {"type": "string"},
+                            "description": "resume after this position (a browser's EventSource sends it)"}],
+            "responses": {"200": {"description": "the event stream",
+                                  "content": {"text/event-stream": {"schema": {"type": "string"}}}},
+                          "400": _json(_ERROR, "a bad parameter"), "401": _ERRORS["401"]}}},
         "/api/v1/config": {"get": {
             "summary": "the cluster config in force (config show -o json)",
             "responses": {"200": _json({"type": "object"}, "the config"), "401": _ERRORS["401"]}}},

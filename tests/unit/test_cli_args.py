@@ -26,6 +26,8 @@ def _choice_actions(parser: argparse.ArgumentParser) -> Iterator[tuple[argparse.
     (["node", "hold", "release", "--all", "--effect", "CORDON"], "effect", "cordon"),
     (["node", "list", "-o", "JSON"], "output", "json"),
     (["service", "Health-Ingest"], "name", "health-ingest"),
+    (["events", "watch", "--type", "condition_raised", "--type", "Node_Cordoned", "-o", "Json"], "type",
+     ["CONDITION_RAISED", "NODE_CORDONED"]),
 ])
 def test_enumerated_values_in_any_case(argv: list[str], field: str, held: object) -> None:
     # EVT-1: the reference's own lower-case form (`--type score_changed`) is accepted.

@@ -17,7 +17,7 @@ from nats.errors import Error as NatsError
 from healthplane.cli.common import fail, one_of, output_flag
 from healthplane.client.errors import EXIT_RETRY, CommandFailed
 from healthplane.contracts import permissions
-from healthplane.runtime.creds import CredsError
+from healthplane.runtime.creds import CredsError, inbox_prefix
 from healthplane.stack import keystore
 from healthplane.stack.keystore import Keystore
 
@@ -100,7 +100,8 @@ def _run(args: argparse.Namespace) -> int:
             print(f"credentials for node {args.node_id} (cluster {args.cluster}) in {out}")
         case "user":
             out = store.user(args.name, args.role, Path(args.out or f"{args.name}.creds"))
-            print(f"credentials for {args.name} (role {args.role}) in {out}")
+            # Replies reach this identity only under its own inbox prefix (docs/subscribing.md).
+            print(f"credentials for {args.name} (role {args.role}) in {out}, inbox prefix {inbox_prefix(out)}")
         case "service":
             out = store.service(args.name, Path(args.out or f"{args.name}.creds"))
             print(f"credentials for service {args.name} in {out}")

@@ -18,6 +18,7 @@ from healthplane import __version__
 from healthplane.cli import (
     creds_cmd,
     dead_letters_cmd,
+    events_cmd,
     federation_cmd,
     node_cmd,
     policy_cmd,
@@ -134,6 +135,8 @@ LIBRARY_GROUPS: Final = (
     CommandGroup("service", "run one service (production entry point)", _service_arguments, _run_service),
     CommandGroup("node", "nodes: list, show, events, cordon, drain, evict, deprovision, holds",
                  node_cmd.add_arguments, node_cmd.run),
+    CommandGroup("events", "node events live: watch (filtered, JSON lines, resumable; INT-1)",
+                 events_cmd.add_arguments, events_cmd.run),
     CommandGroup("isolate", "find the faulty node(s) of a failed multi-node job by validating halves (VAL-3)",
                  validate_cmd.add_isolate, validate_cmd.run_isolate),
     CommandGroup("policy", "the policy service: circuit breaker reset", policy_cmd.add_arguments, policy_cmd.run),

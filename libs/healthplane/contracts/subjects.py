@@ -201,6 +201,15 @@ def node_events(cluster: str | None, node_id: str, event_type: str | None = None
     return f"{PREFIX}.event.{where}.{encode_token(node_id)}.{kind}"
 
 
+def events_of(cluster: str | None = None, node_id: str | None = None) -> str:
+    """Every event of the fleet, of one cluster or of one node, whatever its type, as one filter
+    (``events watch``). The final ``>`` also takes a partitioned install's stored form, whose
+    slot is one more token (HA-4), so one filter reads every install in stream order."""
+    where = encode_token(cluster) if cluster else "*"
+    node = encode_token(node_id) if node_id else "*"
+    return f"{PREFIX}.event.{where}.{node}.>"
+
+
 @dataclass(frozen=True, slots=True)
 class NodeSubject:
     """A parsed per-node subject: ``hp.<kind>.<cluster>.<node>[.<rest>]``."""
