@@ -23,7 +23,7 @@ def creds_for(server: NatsServer | NatsCluster, role: str, name: str | None = No
         return None
     path = server.store_dir.parent / f"{role}-{(name or 'default').replace('/', '_')}.creds"
     if not path.exists():
-        if role in ("admin", "viewer", "maintainer"):
+        if role in ("admin", "viewer", "maintainer", "subscriber"):
             keystore.user(name or role, role, path)
         elif role == "sim":
             keystore.sim(name or "default", path)

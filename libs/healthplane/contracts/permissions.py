@@ -37,7 +37,10 @@ ADMIN: Final = "admin"
 # SEC-10: stream administration (converge, replay, purge, delete, a bucket repaired by hand) is
 # not the admin's who commands and applies config; a person does it as the maintainer.
 MAINTAINER: Final = "maintainer"
-USER_ROLES: Final = (VIEWER, ADMIN, MAINTAINER)
+# INT-1: a third party that follows node events (a ticketing bridge, a chat bot) and nothing
+# else: it hears the events live and reads their history, and no other stream.
+SUBSCRIBER: Final = "subscriber"
+USER_ROLES: Final = (VIEWER, ADMIN, MAINTAINER, SUBSCRIBER)
 # The roles a bearer token may carry (the HTTP API and the UI): never stream administration.
 TOKEN_ROLES: Final = (VIEWER, ADMIN)
 API: Final = "api"  # the HTTP API's own identity reads only; it commands as each caller
@@ -45,7 +48,7 @@ MEMBER: Final = "member"  # a federation member's leaf link, on the hub (FED)
 SOURCED_STREAM: Final = "HP_NODES"  # what the hub sources from each member
 HUB_CONSUMER: Final = "hub"  # the member's durable consumer the hub sources through
 SERVICE_ROLES: Final = streams.SERVICES
-ROLES: Final = (NODE, SIM, VIEWER, ADMIN, MAINTAINER, MEMBER, *SERVICE_ROLES)
+ROLES: Final = (NODE, SIM, VIEWER, ADMIN, MAINTAINER, SUBSCRIBER, MEMBER, *SERVICE_ROLES)
 
 # The template functions nats-server expands from a user JWT's tags.
 CLUSTER: Final = "{{tag(cluster)}}"
@@ -145,6 +148,8 @@ def publishes(role: str) -> tuple[str, ...]:
 
 def reads(role: str) -> tuple[str, ...]:
     """The streams ``role`` may read (KV buckets are streams too)."""
+    if role == SUBSCRIBER:
+        return ("HP_NODE_EVENTS",)
     if role in USER_ROLES or role == API:  # the API reads what it shows people, as they could
         # ``*``: on a federation hub, the members' aggregates too, whose names come with the
         # members (people read every stream anyway).
@@ -245,6 +250,9 @@ def _extra_subscribe(role: str) -> tuple[str, ...]:
         return (f"hp.sim.{CLUSTER}.inject", f"hp.provision.{CLUSTER}.*", f"hp.remediate.{CLUSTER}.*")
     if role == NODE:  # its own remediation subject (REM)
         return (f"hp.remediate.{CLUSTER}.{NODE_ID}",)
+    if role == SUBSCRIBER:  # node events, live (docs/subscribing.md)
+        return tuple(c.subject for c in streams.STREAMS_BY_NAME["HP_NODE_EVENTS"].channels
+                     if not c.address.startswith(streams.FENCE_PREFIX))
     if role in USER_ROLES:  # people read every record live too (the CLI waits for outcomes)
         return tuple(dict.fromkeys(c.subject for c in streams.CHANNELS))
     return ()
