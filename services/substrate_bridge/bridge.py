@@ -99,7 +99,7 @@ class Bridge:
         # to ~4,600 registrations/s).
         registered: set[str] = set()
         await read_all(self._ctx.nc, self._js, "HP_NODE_EVENTS", "hp.event.*.*.NODE_REGISTERED",
-                       last_per_subject=True, headers_only=True, sink=lambda msg: registered.add(subjects.published(msg.subject)))
+                       last_per_subject=True, sink=lambda msg: registered.add(subjects.published(msg.subject)))
         self.state = fold.initial_state(known, registered)
         self._log.info("bridge started", nodes=len(self.state.known), registered=len(registered))
 

@@ -222,7 +222,7 @@ class Dispatcher:
         self.workers: dict[str, EndpointWorker] = {}
         self.config_version = 0
         self._closing: set[asyncio.Task[None]] = set()
-        self._config_sub: Any = None
+        self._config_follow: Any = None
         self._set_aside = SetAside(ctx.nc, Publisher(ctx.nc), SERVICE, f"{SERVICE}.0", ctx.log)
         self._processed = metrics.MESSAGES_PROCESSED.labels(SERVICE, STREAM)
         # SEC-9: secrets come from this host (a small local file, read at each config change).
@@ -244,7 +244,7 @@ class Dispatcher:
         # Followed by direct gets, not a consumer of its own: a consumer on HP_CONFIG would
         # need a grant that reaches every service's durable there (SEC-8).
         self._config_stop = asyncio.Event()
-        self._config_sub = asyncio.create_task(follow(
+        self._config_follow = asyncio.create_task(follow(
             self._ctx.nc, configstore.STREAM, subjects.CONFIG, self._on_configs, start_seq=found.last_seq + 1,
             stopping=self._config_stop, every_s=CONFIG_FOLLOW_S))
 
@@ -344,9 +344,9 @@ class Dispatcher:
             await self.shutdown()
 
     async def shutdown(self) -> None:
-        if self._config_sub is not None:
+        if self._config_follow is not None:
             self._config_stop.set()
-            await asyncio.gather(self._config_sub, return_exceptions=True)
+            await asyncio.gather(self._config_follow, return_exceptions=True)
         workers, self.workers = list(self.workers.values()), {}
         await asyncio.gather(*(w.close(self._settings.drain_s, "shutdown") for w in workers),
                              *self._closing)

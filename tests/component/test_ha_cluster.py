@@ -114,13 +114,13 @@ async def _under_load(servers: NatsServer | NatsCluster, tmp_path: Path, lose: L
 
     # Nothing acknowledged lost, nothing stored twice.
     stored = Counter((m.headers or {}).get("Nats-Msg-Id") for m in
-                     await read_all(nc, js, "HP_REPORTS", "hp.report.>", headers_only=True))
+                     await read_all(nc, js, "HP_REPORTS", "hp.report.>"))
     # HP_REPORTS keeps the last 64 per node: a slow machine runs more rounds than that.
     kept = streams.STREAMS_BY_NAME["HP_REPORTS"].max_msgs_per_subject
     assert stored == Counter(msg_id for ids in fleet.acked.values() for msg_id in ids[-kept:])
     for stream, subject in (("HP_NODE_EVENTS", "hp.event.>"), ("HP_ASSESSMENTS", "hp.assess.>")):
         ids = Counter((m.headers or {}).get("Nats-Msg-Id") for m in
-                      await read_all(nc, js, stream, subject, headers_only=True))
+                      await read_all(nc, js, stream, subject))
         assert not [i for i, n in ids.items() if n > 1], f"{stream}: an output stored twice"
     raised = [wire.decode(wire.NodeEvent, m.data) for m in
               await read_all(nc, js, "HP_NODE_EVENTS", "hp.event.*.*.CONDITION_RAISED")]
@@ -203,6 +203,6 @@ async def test_ha3_the_scorer_holder_killed_under_load_is_replaced_within_the_le
 
 
 async def _latest_revision(nc, js: JetStreamContext) -> int:  # type: ignore[no-untyped-def]
-    found = await read_all(nc, js, "HP_NODES", "hp.node.>", last_per_subject=True, headers_only=True)
+    found = await read_all(nc, js, "HP_NODES", "hp.node.>", last_per_subject=True)
     return max((int((m.headers or {}).get("Hp-Lease-Rev", "0")) for m in found), default=0)
 

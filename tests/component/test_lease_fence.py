@@ -85,7 +85,7 @@ def _scorer(server: NatsServer, log: Path) -> subprocess.Popen[bytes]:
 
 
 async def _revisions(nc, js: JetStreamContext, stream: str, subject: str) -> list[int]:  # type: ignore[no-untyped-def]
-    found = await read_all(nc, js, stream, subject, headers_only=True)
+    found = await read_all(nc, js, stream, subject)
     return [int((m.headers or {})[HEADER]) for m in found]
 
 

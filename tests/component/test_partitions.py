@@ -47,13 +47,13 @@ async def _count_everything(nc: NATS, js: JetStreamContext, fleet: Fleet, scorer
     # (HP_REPORTS keeps a node's latest 64.)
     kept = streams.STREAMS_BY_NAME["HP_REPORTS"].max_msgs_per_subject
     stored = Counter((m.headers or {}).get("Nats-Msg-Id") for m in
-                     await read_all(nc, js, "HP_REPORTS", "hp.report.>", headers_only=True))
+                     await read_all(nc, js, "HP_REPORTS", "hp.report.>"))
     assert stored == Counter(msg_id for ids in fleet.acked.values() for msg_id in ids[-kept:])
     # No input's outputs stored twice, whichever partition (or layout) folded it: the message
     # id without its producer is the input and the output's index.
     for stream, subject in (("HP_NODE_EVENTS", "hp.event.>"), ("HP_ASSESSMENTS", "hp.assess.>")):
         caused = Counter((m.headers or {}).get("Nats-Msg-Id", "").partition(":")[2] for m in
-                         await read_all(nc, js, stream, subject, headers_only=True)
+                         await read_all(nc, js, stream, subject)
                          if "Hp-Causation" in (m.headers or {}))
         assert not [c for c, n in caused.items() if n > 1], f"{stream}: an input's output stored twice"
     raised = [wire.decode(wire.NodeEvent, m.data) for m in
@@ -65,7 +65,7 @@ async def _count_everything(nc: NATS, js: JetStreamContext, fleet: Fleet, scorer
     slot_of = {subjects.parse(m.subject).node_id: int(m.subject.rpartition(".")[2]) for m in
                await read_all(nc, js, "HP_ASSESSMENTS", "hp.assess.>", last_per_subject=True)}
     assert set(slot_of) == set(NODES) and all(0 <= s < streams.PARTITION_SLOTS for s in slot_of.values())
-    for m in await read_all(nc, js, "HP_NODES", "hp.node.>", last_per_subject=True, headers_only=True):
+    for m in await read_all(nc, js, "HP_NODES", "hp.node.>", last_per_subject=True):
         node_id = subjects.parse(m.subject).node_id
         owner = subjects.partition_label(slot_of[node_id] % scorer_partitions, scorer_partitions)
         assert (m.headers or {}).get("Hp-Producer") == f"scorer.{owner}", node_id

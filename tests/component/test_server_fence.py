@@ -85,7 +85,7 @@ async def test_a_superseded_holder_is_refused_by_the_server(nats_server: NatsSer
             assert mark is not None
             marked_at = (await js.get_last_msg(stream, mark)).seq
             after = await read_all(nc_b, js, stream, list(streams.STREAMS_BY_NAME[stream].subjects),
-                                   start_seq=(marked_at or 0) + 1, headers_only=True)
+                                   start_seq=(marked_at or 0) + 1)
             assert not [m for m in after if (m.headers or {}).get(HEADER) == "5"], stream
         b.stop()
         await running_b

@@ -214,8 +214,7 @@ async def history_cluster(nc: NATS, js: JetStreamContext, node_id: str, cluster:
     except CommandFailed as exc:
         if exc.code == EXIT_USAGE:
             raise
-        if await read_all(nc, js, "HP_NODE_EVENTS", subjects.node_events(cluster, node_id), limit=1,
-                          headers_only=True):
+        if await read_all(nc, js, "HP_NODE_EVENTS", subjects.node_events(cluster, node_id), limit=1):
             return cluster
         raise
 

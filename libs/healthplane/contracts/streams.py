@@ -43,6 +43,9 @@ PARTITION_SLOTS: Final = 24
 # The services that may run as P partitions (up --partitions): their durable consumers carry
 # the partition's index, and the permissions name every index a partition may have (SEC-8).
 PARTITIONED: Final = ("health-ingest", "scorer")
+# Services that hold no durable consumer: the api's read model follows its streams by direct
+# gets, so the most exposed process gets no consumer grant at all (SEC-8).
+READ_MODELS: Final = ("api",)
 # Durable consumers a service names after itself alone (the others are consumer_name's).
 NAMED_DURABLES: Final[dict[str, tuple[str, ...]]] = {
     "substrate-bridge": ("HP_RESOURCES",), "webhook-dispatcher": ("HP_NODE_EVENTS",)}
@@ -341,6 +344,8 @@ def consumer_name(service: str, stream: str, partition: int = 0) -> str:
 def durables_of(service: str) -> tuple[tuple[str, str], ...]:
     """Every (stream, consumer) ``service`` may hold: one per stream it reads and partition it
     may run as, and the ones it names after itself."""
+    if service in READ_MODELS:
+        return ()
     partitions = range(PARTITION_SLOTS) if service in PARTITIONED else range(1)
     found = [(s.name, consumer_name(service, s.name, p)) for s in STREAMS if service in s.readers and s.durable
              for p in partitions]

@@ -101,14 +101,13 @@ def parse(msg: StoredMsg) -> DeadLetter:
         payload=msg.data or b"", truncated=headers.get(TRUNCATED) == "true")
 
 
-async def read(nc: NATS, js: JetStreamContext, service: str | None = None,
-               headers_only: bool = False) -> list[DeadLetter]:
-    return [parse(m) for m in await read_all(nc, js, STREAM, subjects.dead_letters(service), headers_only=headers_only)]
+async def read(nc: NATS, js: JetStreamContext, service: str | None = None) -> list[DeadLetter]:
+    return [parse(m) for m in await read_all(nc, js, STREAM, subjects.dead_letters(service))]
 
 
 async def skipped_inputs(nc: NATS, js: JetStreamContext, service: str, producer: str) -> set[tuple[str, int]]:
     """The inputs ``producer`` dead-lettered: a replay passes over them."""
-    return {(d.input_stream, d.input_seq) for d in await read(nc, js, service, headers_only=True)
+    return {(d.input_stream, d.input_seq) for d in await read(nc, js, service)
             if d.producer == producer}
 
 

@@ -653,7 +653,7 @@ class Processor(Generic[S]):
                                 superseding=superseding)
 
             await read_all(self._nc, self._js, stream, list(info.config.subjects or []),
-                           start_seq=from_positions.get(stream, 0) + 1, headers_only=True, sink=note)
+                           start_seq=from_positions.get(stream, 0) + 1, sink=note)
         if emitted and self._log is not None:
             self._log.info("outputs already in the streams", inputs=len(emitted.inputs), through=emitted.through,
                            last={stream: seq for stream, (seq, _) in emitted.last.items()})

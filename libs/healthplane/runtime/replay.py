@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Final
@@ -159,16 +159,14 @@ async def _scan(nc: NATS, stream: str, subject: str, *, start_seq: int, end: int
 
 async def read_all(nc: NATS, js: JetStreamContext, stream: str, subject: str | list[str], *,
                    last_per_subject: bool = False, start_seq: int | None = None, start_time: datetime | None = None,
-                   limit: int | None = None, headers_only: bool = False, sink: Callable[[StoredMsg], None] | None = None,
+                   limit: int | None = None, sink: Callable[[StoredMsg], None] | None = None,
                    batch: int = BATCH, idle_timeout_s: float = 10.0) -> list[StoredMsg]:
     """Every matching record now in ``stream``, in stream order (the first ``limit``).
 
     ``last_per_subject`` keeps the latest record of each subject (a stream that keeps one per
     subject already holds only those). With ``sink`` each record is handed over as it is
-    read and nothing is kept (not with ``last_per_subject``). ``headers_only`` is accepted for
-    the callers that need no payload; the payload comes anyway (a direct get has no
-    headers-only form)."""
-    del headers_only
+    read and nothing is kept (not with ``last_per_subject``). A direct get has no headers-only
+    form: a scan for headers (a restart's look at its own outputs) reads the payloads too."""
     end, _ = await _extent(js, stream)
     if not end:
         return []
@@ -203,7 +201,7 @@ async def read_all(nc: NATS, js: JetStreamContext, stream: str, subject: str | l
 
 
 async def replay(js: JetStreamContext, stream: str, subject: str | None = None, *, start_seq: int = 1,
-                 last_per_subject: bool = False, headers_only: bool = False,
+                 last_per_subject: bool = False,
                  idle_timeout_s: float = 5.0) -> AsyncIterator[StoredMsg]:
     """Yield every record of ``stream`` (matching ``subject``) from ``start_seq`` to the end as
     it was when the replay started, in order."""
@@ -214,7 +212,7 @@ async def replay(js: JetStreamContext, stream: str, subject: str | None = None, 
         return
     wanted = subject or _only_subject(stream, info.config.subjects or [])
     for stored in await read_all(nc, js, stream, wanted, start_seq=start_seq, last_per_subject=last_per_subject,
-                                 headers_only=headers_only, idle_timeout_s=idle_timeout_s):
+                                 idle_timeout_s=idle_timeout_s):
         yield stored
 
 
@@ -386,7 +384,3 @@ async def _ask_payloads(nc: NATS, stream: str, body: bytes,
     if status not in (END_OF_BATCH, EMPTY):
         raise ReadError(f"reading {stream}: the stream answered {status}")
     return out, last
-
-
-def subjects_of(messages: Iterable[StoredMsg]) -> list[str]:
-    return [m.subject for m in messages]
