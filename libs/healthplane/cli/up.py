@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import http.client
 import json
 import os
 import signal
@@ -450,7 +451,7 @@ def _check_alive(children: list[Child], log_dir: Path, timeout_s: float = 60.0) 
                 with urllib.request.urlopen(child.metrics_url, timeout=1) as answer:
                     if answer.status == 200:
                         waiting.remove(child)
-            except OSError:
+            except (OSError, http.client.HTTPException):  # not up yet, or another server on its port
                 pass
         if waiting and time.monotonic() > deadline:
             raise CannotStart(f"{waiting[0].label} did not answer within {timeout_s:g}s; "
