@@ -1,113 +1,86 @@
-"""The bridge's state and what it decides for a batch of resource reports (BRG-1, BRG-3).
+"""The bridge's fold: the Processor core (BRG-1..BRG-3).
 
-The state is what the bridge knows of its two outputs: the bucket keys that hold a report,
-and the nodes ``HP_NODE_EVENTS`` has a NODE_REGISTERED for. :func:`decide` turns a batch of
-reports into a :class:`Plan`: registrations first (a node in the bucket always has its
-NODE_REGISTERED), then one put per report. The state moves only on what was stored
-(:func:`evolve`): ``main`` tells it, once JetStream acked. Pure: no I/O, no clock, no logs;
-what was skipped, and why, comes back in the plan for ``main`` to log.
+Inputs: ``HP_NODE_EVENTS`` filtered to NODE_REGISTERED (the bridge is their one writer: it
+reads back what it registered) and then ``HP_RESOURCES``, folded only once the registrations
+stored at start are (``after_others``): a restart without a snapshot never registers a node
+twice. Outputs: each report, byte for byte, put into the KV bucket ``substrate-nodes`` under
+the node's key, after the node's NODE_REGISTERED when it is the first report of the node.
+
+The put may wait (``Emit.may_wait``, BRG-2): a bucket at its byte cap refuses it, and the
+report comes back later (the Processor naks it with a growing delay) while other nodes'
+reports go on. So a report can be folded twice, and the fold gives the same state for it:
+registered nodes are a set, and a node's newest report is a maximum. A report that comes
+back after a newer one of its node was folded puts nothing, so a waiting report never
+overwrites a newer one in the bucket.
+
+Pure: no I/O, no clock; the decode and the identity check are the codecs' (SEC-7).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
-from typing import Literal, NamedTuple
+from typing import Any, Final
 
-from healthplane.contracts import subjects, wire
+import msgspec
+
+from healthplane.contracts import streams, subjects, wire
+from healthplane.runtime.fold import Codec, Emit, Inbound, Input, Step, node_record, record_of
 from healthplane_substrate_bridge.rules import registration_event
 
-SkipReason = Literal["already registered", "registration not stored"]
+SERVICE: Final = "substrate-bridge"
+BUCKET_STREAM: Final = f"KV_{streams.NODES_BUCKET}"
+BUCKET_SUBJECT_PREFIX: Final = f"$KV.{streams.NODES_BUCKET}."
+INPUTS: Final = (
+    Input("HP_NODE_EVENTS", ("hp.event.*.*.NODE_REGISTERED",)),
+    Input("HP_RESOURCES", after_others=True),
+)
+OUTPUTS: Final = ("HP_NODE_EVENTS", BUCKET_STREAM)
 
 
-@dataclass(slots=True)
-class BridgeState:
-    known: set[str] = field(default_factory=set)       # bucket keys that hold a report
-    registered: set[str] = field(default_factory=set)  # NODE_REGISTERED subjects in HP_NODE_EVENTS
+class BridgeState(msgspec.Struct, kw_only=True):
+    registered: set[str] = set()  # node keys (subjects.kv_node_key) with a NODE_REGISTERED stored
+    newest: dict[str, int] = {}   # node key -> HP_RESOURCES sequence of its newest report folded
 
 
-class Report(NamedTuple):
-    """One decoded resource report, where it sits in HP_RESOURCES and when JetStream got it."""
-
-    seq: int
-    timestamp_ns: int
-    report: wire.ResourceReport
+CODECS: Final[dict[str, Codec]] = {
+    "HP_NODE_EVENTS": node_record(wire.NodeEvent),
+    "HP_RESOURCES": node_record(wire.ResourceReport),
+}
 
 
-class Put(NamedTuple):
-    at: int         # the report's place in the batch
-    key: str        # in the bucket
-    newcomer: bool  # not in the bucket yet: put only once the registrations are stored
+def evolve_report(state: BridgeState, inbound: Inbound, report: wire.ResourceReport) -> Step[BridgeState]:
+    key = subjects.kv_node_key(report.cluster, report.node_id)
+    newest = state.newest.get(key, 0)
+    if inbound.seq < newest:
+        return Step(state)  # back after it waited, and a newer report of the node went out since
+    state.newest[key] = inbound.seq
+    emits: list[Emit] = []
+    if key not in state.registered:
+        state.registered.add(key)
+        if inbound.wants_output:
+            event = registration_event(report, inbound.at)
+            # The id is the node's: a registration repeated after a crash is de-duplicated.
+            emits.append(Emit(subjects.event(report.cluster, report.node_id, "NODE_REGISTERED"),
+                              wire.encode(event), msg_id=event.id))
+    if inbound.wants_output:
+        emits.append(Emit(f"{BUCKET_SUBJECT_PREFIX}{key}", inbound.data, may_wait=True))
+    return Step(state, emits)
 
 
-@dataclass(frozen=True, slots=True)
-class Register:
-    subject: str
-    event: wire.NodeEvent
-    seq: int  # of the report that caused it (its causation)
+def evolve_event(state: BridgeState, event: wire.NodeEvent) -> Step[BridgeState]:
+    if event.type == "NODE_REGISTERED":
+        state.registered.add(subjects.kv_node_key(event.cluster, event.node_id))
+    return Step(state)
 
 
-@dataclass(frozen=True, slots=True)
-class Skip:
-    key: str
-    reason: SkipReason
+class BridgeCore:
+    def initial_state(self) -> BridgeState:
+        return BridgeState()
 
-
-@dataclass(frozen=True, slots=True)
-class Plan:
-    registrations: tuple[Register, ...]  # stored before any put of a newcomer
-    puts: tuple[Put, ...]                # one per report, in batch order
-    skipped: tuple[Skip, ...]            # registrations not asked for
-
-    def without_newcomers(self) -> tuple[tuple[Put, ...], tuple[Put, ...], tuple[Skip, ...]]:
-        """The registrations were not stored: (the puts that may still go, those left for
-        redelivery, why) — a newcomer's report waits, not to land without its registration."""
-        waiting = tuple(put for put in self.puts if put.newcomer)
-        return (tuple(put for put in self.puts if not put.newcomer), waiting,
-                tuple(Skip(put.key, "registration not stored") for put in waiting))
-
-
-@dataclass(frozen=True, slots=True)
-class Registered:
-    subjects: tuple[str, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class Stored:
-    keys: tuple[str, ...]
-
-
-def decide(state: BridgeState, reports: Sequence[Report]) -> Plan:
-    """Registration for each node the bucket has not seen, unless the event stream already has
-    one (a put failed after registering, or the bucket lost the key); a put for every report."""
-    keys = [subjects.kv_node_key(r.report.cluster, r.report.node_id) for r in reports]
-    newcomers: dict[str, Report] = {}  # by first place in the batch, the latest report wins
-    for key, entry in zip(keys, reports, strict=True):
-        if key not in state.known:
-            newcomers[key] = entry
-    registrations: list[Register] = []
-    skipped: list[Skip] = []
-    for key, (seq, timestamp_ns, report) in newcomers.items():
-        subject = subjects.event(report.cluster, report.node_id, "NODE_REGISTERED")
-        if subject in state.registered:
-            skipped.append(Skip(key, "already registered"))
-            continue
-        occurred_at = datetime.fromtimestamp(timestamp_ns / 1e9, UTC)
-        registrations.append(Register(subject, registration_event(report, occurred_at), seq))
-    puts = tuple(Put(at, key, key in newcomers) for at, key in enumerate(keys))
-    return Plan(tuple(registrations), puts, tuple(skipped))
-
-
-def evolve(state: BridgeState, stored: Registered | Stored) -> BridgeState:
-    match stored:
-        case Registered(subjects=registered):
-            state.registered.update(registered)
-        case Stored(keys=keys):
-            state.known.update(keys)
-    return state
-
-
-def initial_state(known: Iterable[str], registered: Iterable[str]) -> BridgeState:
-    """From the bucket's keys and the registrations read at start."""
-    return BridgeState(set(known), set(registered))
+    def step(self, state: BridgeState, inbound: Inbound) -> Step[BridgeState]:
+        record: Any = record_of(CODECS, inbound)
+        match record:
+            case wire.ResourceReport():
+                return evolve_report(state, inbound, record)
+            case wire.NodeEvent():
+                return evolve_event(state, record)
+        return Step(state)

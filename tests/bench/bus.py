@@ -101,17 +101,19 @@ class CpuMeter:
 
 
 async def processor_rate(proc: Processor[Any], stream: str, count: int, meter: CpuMeter | None = None) -> float:
-    """Records per second a started Processor folds from ``stream`` until it reaches ``count``,
-    start-up excluded; it is stopped (and snapshots) afterwards."""
+    """Records per second a started Processor folds from ``stream`` until it reaches sequence
+    ``count`` (from where it started: a snapshot's position), start-up excluded; it is stopped
+    (and snapshots) afterwards."""
+    count_from = proc.positions.get(stream, 0)
     if meter is not None:
         meter.start()
     started = time.perf_counter()
     task = asyncio.create_task(proc.run())
     while proc.positions.get(stream, 0) < count:
         await asyncio.sleep(0.02)
-    rate = count / (time.perf_counter() - started)
+    rate = (count - count_from) / (time.perf_counter() - started)
     if meter is not None:
-        meter.reading = meter.per(count)
+        meter.reading = meter.per(count - count_from)
     proc.stop()
     await task
     return rate

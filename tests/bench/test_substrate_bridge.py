@@ -3,20 +3,16 @@ puts in the same run; and the sizing figure for the docs (BRG-1)."""
 
 from __future__ import annotations
 
-import asyncio
-import time
-
 import pytest
 from nats.js import JetStreamContext
 from nats.js.api import KeyValueConfig, StorageType
 
 from healthplane.contracts import subjects, wire
-from healthplane.runtime import logs
-from healthplane.runtime.lifecycle import ServiceContext
+from healthplane.runtime.processor import Processor
 from healthplane.stack.natsserver import NatsServer
-from healthplane_substrate_bridge.bridge import Bridge
+from healthplane_substrate_bridge.fold import INPUTS, OUTPUTS, SERVICE, BridgeCore, BridgeState
 from tests.bench import harness
-from tests.bench.bus import CpuMeter, publish_all, raw_consume_rate
+from tests.bench.bus import CpuMeter, processor_rate, publish_all, raw_consume_rate
 from tests.support.records import resource_report
 
 # In-process services run as the test's own identity: on an open server, as the other
@@ -51,28 +47,18 @@ async def test_bridge_rate_and_sizing(nats_server: NatsServer, nc, js: JetStream
     info.config.max_bytes = 1024 * MIB
     await js.update_stream(info.config)
 
-    async def consume(target: int) -> float:
-        """Time the bridge alone: the reports are already in HP_RESOURCES."""
-        ctx = ServiceContext("substrate-bridge", nc, js, logs.configure("bench", json=True, level="error"), "",
-                             asyncio.Event())
-        bridge = Bridge(ctx, sample_interval_s=3600)
-        await bridge.start()
-        meter.start()
-        started = time.perf_counter()
-        task = asyncio.create_task(bridge.run())
-        while bridge.loop.delivered < target:
-            await asyncio.sleep(0.01)
-        elapsed = time.perf_counter() - started
-        meter.reading = meter.per(target)
-        bridge.stop()
-        ctx.stopping.set()
-        await task
-        return target / elapsed
+    async def consume(through: int) -> float:
+        """Time the bridge alone, as the service runs it (its fold on the Processor, batch
+        512): the reports are already in HP_RESOURCES, up to sequence ``through``."""
+        proc = Processor(nc=nc, js=js, service=SERVICE, core=BridgeCore(), state_type=BridgeState, inputs=INPUTS,
+                         outputs=OUTPUTS, batch=512, snapshot_every_inputs=10**9, snapshot_every_s=10**9)
+        await proc.start()
+        return await processor_rate(proc, "HP_RESOURCES", through, meter)
 
     await publish_all(nc, [(subjects.resource("default", f"cn-{i:06d}"), payload) for i, (_, payload) in enumerate(payloads)])
     registering = await consume(NODES)   # every node new: NODE_REGISTERED + put
     await publish_all(nc, [(subjects.resource("default", f"cn-{i:06d}"), payload) for i, (_, payload) in enumerate(payloads)])
-    updating = await consume(NODES)      # steady state: every node known, put only
+    updating = await consume(2 * NODES)  # steady state: every node known, put only (from the snapshot)
     bridge_cpu = meter.reading
     raw = max(raw, await _raw_kv_rate(nc, payloads))  # the baseline again: the better of before and after
     registered = (await js.stream_info("HP_NODE_EVENTS")).state.messages

@@ -85,6 +85,10 @@ class Emit:
     # Not a record but the removal of every record on ``subject`` from this stream (a
     # decommissioned node's latest view): idempotent, so a repeat after a restart is harmless.
     purge_stream: str | None = None
+    # A record the server may refuse for a while (a bucket at its byte cap, BRG-2): refused,
+    # its input waits, redelivered with a growing delay and folded again, while the other
+    # inputs go on. A core emitting such records folds any input twice to the same state.
+    may_wait: bool = False
 
 
 def note(level: NoteLevel, event: str, *, counter: str | None = None, **fields: object) -> Note:

@@ -74,6 +74,11 @@ IDENTITY_MISMATCH = Counter(
     "Records whose payload named another cluster or node than their subject, dead-lettered unfolded (SEC-7)",
     ["service", "stream"],
 )
+OUTPUTS_WAITING = Counter(
+    "healthplane_inputs_waiting_total",
+    "Inputs nak'd for later because the server refused an output that may wait (a full bucket, BRG-2)",
+    ["service", "stream"],
+)
 FOLD_NOTES = Counter(
     "healthplane_fold_notes_total",
     "What a service's fold reported about live inputs (a plug-in failed, a node missed its heartbeat)",

@@ -30,6 +30,14 @@ counted and logged, and acked. A core that raised, or a fold whose outputs canno
 may have left the state half-changed, so the processor then rebuilds in place: it reloads
 the snapshot and replays, passing over every input it dead-lettered, exactly as a restart
 would. Transient errors (no ack in time, a stream leader moving) are retried.
+
+**An output may wait** (``Emit.may_wait``: a record a bucket at its byte cap refuses, BRG-2):
+refused by the server, it is not a dead letter and does not hold up the batch. Its input is
+nak'd with a growing delay (``WAIT_REDELIVERY``) and folded again when it comes back, the
+core's step being idempotent for such inputs; ``on_wait`` is told of each refusal (the bridge
+counts and logs them). A snapshot records positions below the oldest waiting input, so a
+restart folds it again; one whose stream already shows a later input's output takes it as
+passed (``EmittedBefore``): the latest value on its subject comes with the next input.
 """
 
 from __future__ import annotations
@@ -99,6 +107,10 @@ SNAPSHOT_DUTY = 0.05
 # A caught-up input waits this long to gather a batch: a fleet's reports arrive a few at a
 # time, and each batch costs a write, its acks and a settlement (docs/benchmarks.md, "Fleet").
 LINGER_S = 0.02
+# An input whose output waits (``Emit.may_wait``) comes back after 2 s, then 4, 8 … up to a
+# minute (±20 %): a bucket full at 100,000 nodes would otherwise redeliver tens of thousands
+# of inputs every 2 s.
+WAIT_REDELIVERY = Backoff(2.0, 60.0, jitter=0.2)
 
 
 class LeaseLost(Exception):
@@ -308,6 +320,9 @@ class Processor(Generic[S]):
         self._lease_revisions: dict[str, int] = {}
         self._aside = deadletters.SetAside(nc, self._publisher, service, self.producer, log,
                                           before_write=self._write_allowed)
+        # Inputs whose output waits (``Emit.may_wait``): nak'd, folded again when they return.
+        self._waiting: set[tuple[str, int]] = set()
+        self.on_wait: Callable[[Outbound, PublishError], None] | None = None
 
     # ------------------------------------------------------------------ start
 
@@ -421,6 +436,7 @@ class Processor(Generic[S]):
                               dead_letters=len(self._dead))
         self._loops = []
         self.state, self.positions, self._lease_revisions = self._core.initial_state(), {}, {}
+        self._waiting.clear()  # the snapshot's positions lie below them: the replay folds them again
         await self.start()
         self._rebuilding = False
 
@@ -603,6 +619,9 @@ class Processor(Generic[S]):
             # look for them where this one did (found by tests/component/test_processor.py: a
             # crash after a snapshot taken mid-refold emitted those outputs again).
             self._already_emitted = self._already_emitted.behind(self.positions)
+            positions = dict(self.positions)
+            for stream, seq in self._waiting:  # a restart folds a waiting input again
+                positions[stream] = min(positions[stream], seq - 1)
             if self._already_emitted:
                 outputs = dict(self._snapshot_outputs)
             else:
@@ -611,7 +630,7 @@ class Processor(Generic[S]):
             self._since_snapshot = 0
             self._last_snapshot_at = started
             return _Taken(
-                started=started, taken_at=datetime.now(UTC), positions=dict(self.positions), outputs=outputs,
+                started=started, taken_at=datetime.now(UTC), positions=positions, outputs=outputs,
                 lease_revisions=dict(self._lease_revisions), state_json=msgspec.json.encode(self.state),
                 headers=self._marks.headers(snapshots.STREAM) if self._marks is not None else None)
 
@@ -675,22 +694,29 @@ class Processor(Generic[S]):
             already_emitted = self._already_emitted
             producer = self.producer
             dead = self._dead
+            waiting = self._waiting
             recent_ns = time.time_ns() - CAUGHT_UP_WITHIN_NS
             for delivery in batch:
                 stream, seq = delivery.stream, delivery.stream_seq
                 caught_up = delivery.pending == 0 or delivery.timestamp_ns >= recent_ns
                 self._caught_up[stream] = caught_up
                 if seq <= positions.get(stream, 0):
-                    continue  # redelivered after we folded it; the ack was lost
+                    if not waiting or (stream, seq) not in waiting:
+                        continue  # redelivered after we folded it; the ack was lost
+                    # Back after its output waited: folded again, the position where it is.
+                    waiting.discard((stream, seq))
+                    seq_ahead = positions[stream]
+                else:
+                    seq_ahead = seq
                 if dead and (stream, seq) in dead:
-                    positions[stream] = seq  # set aside before: a replay passes over it
+                    positions[stream] = seq_ahead  # set aside before: a replay passes over it
                     continue
                 msg = delivery.msg
                 if msg.subject.startswith(FENCE_MARKS):  # a holder's mark: no record to fold
-                    positions[stream] = seq
+                    positions[stream] = seq_ahead
                     continue
                 if msg.headers and lease.HEADER in msg.headers and self._fenced_off(stream, msg.headers):
-                    positions[stream] = seq
+                    positions[stream] = seq_ahead
                     continue
                 wants_output = not already_emitted or (stream, seq) not in already_emitted
                 if self._handoff is not None and wants_output and self._handoff.folded(stream, seq, msg.subject):
@@ -703,7 +729,7 @@ class Processor(Generic[S]):
                     malformed.append((delivery, str(exc)))
                     if isinstance(exc, IdentityMismatch):  # SEC-7: counted apart from the merely malformed
                         metrics.IDENTITY_MISMATCH.labels(self.service, stream).inc()
-                    positions[stream] = seq
+                    positions[stream] = seq_ahead
                     continue
                 except Exception as exc:
                     # The core may have changed the state halfway: set the input aside and
@@ -711,7 +737,7 @@ class Processor(Generic[S]):
                     await self._dead_letter(delivery, "error", f"{type(exc).__name__}: {exc}")
                     self._rebuilding = True
                     raise _Rebuild from exc
-                positions[stream] = seq
+                positions[stream] = seq_ahead
                 if not wants_output:
                     if already_emitted:
                         already_emitted.passed(stream, seq)
@@ -814,6 +840,21 @@ class Processor(Generic[S]):
             max_payload=self._nc.max_payload), "refused", why)
         return [(e, h) for e, h in emits if h is not headers]
 
+    def _waits(self, refused: Outbound, exc: PublishError, inputs: dict[tuple[str, int], Delivery]) -> bool:
+        """An output that may wait, refused by the server: its input is nak'd to come back later
+        and every output of it is held back (the next fold emits them again); True if so."""
+        headers = refused[2] or {}
+        cause_stream, _, cause_seq = headers.get(CAUSATION_HEADER, "").rpartition(":")
+        cause = inputs.get((cause_stream, int(cause_seq))) if cause_seq.isdigit() else None
+        if cause is None:  # a tick's: no input to wait with
+            return False
+        cause.nak(WAIT_REDELIVERY.after(cause.delivered))
+        self._waiting.add((cause.stream, cause.stream_seq))
+        metrics.OUTPUTS_WAITING.labels(self.service, cause.stream).inc()
+        if self.on_wait is not None:
+            self.on_wait(refused, exc)
+        return True
+
     async def _dead_letter(self, delivery: Delivery, reason: deadletters.Reason, why: str) -> None:
         self._dead.add((delivery.stream, delivery.stream_seq))
         await self._aside.dead_letter(delivery, reason, why)
@@ -830,6 +871,7 @@ class Processor(Generic[S]):
         while True:
             acks: list[Ack] = []
             records: list[Outbound] = []
+            sources: list[Emit] = []  # records' emits, by place
             if emits:
                 await self._fence_reopened()
             revision = self._write_allowed() if emits else None
@@ -839,13 +881,14 @@ class Processor(Generic[S]):
                 for emit, headers in emits:
                     if emit.purge_stream is not None:
                         acks += await self._store(records)  # what came before lands first
-                        records = []
+                        records, sources = [], []
                         self._write_allowed()
                         await self._js.purge_stream(emit.purge_stream, subject=emit.subject)
                         continue
                     if revision is not None:
                         headers = {**headers, lease.HEADER: revision}
                     records.append((emit.subject, emit.payload, headers))
+                    sources.append(emit)
                 acks += await self._store(records)
             except fencing.Superseded as exc:
                 raise LeaseLost from exc
@@ -860,6 +903,11 @@ class Processor(Generic[S]):
                     self._superseded = True
                     raise LeaseLost from exc
                 refused = records[exc.index] if exc.index is not None and exc.index < len(records) else None
+                if refused is not None and exc.err_code is not None and sources[exc.index or 0].may_wait \
+                        and self._waits(refused, exc, inputs or {}):
+                    cause = (refused[2] or {}).get(CAUSATION_HEADER)
+                    emits = [(e, h) for e, h in emits if h.get(CAUSATION_HEADER) != cause]
+                    continue
                 if refused is not None and (exc.permanent or (exc.code == 503 and not self._stored_anywhere(refused[0]))):
                     emits = await self._set_aside(refused, str(exc), emits, inputs or {})
                     continue
