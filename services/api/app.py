@@ -178,7 +178,7 @@ def build(backend: Backend) -> Starlette:
         size = _int(request, "pageSize", 0) if query.get("pageSize") else None
         select = partial(fold.ViewIndex.page, cluster=query.get("cluster"), status=query.getlist("status"),
                          health=query.getlist("health"), sort=query.get("sort", "node"), page_size=size,
-                         token=query.get("pageToken"))
+                         token=query.get("pageToken"), domain=query.getlist("domain"))
         feed = backend.feed
         if size is not None and feed.loaded.is_set() and feed.readable:
             page = select(feed.index)
@@ -343,6 +343,7 @@ def build(backend: Backend) -> Starlette:
             found = backend.feed.index.page(
                 cluster=query.get("cluster") or None, status=[s for s in query.getlist("status") if s],
                 health=[h for h in query.getlist("health") if h], text=query.get("q", ""),
+                domain=[d for d in query.getlist("domain") if d],
                 sort=query.get("sort", "score"), page_size=_int(request, "pageSize", 100),
                 token=query.get("pageToken"))
         except (fold.PageError, BadRequest) as exc:

@@ -9,13 +9,14 @@ whether anything a page shows has changed; ``page`` filters, sorts and pages.
 from __future__ import annotations
 
 import base64
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Final
 
 import msgspec
 
+from healthplane.contracts import domains as failure_domains
 from healthplane.contracts import subjects, views
 
 SORTS: Final = ("node", "cluster", "status", "health", "score", "jobs")
@@ -29,7 +30,8 @@ class PageError(ValueError):
 def _visible(row: views.ListRow) -> tuple[Any, ...]:
     """What a page shows of a row: a view that only moved ``lastReportedAt`` changes nothing."""
     return (row.hostname, row.status, row.health, row.score, row.jobs,
-            tuple((c.type, c.severity) for c in row.conditions), tuple((h.effect, h.actor) for h in row.holds))
+            tuple((c.type, c.severity) for c in row.conditions), tuple((h.effect, h.actor) for h in row.holds),
+            tuple(sorted(row.domains.items())))
 
 
 def key_of(cluster: str, node_id: str) -> str:
@@ -77,8 +79,10 @@ class ViewIndex:
         return sorted({row.cluster for row in self.rows.values()})
 
     def page(self, *, cluster: str | None = None, status: Iterable[str] = (), health: Iterable[str] = (),
-             text: str = "", sort: str = "node", page_size: int | None = 100, token: str | None = None) -> Page:
-        """The rows that match, sorted, from the token's offset; ``page_size=None``: all of them."""
+             text: str = "", sort: str = "node", page_size: int | None = 100, token: str | None = None,
+             domain: Sequence[str] = ()) -> Page:
+        """The rows that match, sorted, from the token's offset; ``page_size=None``: all of them.
+        ``domain``: ``KIND=VALUE``s a row must all be in (DOM-1, ``domains.parse_selector``)."""
         descending = sort.startswith("-")
         key_name = sort.removeprefix("-")
         if key_name not in SORTS:
@@ -86,11 +90,16 @@ class ViewIndex:
         if page_size is not None and page_size < 1:
             raise PageError(f"pageSize {page_size}: at least 1")
         offset = _offset(token) if token else 0
+        try:
+            wanted = failure_domains.parse_selectors(domain)
+        except failure_domains.DomainError as exc:
+            raise PageError(str(exc)) from None
         statuses, healths = set(status), set(health)
         needle = text.casefold()
         chosen = [r for r in self.rows.values()
                   if (cluster is None or r.cluster == cluster) and (not statuses or r.status in statuses)
                   and (not healths or r.health in healths)
+                  and (not wanted or failure_domains.selected(r.domains, wanted))
                   and (not needle or needle in r.node_id.casefold() or needle in (r.hostname or "").casefold()
                        or any(needle in c.type for c in r.conditions))]
         chosen.sort(key=_SORT_KEYS[key_name], reverse=descending)

@@ -63,6 +63,8 @@ def document() -> dict[str, Any]:
             "summary": "every node's view (node list -o json), filtered, sorted, paged",
             "parameters": [_CLUSTER, _query("status", {"type": "string"}, "repeatable"),
                            _query("health", {"type": "string"}, "repeatable"),
+                           _query("domain", {"type": "string"}, "KIND=VALUE, e.g. rack=r12: only nodes in that "
+                                  "failure domain; repeatable, a node must be in all (DOM-1)"),
                            _query("sort", {"type": "string"}, "node, cluster, status, health, score, jobs; '-' first "
                                   "for descending"),
                            _query("pageSize", {"type": "integer", "minimum": 1}),

@@ -46,6 +46,9 @@ def add_sim_arguments(parser: argparse.ArgumentParser) -> None:
     run_parser.add_argument("--gpus", type=int, default=8, help="GPUs per node")
     run_parser.add_argument("--provisioned", type=int, default=0,
                             help="how many nodes (the last ones) the control plane provisioned (default 0)")
+    run_parser.add_argument("--nvlink-domain-size", type=int, default=0, metavar="N",
+                            help="every N nodes in a row share an NVLink domain, told by their GPUs' fabric "
+                                 "info as NVML tells it (DOM-1; default 0: no fabric)")
     run_parser.add_argument("--metrics-port", type=int, default=0)
     load = actions.add_parser("load", help="a large simulated fleet at a set rate (pre-encoded reports; faults "
                                            "injected as with run)")

@@ -1,14 +1,16 @@
 """NVIDIA GPU health rules for NVML (``nvidia-ml-py``; FORMATS.md §7) and ``nvidia-smi``.
 
 The rules both GPU sources share live here as pure functions: clock-event reason names
-and the throttling rule (COL-9), and what an ECC reading is when the card does not expose
-one (COL-10). ``probe.read_gpu_nvml`` is the blocking adapter that calls the driver.
+and the throttling rule (COL-9), what an ECC reading is when the card does not expose
+one (COL-10), and what NVML's GPU fabric info says of the GPU's NVLink domain (DOM-1).
+``probe.read_gpu_nvml`` is the blocking adapter that calls the driver.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from typing import Final, Literal
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Final, Literal
 
 from healthplane.contracts import wire
 
@@ -102,3 +104,40 @@ def nvml_ecc_counts(corrected: int | None, uncorrected: int | None) -> wire.EccC
     if corrected is None or uncorrected is None:
         return None
     return wire.EccCounts(corrected=corrected, uncorrected=uncorrected)
+
+
+# ---------------------------------------------------------------------------- fabric (DOM-1)
+
+# nvmlGpuFabricState_t (pynvml 13.615.71, verbatim values).
+_NVML_GPU_FABRIC_STATE_NOT_SUPPORTED: Final = 0
+_FABRIC_STATES: Final[Mapping[int, wire.GpuFabricState]] = {
+    1: "not-started",  # NVML_GPU_FABRIC_STATE_NOT_STARTED
+    2: "in-progress",  # NVML_GPU_FABRIC_STATE_IN_PROGRESS
+    3: "completed",  # NVML_GPU_FABRIC_STATE_COMPLETED
+}
+_NVML_SUCCESS: Final = 0
+NVML_GPU_FABRIC_UUID_LEN: Final = 16
+
+
+def fabric_info(cluster_uuid: bytes | Sequence[int], clique_id: int, state: int,
+                status: int) -> wire.GpuFabric | None:
+    """One ``nvmlGpuFabricInfo*_t`` (its ``clusterUuid`` bytes, ``cliqueId``, ``state`` and
+    ``status``, the nvmlReturn_t of the GPU's fabric registration) as the report's record.
+
+    None when the GPU has no fabric (state NOT_SUPPORTED, or a state NVML did not have when
+    this was written). A registration that completed with an error status is ``failed``."""
+    if state == _NVML_GPU_FABRIC_STATE_NOT_SUPPORTED or state not in _FABRIC_STATES:
+        return None
+    raw = bytes(cluster_uuid)
+    if len(raw) != NVML_GPU_FABRIC_UUID_LEN:
+        return None
+    named = _FABRIC_STATES[state]
+    if named == "completed" and status != _NVML_SUCCESS:
+        named = "failed"
+    return wire.GpuFabric(cluster_uuid=str(uuid.UUID(bytes=raw)), clique_id=int(clique_id), state=named)
+
+
+def fabric_of_struct(info: Any) -> wire.GpuFabric | None:
+    """A filled ``c_nvmlGpuFabricInfo_t`` / ``c_nvmlGpuFabricInfo_v2_t`` (or anything with the
+    same fields) → :func:`fabric_info`."""
+    return fabric_info(bytes(info.clusterUuid), int(info.cliqueId), int(info.state), int(info.status))

@@ -11,6 +11,7 @@ agent (COL-12).
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import os
 import shutil
 import signal
@@ -24,6 +25,7 @@ from healthplane.contracts import wire
 from healthplane_collector import edac, gpu_smi, inventory, ioerr, mounts, smart
 from healthplane_collector.gpu_nvml import (
     ecc_reading,
+    fabric_of_struct,
     nvml_ecc_counts,
     nvml_ecc_mode,
     throttle_from_mask,
@@ -370,6 +372,7 @@ def _read_device(nvml: Any, index: int) -> wire.GpuDevice:
         _NVML_TEMPERATURE_GPU,
         optional=True,
     )
+    fabric = read_fabric(nvml, handle)
     return wire.GpuDevice(
         index=index,
         pci_bus_id=bus_id,
@@ -381,7 +384,30 @@ def _read_device(nvml: Any, index: int) -> wire.GpuDevice:
         throttle=wire.GpuThrottle() if mask is None else throttle_from_mask(int(mask)),
         row_remap=row_remap,
         temperature_c=None if temperature is None else int(temperature),
+        fabric=fabric,
     )
+
+
+def read_fabric(nvml: Any, handle: Any) -> wire.GpuFabric | None:
+    """DOM-1: the GPU's fabric info (its NVLink domain), ``nvmlDeviceGetGpuFabricInfoV``, or the
+    older ``nvmlDeviceGetGpuFabricInfo`` on a driver without it; the decode is
+    ``gpu_nvml.fabric_of_struct``. None when the GPU has no fabric (NOT_SUPPORTED: PCIe cards,
+    boards without multi-node NVLink), the driver knows neither call, or the call fails: the
+    domain is topology, not health, so it never fails the GPU signal."""
+    try:
+        info = nvml.c_nvmlGpuFabricInfo_v2_t()
+        nvml.nvmlDeviceGetGpuFabricInfoV(handle, ctypes.byref(info))
+    except nvml.NVMLError as exc:
+        if getattr(exc, "value", None) != _NVML_ERROR_FUNCTION_NOT_FOUND:
+            return None
+        try:
+            info = nvml.c_nvmlGpuFabricInfo_t()
+            nvml.nvmlDeviceGetGpuFabricInfo(handle, ctypes.byref(info))
+        except nvml.NVMLError:
+            return None
+    except AttributeError:  # an nvidia-ml-py older than the fabric calls
+        return None
+    return fabric_of_struct(info)
 
 
 def read_gpu_nvml() -> wire.GpuSignal:

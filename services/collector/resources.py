@@ -3,7 +3,8 @@ merged with what the driver (NVML or ``nvidia-smi``) reads of each. Pure: no I/O
 
 * The two are matched by normalised PCI bus id (``pci.normalize``). A GPU both see carries
   the driver's ``uuid``, ``model`` (its product name, "NVIDIA H100 80GB HBM3") and
-  ``memoryBytes`` (total framebuffer); a field the driver did not read stays null.
+  ``memoryBytes`` (total framebuffer) and, from NVML, ``fabric`` (its NVLink domain, DOM-1);
+  a field the driver did not read stays null.
 * A GPU on the bus that the driver does not list (fallen off the bus, driver not loaded or
   not bound, an AMD GPU, a probe that failed or timed out) is listed without those fields.
   The fields always come from the current reading, never a remembered one: a card the
@@ -57,6 +58,6 @@ def merge_gpus(on_bus: Iterable[wire.ResourceDevice],
         merged.append(wire.ResourceDevice(
             kind="gpu", vendor=vendor, index=index, pci_bus_id=bus_id,
             uuid=read.uuid if read else None, model=read.name if read else None,
-            memory_bytes=read.memory_bytes if read else None,
+            memory_bytes=read.memory_bytes if read else None, fabric=read.fabric if read else None,
         ))
     return tuple(merged)

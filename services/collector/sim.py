@@ -95,8 +95,9 @@ class SimNode:
 
     in_memory = True
 
-    def __init__(self, node_id: str, gpus: int = 8, seed: int = 0) -> None:
+    def __init__(self, node_id: str, gpus: int = 8, seed: int = 0, fabric: wire.GpuFabric | None = None) -> None:
         self.node_id = node_id
+        self.fabric = fabric  # DOM-1: what NVML's fabric info says of every GPU (None: no fabric)
         rng = random.Random(f"{node_id}:{seed}")
         self.boot_id = str(uuid.UUID(int=rng.getrandbits(128)))
         self.hardware = SimHardware([
@@ -169,7 +170,7 @@ class SimNode:
                                     volatile=wire.EccCounts(corrected=g.ecc_volatile[0], uncorrected=g.ecc_volatile[1]),
                                     aggregate=wire.EccCounts(corrected=g.ecc_aggregate[0], uncorrected=g.ecc_aggregate[1])),
                     throttle=throttle_from_reasons(g.throttle),
-                    row_remap=wire.GpuRowRemap(failed=g.remap_failed), temperature_c=41)
+                    row_remap=wire.GpuRowRemap(failed=g.remap_failed), temperature_c=41, fabric=self.fabric)
                 for g in hw.gpus])
         raise KeyError(name)
 
@@ -378,11 +379,24 @@ async def _either(first: asyncio.Event, second: asyncio.Event, then: asyncio.Eve
     then.set()
 
 
+def sim_fabric(cluster: str, nvlink_domain_size: int, position: int) -> wire.GpuFabric | None:
+    """DOM-1: the fabric info of the fleet's ``position``-th node when every ``nvlink_domain_size``
+    nodes in a row share an NVLink domain (0: no fabric). Each domain is its own fabric cluster
+    (a UUID derived from the cluster and the domain's number, stable across runs), clique 1."""
+    if nvlink_domain_size <= 0:
+        return None
+    number = position // nvlink_domain_size
+    fabric_uuid = uuid.uuid5(uuid.NAMESPACE_URL, f"healthplane-sim:{cluster}:nvlink:{number}")
+    return wire.GpuFabric(cluster_uuid=str(fabric_uuid), clique_id=1, state="completed")
+
+
 class Fleet:
     def __init__(self, count: int, cluster: str = "default", interval_s: int = 30, prefix: str = "sim-",
-                 gpus: int = 8, provisioned: int = 0) -> None:
+                 gpus: int = 8, provisioned: int = 0, nvlink_domain_size: int = 0) -> None:
         self.cluster = cluster
-        self.nodes = {f"{prefix}{i:03d}": SimNode(f"{prefix}{i:03d}", gpus) for i in range(count)}
+        self.nodes = {f"{prefix}{i:03d}": SimNode(f"{prefix}{i:03d}", gpus,
+                                                  fabric=sim_fabric(cluster, nvlink_domain_size, i))
+                      for i in range(count)}
         self.interval_s = interval_s
         # The last ``provisioned`` nodes stand for instances the control plane created (a
         # cloud pool), the rest for hardware the site owns: deprovision and replace need both.

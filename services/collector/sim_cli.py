@@ -60,7 +60,8 @@ def run_cli(args: Any) -> int:
             fleet: Any = LoadFleet(args.nodes, args.cluster, args.interval, prefix=args.prefix, gpus=args.gpus,
                                    in_flight=args.in_flight)
         else:
-            fleet = Fleet(args.nodes, args.cluster, args.interval, gpus=args.gpus, provisioned=args.provisioned)
+            fleet = Fleet(args.nodes, args.cluster, args.interval, gpus=args.gpus, provisioned=args.provisioned,
+                          nvlink_domain_size=args.nvlink_domain_size)
         log.info("simulated fleet running", nodes=args.nodes, cluster=args.cluster, interval_s=args.interval)
         running = asyncio.create_task(fleet.run(nc, stopping, log))
         try:

@@ -14,7 +14,7 @@ from healthplane.contracts import wire
 
 # Conditions that say the control plane cannot see the node, not that its hardware is bad:
 # they never name a fault (EVI-6) and never attribute a failure (EVI-7).
-NOT_A_FAULT = frozenset({"heartbeat_missed", "telemetry_stale", "collector_failed"})
+NOT_A_FAULT = frozenset({"heartbeat_missed", "telemetry_stale", "collector_failed", "scheduler_drained"})
 
 # How a fault reads in a job's error ("node gpu-14: GPU ECC errors; ...").
 FAULT_PHRASES = {

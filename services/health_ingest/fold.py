@@ -2,7 +2,8 @@
 
 Inputs: ``HP_REPORTS`` (every report), ``HP_NODE_EVENTS`` filtered to NODE_SERVICED (clears
 sticky faults), VALIDATION_PASSED/FAILED (``validation_failed``, VAL-1) and this service's
-own HEARTBEAT_MISSED (so that a replay rebuilds the "missed" flag the tick set), and
+own HEARTBEAT_MISSED (so that a replay rebuilds the "missed" flag the tick set),
+SCHEDULER_DRAINED/UNDRAINED (``scheduler_drained``, JOB-4), and
 ``HP_CONFIG``. Outputs: node events and one assessment per
 report (and per state change that is not a report: service, missed heartbeat).
 
@@ -14,11 +15,12 @@ only; the heartbeat deadline index lives with the state, never on the core.
 from __future__ import annotations
 
 import heapq
+import sys
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Final
 
-from healthplane.contracts import subjects, wire
+from healthplane.contracts import promotion, subjects, wire
 from healthplane.contracts.config import decode_config
 from healthplane.contracts.subjects import node_key
 from healthplane.runtime.fold import (
@@ -44,9 +46,17 @@ from healthplane_health_ingest.rules import (
     NodeState,
     assess,
     counters_capped,
+    fault_observations,
     health,
     miss_deadline,
     missed,
+    observed_changes,
+    occurrence_of,
+    promote,
+    promote_now,
+    promote_on_event,
+    raised_occurrences,
+    scheduler_word,
     serviced,
     sticky_capped,
     validated,
@@ -57,7 +67,8 @@ INPUTS = (
     Input("HP_REPORTS"),
     Input("HP_NODE_EVENTS", tuple(f"hp.event.*.*.{t}" for t in (
         "NODE_SERVICED", "HEARTBEAT_MISSED", "NODE_DEPROVISIONED", "NODE_REPLACED",
-        "VALIDATION_PASSED", "VALIDATION_FAILED"))),
+        "VALIDATION_PASSED", "VALIDATION_FAILED", "SCHEDULER_DRAINED", "SCHEDULER_UNDRAINED",
+        "REMEDIATION_STARTED", "REMEDIATION_SUCCEEDED"))),
     Input("HP_RESOURCES"),
     Input("HP_CONFIG"),
 )
@@ -109,9 +120,20 @@ class IngestCore:
             state.gone = {k: v for k, v in state.gone.items() if k != node_key(report.cluster, report.node_id)}
         notes: list[Note] = []
         detect = self._detect(state, notes) if state.config.detectors or self.plugins else None
-        before = state.nodes.get(node_key(report.cluster, report.node_id))
+        key = node_key(report.cluster, report.node_id)
+        before = state.nodes.get(key)
         capped, counting_capped = sticky_capped(before), counters_capped(before)
+        if before is None:
+            before = state.nodes[key] = NodeState(cluster=sys.intern(report.cluster), node_id=report.node_id)
+        # RUL-1: the faults new in this report, read against the counters the last one left,
+        # and the promotion rules they make fire (their findings join this report's).
+        observed = fault_observations(before, report)
+        promoted = (observed_changes(observed) + promote(state, before, [occurrence_of(f, inbound.at) for f in observed])
+                    if observed else [])
         node, changes = assess(state, report, inbound.at, inbound.seq, detect)
+        if raised := raised_occurrences(state, changes, inbound.at):
+            changes += promote_now(state, node, raised, inbound.at)
+        changes = promoted + changes
         if node.sticky_refused and not capped:
             notes.append(note("warning", "sticky faults capped: the node's further sticky faults are not held",
                               counter=STICKY_CAPPED, node_id=report.node_id, cluster=report.cluster,
@@ -132,6 +154,16 @@ class IngestCore:
         if event.type in ("VALIDATION_PASSED", "VALIDATION_FAILED"):
             found, changes = validated(state, event)
             if found is None or not changes:
+                return Step(state, [])
+            return Step(state, self._records(found, changes, inbound, assessment=True))
+        if event.type in ("REMEDIATION_STARTED", "REMEDIATION_SUCCEEDED"):
+            found, changes = promote_on_event(state, event)
+            if found is None or not changes:
+                return Step(state, [])
+            return Step(state, self._records(found, changes, inbound, assessment=True))
+        if event.type in ("SCHEDULER_DRAINED", "SCHEDULER_UNDRAINED"):
+            found, changes = scheduler_word(state, event)
+            if found is None:
                 return Step(state, [])
             return Step(state, self._records(found, changes, inbound, assessment=True))
         if event.type in ("NODE_DEPROVISIONED", "NODE_REPLACED"):
@@ -163,7 +195,11 @@ class IngestCore:
             health_config.heartbeat_miss_threshold, health_config.quiet_reports_to_clear,
             tuple(health_config.ignore_read_only_mounts),
             tuple(detectors.DetectorSpec(d.name, d.expression, d.condition, d.severity, d.message)
-                  for d in health_config.detectors))
+                  for d in health_config.detectors),
+            tuple(rule.compiled() for rule in config.promotion_rules))
+        for node in state.nodes.values():  # RUL-1: the windows of rules no longer configured go
+            if node.windows is not None:
+                promotion.forget(node.windows, state.config.promotion)
         state.config_version = envelope.version
         state.__dict__.pop(_DEADLINES, None)  # the threshold moves every deadline: rebuilt
         state.__dict__.pop(_SCHEDULED, None)
@@ -226,7 +262,8 @@ class IngestCore:
         for index, change in enumerate(changes):
             event = wire.NodeEvent(id=f"{stem}:{index}", node_id=node.node_id, cluster=node.cluster,
                                    type=change.type,  # type: ignore[arg-type]
-                                   occurred_at=now, message=change.message, actor=SERVICE, condition=change.condition)
+                                   occurred_at=now, message=change.message, actor=SERVICE, condition=change.condition,
+                                   fault=change.fault, rule=change.rule)
             emits.append(Emit(subjects.event(node.cluster, node.node_id, change.type), wire.encode(event),
                               msg_id=event.id if deterministic else None))
         if assessment:

@@ -32,15 +32,20 @@ from typing import Final
 
 import msgspec
 
-from healthplane.contracts import automation, wire
+from healthplane.contracts import automation, promotion, wire
 from healthplane.contracts import xid as xid_catalog
+from healthplane.contracts.config import DEFAULT_PROMOTION_RULES, PromotionRule
 from healthplane.contracts.subjects import node_key
 from healthplane.runtime import heap
 from healthplane_health_ingest.detectors import Detection, DetectorSpec, NodeFacts
 
 HEARTBEAT_FLOOR_S: Final = 15.0
 INTERVAL_CAP_S: Final = 24 * 3600
-NOT_REAL_FAULTS: Final = frozenset({"heartbeat_missed", "telemetry_stale", "collector_failed"})
+# scheduler_drained (JOB-4) is the scheduler's word, not Healthplane's evidence: shown, never a
+# real fault (no DEGRADED health, no attribution, nothing automation acts on).
+NOT_REAL_FAULTS: Final = frozenset({"heartbeat_missed", "telemetry_stale", "collector_failed", "scheduler_drained"})
+# JOB-4: the condition's reason by what the scheduler set.
+SCHEDULER_REASONS: Final = {"DRAIN": "SchedulerDrain", "DOWN": "SchedulerDown", "FAIL": "SchedulerFail"}
 READ_ONLY_BY_NATURE: Final = frozenset({"squashfs", "iso9660", "erofs", "cramfs", "udf"})
 SEVERITY_ORDER: Final = {"info": 1, "warning": 2, "critical": 3}
 # SEC-11: sticky faults one node may hold. A real node holds a few; the biggest (16 GPUs, 32
@@ -58,11 +63,16 @@ STICKY_MAX: Final = 1024
 COUNTERS_MAX: Final = 16_384
 
 
+# RUL-1: the rules in force until a config says otherwise.
+DEFAULT_RULES: Final = tuple(PromotionRule.model_validate(rule).compiled() for rule in DEFAULT_PROMOTION_RULES)
+
+
 class IngestConfig(msgspec.Struct, frozen=True):
     heartbeat_miss_threshold: int = 3
     quiet_reports_to_clear: int = 1
     ignore_read_only_mounts: tuple[str, ...] = ()
     detectors: tuple[DetectorSpec, ...] = ()
+    promotion: tuple[promotion.Rule, ...] = DEFAULT_RULES
 
 
 class Finding(msgspec.Struct, frozen=True, omit_defaults=True):
@@ -71,6 +81,7 @@ class Finding(msgspec.Struct, frozen=True, omit_defaults=True):
     severity: str
     detail: str
     action: str | None = None  # XID-1: the catalog's immediate action (Xid findings only)
+    promoted: bool = False  # RUL-1: a promotion rule's, which names a condition it shares with its faults
 
 
 class Climb(msgspec.Struct, gc=False):
@@ -113,6 +124,11 @@ class NodeState(msgspec.Struct, omit_defaults=True):
     definition: str | None = None
     report_sent_at: datetime | None = None
     climbs: dict[str, Climb] | None = None  # only in snapshots from before ``counters``
+    # JOB-4: a drain, DOWN or FAIL someone else set in the scheduler (SCHEDULER_DRAINED), held
+    # as a finding of every report until SCHEDULER_UNDRAINED.
+    scheduler_drain: Finding | None = None
+    # RUL-1: the node's open promotion-rule windows; None while it has none (most nodes).
+    windows: promotion.NodeWindows | None = None
 
 
 class IngestState(msgspec.Struct, dict=True):
@@ -311,6 +327,8 @@ def findings(node: NodeState, report: wire.HealthReport, config: IngestConfig) -
                 out.append(Finding("gpu_throttling", "GpuPowerBrake", "warning", f"GPU {bus}: power brake slowdown"))
     if failed:  # last: whether a fault explains it is known once this report's faults are folded
         out.insert(0, _collector_failed(node, signals, failed))
+    if node.scheduler_drain is not None:
+        out.append(node.scheduler_drain)
     # Hardware Xids are sticky too, but reported per device above with their latest Xid.
     return out + [s.finding for k, s in node.sticky.items() if not k.startswith("xid.")]
 
@@ -451,7 +469,9 @@ def conditions_from(found: Iterable[Finding], previous: Mapping[str, wire.Condit
         by_type.setdefault(finding.type, []).append(finding)
     out: dict[str, wire.Condition] = {}
     for condition_type, items in by_type.items():
-        worst = max(items, key=lambda f: SEVERITY_ORDER[f.severity])
+        # Of equal severity, a promotion rule's (it names what the faults add up to), then the
+        # one asking the most.
+        worst = max(items, key=lambda f: (SEVERITY_ORDER[f.severity], f.promoted, xid_catalog.rank(f.action)))
         details = sorted({f.detail for f in items if f.reason == worst.reason and f.detail})
         action = xid_catalog.worst_action(f.action for f in items if f.reason == worst.reason)
         before = previous.get(condition_type)
@@ -527,6 +547,8 @@ class Change(msgspec.Struct, frozen=True):
     type: str
     message: str
     condition: wire.ConditionChange | None = None
+    fault: wire.FaultObservation | None = None  # FAULT_OBSERVED (RUL-1)
+    rule: wire.RuleFiring | None = None  # RULE_FIRED (RUL-1)
 
 
 # Custom detectors (POL-8): given the report and the conditions the built-in rules found on
@@ -571,6 +593,7 @@ def serviced(state: IngestState, cluster: str, node_id: str, now: datetime) -> t
         return node, []
     sticky_types = {s.finding.type for s in node.sticky.values()}
     node.sticky = heap.EMPTY
+    node.windows = None  # RUL-1: a serviced node counts afresh
     before = dict(node.conditions)
     # What is not sticky stays as the last report showed it; the next report re-evaluates.
     node.conditions = {t: c for t, c in node.conditions.items() if t not in sticky_types} or heap.EMPTY
@@ -596,11 +619,47 @@ def validated(state: IngestState, event: wire.NodeEvent) -> tuple[NodeState | No
         node.sticky = {**node.sticky, VALIDATION_KEY: Sticky(finding)}
         found = conditions_from([finding], before, event.occurred_at)
         node.conditions = {**before, "validation_failed": found["validation_failed"]}
-    elif event.type == "VALIDATION_PASSED" and VALIDATION_KEY in node.sticky:
-        node.sticky = heap.without(node.sticky, VALIDATION_KEY)
-        node.conditions = heap.without(node.conditions, "validation_failed")
+    elif event.type == "VALIDATION_PASSED" and (VALIDATION_KEY in node.sticky or _validating_rules(state, node)):
+        # A pass clears validation_failed and answers the promotion rules that asked for one
+        # (RUL-1); a failure keeps them.
+        answered = _validating_rules(state, node)
+        reasons = {k.removeprefix(RULE_KEY) for k in answered}
+        if VALIDATION_KEY in node.sticky:
+            answered.add(VALIDATION_KEY)
+            reasons.add("ValidationFailed")
+        node.sticky = {k: v for k, v in node.sticky.items() if k not in answered} or heap.EMPTY
+        node.conditions = {t: c for t, c in node.conditions.items() if c.reason not in reasons} or heap.EMPTY
     else:
         return node, []
+    return node, [Change(kind, _condition_message(kind, change), change)
+                  for kind, change in condition_events(before, node.conditions)]
+
+
+def scheduler_word(state: IngestState, event: wire.NodeEvent) -> tuple[NodeState | None, list[Change]]:
+    """JOB-4: SCHEDULER_DRAINED raises (or updates) ``scheduler_drained`` with the scheduler's
+    reason and who set it; SCHEDULER_UNDRAINED clears it. A node that has not reported yet keeps
+    it for its first report (None: nothing to assess now)."""
+    drain = event.scheduler
+    if drain is None:
+        return None, []
+    key = node_key(event.cluster, event.node_id)
+    node = state.nodes.get(key)
+    if node is None:
+        node = state.nodes[key] = NodeState(cluster=sys.intern(event.cluster), node_id=event.node_id)
+    before = dict(node.conditions)
+    if event.type == "SCHEDULER_DRAINED":
+        node.scheduler_drain = Finding("scheduler_drained", SCHEDULER_REASONS[drain.state], "warning", event.message)
+        if node.last_report_at is None:
+            return None, []
+        found = conditions_from([node.scheduler_drain], before, event.occurred_at)
+        node.conditions = {**before, "scheduler_drained": found["scheduler_drained"]}
+    elif node.scheduler_drain is not None:
+        node.scheduler_drain = None
+        if node.last_report_at is None:
+            return None, []
+        node.conditions = heap.without(node.conditions, "scheduler_drained")
+    else:
+        return None, []
     return node, [Change(kind, _condition_message(kind, change), change)
                   for kind, change in condition_events(before, node.conditions)]
 
@@ -622,3 +681,127 @@ def _condition_message(kind: str, change: wire.ConditionChange) -> str:
     if change.previous_severity:
         return f"{label} [{change.severity.title()}] (was {change.previous_severity.title()}): {change.message}"
     return f"{label} [{change.severity.title()}] {change.message}"
+
+
+# ---------------------------------------------------------------------------- promotion rules (RUL-1)
+
+RULE_KEY: Final = "rule."
+# How a firing's finding is graded, by its rule's action: a human or a remedy is critical (the
+# node leaves service through policy and the ladder); a validation asked for is a warning.
+RULE_SEVERITY: Final = {"needs-attention": "critical", "remediate": "critical", "validate": "warning"}
+
+
+def _last(node: NodeState, key: str) -> int | None:
+    packed = node.counters.get(key)
+    return None if packed is None else _unpack(packed)[0]
+
+
+def fault_observations(node: NodeState, report: wire.HealthReport) -> list[wire.FaultObservation]:
+    """RUL-1: the coded faults new in ``report`` (read before the report is folded, against the
+    counters the last one left): each Xid and SXid by device, fatal machine checks and
+    uncorrectable memory errors, with how many since. A kernel-log count starts at zero; a
+    sysfs one's first reading is a baseline."""
+    out: list[wire.FaultObservation] = []
+    kmsg = report.signals.kmsg
+    if kmsg.status != "unavailable":
+        for entry in kmsg.xid:
+            new = entry.count - (_last(node, f"xid.{entry.pci_bus_id}.{entry.xid}") or 0)
+            if new > 0:
+                out.append(wire.FaultObservation(
+                    kind="xid", code=str(entry.xid), device=entry.pci_bus_id, count=new,
+                    severity=xid_catalog.grade(entry.xid, entry.last_message),
+                    recommended_action=xid_catalog.recommended_action(entry.xid, entry.last_message)))
+        for sxid in kmsg.sxid:
+            key = f"sxid.{sxid.device}.{sxid.sxid}"
+            new = sxid.count - (_last(node, key) or 0)
+            _rose(node, key, sxid.count, baseline_zero=True)  # the fold keeps no other SXid counter
+            if new > 0:
+                out.append(wire.FaultObservation(kind="sxid", code=str(sxid.sxid), device=sxid.device, count=new,
+                                                 severity="critical"))
+        new = kmsg.machine_checks.fatal - (_last(node, "kmsg.mce.fatal") or 0)
+        if new > 0:
+            out.append(wire.FaultObservation(kind="mce", code="fatal", count=new, severity="critical"))
+        new = kmsg.edac.ue - (_last(node, "kmsg.edac.ue") or 0)
+        if new > 0:
+            out.append(wire.FaultObservation(kind="edac", code="ue", count=new, severity="critical"))
+    if report.signals.edac.status == "ok":
+        for mc in report.signals.edac.controllers:
+            last = _last(node, f"edac.ue.{mc.name}")
+            if last is not None and mc.ue > last:
+                out.append(wire.FaultObservation(kind="edac", code="ue", device=mc.name, count=mc.ue - last,
+                                                 severity="critical"))
+    return out
+
+
+def observed_changes(found: list[wire.FaultObservation]) -> list[Change]:
+    return [Change("FAULT_OBSERVED", f"{f.kind} {f.code}" + (f" on {f.device}" if f.device else "")
+                   + (f" (x{f.count})" if f.count > 1 else "")
+                   + (f": {f.recommended_action}" if f.recommended_action else ""), fault=f) for f in found]
+
+
+def occurrence_of(fault: wire.FaultObservation, at: datetime) -> promotion.Occurrence:
+    return promotion.Occurrence(at, fault.kind, fault.code, fault.device, fault.count, fault.severity,
+                                fault.recommended_action)
+
+
+def promote(state: IngestState, node: NodeState, occurrences: Iterable[promotion.Occurrence]) -> list[Change]:
+    """RUL-1, RUL-2: fold occurrences into the node's windows; a RULE_FIRED per firing, and an
+    acting rule's finding held as a sticky fault (until service, or a validation's pass)."""
+    rules = state.config.promotion
+    if not rules:
+        return []
+    windows = node.windows or promotion.NodeWindows()
+    changes: list[Change] = []
+    for occurrence in occurrences:
+        for firing in promotion.observe(rules, windows, occurrence):
+            acts = firing.mode == "act" and firing.action != "none"
+            changes.append(Change("RULE_FIRED", firing.message, rule=wire.RuleFiring(
+                rule=firing.rule, mode=firing.mode, action=firing.action,  # type: ignore[arg-type]
+                count=firing.count, devices=list(firing.devices), first_at=firing.first_at,
+                condition=firing.condition if acts else None)))
+            if acts:
+                _sticky(node, f"{RULE_KEY}{firing.rule}", Finding(
+                    firing.condition, firing.rule, RULE_SEVERITY[firing.action], firing.message,
+                    promotion.ACTION_BUCKET[firing.action], promoted=True),
+                    firing.devices[0] if len(firing.devices) == 1 else "")
+    node.windows = windows if windows.counted or windows.devices or windows.reboots else None
+    return changes
+
+
+def promote_on_event(state: IngestState, event: wire.NodeEvent) -> tuple[NodeState | None, list[Change]]:
+    """RUL-1 on eviction's events (remediations, reboots): a firing raises its condition now,
+    not at the node's next report."""
+    node = state.nodes.get(node_key(event.cluster, event.node_id))
+    occurrences = promotion.occurrences_of(event)
+    if node is None or not occurrences:
+        return node, []
+    return node, promote_now(state, node, occurrences, event.occurred_at)
+
+
+def promote_now(state: IngestState, node: NodeState, occurrences: Iterable[promotion.Occurrence],
+                now: datetime) -> list[Change]:
+    """``promote``, and the conditions of the findings it added raised at once (on an event, or
+    on the conditions a report raised: the report's own findings are already folded)."""
+    held = set(node.sticky)
+    changes = promote(state, node, occurrences)
+    added = [s.finding for k, s in node.sticky.items() if k not in held]
+    if added:
+        before = dict(node.conditions)
+        node.conditions = {**before, **conditions_from(added, before, now)}
+        changes += [Change(kind, _condition_message(kind, change), change)
+                    for kind, change in condition_events(before, node.conditions)]
+    return changes
+
+
+def raised_occurrences(state: IngestState, changes: Iterable[Change], at: datetime) -> list[promotion.Occurrence]:
+    """The conditions a report raised, as occurrences, where a rule counts conditions."""
+    if not any(rule.kind == "condition" for rule in state.config.promotion):
+        return []
+    return [promotion.Occurrence(at, "condition", c.condition.type, severity=c.condition.severity)
+            for c in changes if c.type == "CONDITION_RAISED" and c.condition is not None]
+
+
+def _validating_rules(state: IngestState, node: NodeState) -> set[str]:
+    """The sticky keys of the node's rule findings whose rule asked for a validation."""
+    validating = {f"{RULE_KEY}{rule.name}" for rule in state.config.promotion if rule.action == "validate"}
+    return {k for k in node.sticky if k in validating}

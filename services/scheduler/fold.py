@@ -4,8 +4,8 @@ Inputs: ``HP_ALLOCATIONS`` (submitted jobs, and this scheduler's own allocation 
 ``HP_DIRECTIVES`` (eviction's requeue / fail / terminate), ``HP_NODES`` (the scorer's node
 views: status, holds, score, definition), ``HP_CONFIG`` (``drainBelow`` per definition) and
 ``HP_COMMANDS`` filtered to ``hp.provision`` (its own answers to terminations) and
-``hp.provider`` (``sim provider reject|accept``). Outputs: ``hp.alloc`` records and
-``hp.provision`` answers.
+``hp.provider`` (``sim provider reject|accept``). Outputs: ``hp.alloc`` records,
+``hp.provision`` answers and one ``hp.jobend`` outcome per ended step (JOB-1).
 
 ``step`` only folds; every decision is the ``tick``'s, and every decision is written as a
 record that the fold turns back into the same state. Directives wait in the state until the
@@ -51,7 +51,7 @@ INPUTS = (
     Input("HP_CONFIG"),
     Input("HP_COMMANDS", ("hp.provision.>", "hp.provider.>", "hp.hardware.>")),
 )
-OUTPUTS = ("HP_ALLOCATIONS", "HP_COMMANDS")
+OUTPUTS = ("HP_ALLOCATIONS", "HP_COMMANDS", "HP_JOB_OUTCOMES")
 
 _ANY: Final = "\x01"  # the group of every node in a cluster, whatever its definition
 
@@ -319,6 +319,9 @@ class SchedulerCore:
                 continue
             outcome: wire.AllocationState = "requeued" if directive.action == "requeue" else "failed"
             emits.append(self._record(job.job, i, attempt, directive.node_id, outcome, now, directive.message))
+            if outcome == "failed":  # ended from outside the job: the job's own end it is not (JOB-1)
+                emits += self._outcome(job.job, i, attempt, directive.node_id, "cancelled", step, now,
+                                       directive.message)
             self._apply(state, index, key, job, i, outcome, attempt, directive.node_id, now)
 
     def _terminate(self, state: SchedulerState, directive: wire.Directive, now: datetime,
@@ -348,6 +351,8 @@ class SchedulerCore:
             node_id = job.steps[i].node_id or ""
             ended, details = simulated_end(state, job, node_id, self.validation_s)
             emits.append(self._record(job.job, i, attempt, node_id, ended, now, **details))
+            emits += self._outcome(job.job, i, attempt, node_id, "completed" if ended == "finished" else "failed",
+                                   job.steps[i], now, details.get("reason"))
             self._apply(state, index, key, job, i, ended, attempt, node_id, now)
 
     def _start(self, state: SchedulerState, index: _Index, now: datetime, emits: list[Emit]) -> None:
@@ -416,6 +421,24 @@ class SchedulerCore:
             heapq.heappush(index.pinned, entry)
 
     # ------------------------------------------------------------------ records
+
+    @staticmethod
+    def _outcome(job: wire.Job, step: int, attempt: int, node_id: str, kind: wire.JobOutcomeKind,
+                 before: StepState, at: datetime, reason: str | None) -> list[Emit]:
+        """JOB-1: how the step's run ended on its node; none for a validation run (Healthplane's
+        own test, not a user's job). A step is one node's share of its job: ``size`` is the
+        job's step count."""
+        if job.validation is not None:
+            return []
+        started = before.since if before.status == "started" else None
+        record = wire.JobOutcome(
+            job_id=job.id, node_id=node_id, cluster=job.cluster, outcome=kind, ended_at=at, scheduler="reference",
+            attempt=attempt, started_at=started,
+            runtime_seconds=(at - started).total_seconds() if started is not None else None,
+            size=job.steps, user=job.submitted_by, partition=job.definition, reason=reason)
+        alloc_id = allocation_id(job.id, step, attempt)
+        return [Emit(subjects.job_outcome(job.cluster, node_id, alloc_id), wire.encode(record),
+                     msg_id=f"{SERVICE}:{job.cluster}:{alloc_id}:outcome")]
 
     @staticmethod
     def _record(job: wire.Job, step: int, attempt: int, node_id: str, record_state: wire.AllocationState,

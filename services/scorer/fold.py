@@ -10,7 +10,7 @@ from typing import Final
 
 import msgspec
 
-from healthplane.contracts import subjects, views, wire
+from healthplane.contracts import domains, subjects, views, wire
 from healthplane.contracts.config import ClusterConfig, decode_config
 from healthplane.runtime import heap
 from healthplane.runtime.fold import (
@@ -48,6 +48,10 @@ class ScorerConfig(msgspec.Struct, frozen=True):
     half_life_hours: float = 168.0
     # A definition's table replaces the cluster's: built-in defaults + its own (SCO-2).
     definition_penalties: dict[str, dict[str, int]] = {}
+    # DOM-1: the config's domains section, and a digest of it that each node's resolved
+    # domains are checked against (a new config re-resolves a node at its next view).
+    domain_spec: domains.Spec = domains.Spec()
+    domains_digest: int = 0
 
 
 class NodeScore(msgspec.Struct):
@@ -72,6 +76,12 @@ class NodeScore(msgspec.Struct):
     view_reported_at: datetime | None = None  # the lastReportedAt of the last view written
     reports: int = 0  # assessments of a newer report folded: the refresh's phase
     attention: wire.NeedsAttention | None = None  # NODE_NEEDS_ATTENTION until NODE_SERVICED (REM-1)
+    # DOM-1: what the latest resource report's hardware tells (domains.hardware_domains), the
+    # domains resolved from it and the config, and the config digest they were resolved with
+    # (-1: resolve again).
+    hardware_domains: dict[str, str] = msgspec.field(default_factory=heap.empty)
+    domains: dict[str, str] = msgspec.field(default_factory=heap.empty)
+    domains_digest: int = -1
 
 
 class ScorerState(msgspec.Struct):
@@ -174,6 +184,9 @@ class ScorerCore:
         node = self._node(state, resources.cluster, resources.node_id)
         node.hostname, node.ready = resources.hostname, resources.ready
         node.definition = resources.definition or node.definition
+        hardware = domains.hardware_domains(resources)
+        if hardware != node.hardware_domains:
+            node.hardware_domains, node.domains_digest = hardware or heap.EMPTY, -1
         return Step(state, self._view(state, node, inbound))
 
     def _on_allocation(self, state: ScorerState, alloc: wire.Allocation, inbound: Inbound) -> Step[ScorerState]:
@@ -263,6 +276,15 @@ def node_health(node: NodeScore, degraded_at_or_below: int) -> wire.Health:
     return node.health  # type: ignore[return-value]
 
 
+def node_domains(config: ScorerConfig, node: NodeScore) -> dict[str, str]:
+    """DOM-1: the node's domains, resolved once per config and per hardware change, then kept."""
+    if node.domains_digest != config.domains_digest:
+        resolver = domains.resolver_for(config.domain_spec)
+        node.domains = resolver.resolve(node.node_id, node.hardware_domains) or heap.EMPTY
+        node.domains_digest = config.domains_digest
+    return node.domains
+
+
 def node_view(state: ScorerState, node: NodeScore) -> wire.NodeView:
     table = table_for(state.config, node.definition)
     explanation = None
@@ -278,7 +300,7 @@ def node_view(state: ScorerState, node: NodeScore) -> wire.NodeView:
                                                     by_fault=dict(node.tally.by_fault)),
         holds=sorted(node.holds.values(), key=lambda h: h.created_at), jobs=len(node.allocations),
         definition=node.definition, report_interval_seconds=node.report_interval_s,
-        needs_attention=node.attention,
+        needs_attention=node.attention, domains=dict(node_domains(state.config, node)),
     )
 
 
@@ -290,4 +312,5 @@ def _config(config: ClusterConfig) -> ScorerConfig:
         half_life_hours=health.failure_tally_half_life_hours,
         definition_penalties={name: dict(d.node_health.penalties)
                               for name, d in config.provisioner_definitions.items()
-                              if d.node_health.penalties is not None})
+                              if d.node_health.penalties is not None},
+        domain_spec=(spec := config.domains.spec()), domains_digest=zlib.crc32(msgspec.json.encode(spec)))

@@ -44,6 +44,11 @@ DEFAULT_PENALTIES: Final[Mapping[str, int]] = {
     "CollectorFailedExplained": 0,  # XID-2: the fault that explains it carries the points
     "HeartbeatMissed": 0,
     "TelemetryStale": 0,
+    # JOB-4: the scheduler's word (an administrator's drain) is shown, never scored: a score it
+    # moved would let policy act on a drain Healthplane did not see the cause of.
+    "SchedulerDrain": 0,
+    "SchedulerDown": 0,
+    "SchedulerFail": 0,
 }
 TALLY_REASON: Final = "attributed job failures"
 # A reason the table does not name — a custom detector's (POL-8), whose reason is its name —

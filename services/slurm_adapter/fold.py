@@ -31,8 +31,11 @@ from healthplane.runtime.fold import Emit, Inbound, Input, Note, Reject, Step, i
 from healthplane_slurm_adapter.records import SlurmError, SlurmJob, SlurmNode
 from healthplane_slurm_adapter.rules import (
     ENDED,
+    OUTCOMES,
     RUNNING,
+    SCHEDULER,
     AdapterState,
+    ForeignDrain,
     NodeNames,
     NodeWant,
     Observation,
@@ -42,8 +45,10 @@ from healthplane_slurm_adapter.rules import (
     allocation_id,
     causes,
     confirmed,
+    drain_message,
     drain_reason,
     end_reason,
+    foreign_drain,
     is_ours,
     output_path,
     reservation_name,
@@ -51,6 +56,8 @@ from healthplane_slurm_adapter.rules import (
     run_of_reservation,
     sbatch_argv,
     slurm_job_of,
+    unix,
+    wait_status,
 )
 
 SERVICE = "slurm-adapter"
@@ -61,8 +68,10 @@ INPUTS = (
     Input("HP_DIRECTIVES"),
     Input("HP_ALLOCATIONS", ("hp.alloc.>", "hp.job.>")),
     Input("HP_COMMANDS", ("hp.provision.>",)),
+    # JOB-4: its own SCHEDULER_DRAINED / _UNDRAINED, so a restart knows what it recorded.
+    Input("HP_NODE_EVENTS", ("hp.event.*.*.SCHEDULER_DRAINED", "hp.event.*.*.SCHEDULER_UNDRAINED")),
 )
-OUTPUTS = ("HP_ALLOCATIONS", "HP_COMMANDS")
+OUTPUTS = ("HP_ALLOCATIONS", "HP_COMMANDS", "HP_NODE_EVENTS", "HP_JOB_OUTCOMES")
 # An ended allocation's tombstone outlives the job in Slurm's queue (MinJobAge, 300 s by
 # default) by a wide margin, then goes.
 TOMBSTONE_TTL: Final = timedelta(hours=6)
@@ -178,6 +187,8 @@ class AdapterCore:
             self._on_job(state, wire.decode(wire.Job, inbound.data))
         elif inbound.stream == "HP_ALLOCATIONS":
             self._on_allocation(state, its_own(inbound, wire.decode(wire.Allocation, inbound.data)))
+        elif inbound.stream == "HP_NODE_EVENTS":
+            self._on_event(state, its_own(inbound, wire.decode(wire.NodeEvent, inbound.data)))
         elif inbound.stream == "HP_COMMANDS":
             result = its_own(inbound, wire.decode(wire.TerminationResult, inbound.data))
             if result.cluster == self.cluster:
@@ -186,6 +197,18 @@ class AdapterCore:
         else:
             raise Reject(f"unexpected input {inbound.subject} on {inbound.stream}")
         return Step(state, ())
+
+    def _on_event(self, state: AdapterState, event: wire.NodeEvent) -> None:
+        """JOB-4: what it recorded of a drain someone else set, folded back."""
+        drain = event.scheduler
+        if event.cluster != self.cluster or drain is None or drain.scheduler != SCHEDULER:
+            return
+        if event.type == "SCHEDULER_DRAINED":
+            state.foreign[drain.scheduler_node] = ForeignDrain(
+                node_id=event.node_id, state=drain.state, reason=drain.reason, set_by=drain.set_by,
+                set_at=int(drain.set_at.timestamp()) if drain.set_at else 0)
+        elif event.type == "SCHEDULER_UNDRAINED":
+            state.foreign.pop(drain.scheduler_node, None)
 
     def _on_directive(self, state: AdapterState, directive: wire.Directive) -> None:
         if directive.cluster != self.cluster:
@@ -231,6 +254,7 @@ class AdapterCore:
         self._allocations(state, seen, jobs, down, now, out)
         self._directives(state, {node.name: node for node in seen.nodes}, jobs, now, out)
         draining = self._drains(state, seen, validating, now, out)
+        self._foreign_drains(state, seen, now, out)
         self._reservations(state, seen, draining, out)
         # Tombstones of jobs Slurm no longer lists, once they are old.
         state.ended = {a: at for a, at in state.ended.items() if now - at < TOMBSTONE_TTL}
@@ -312,10 +336,17 @@ class AdapterCore:
             record_state = ENDED.get(accounted or "", "finished")
             reason = (f"{accounted} (from Slurm accounting)" if accounted
                       else "left Slurm's queue unobserved; end state unknown (no Slurm accounting)")
+            found = seen.accounted.get(int(job_id))
             for alloc_id in alloc_ids:
                 if alloc_id in state.open:
                     alloc = state.open[alloc_id]
                     self._record(state, None, alloc, alloc_id, record_state, reason, now, out)
+                    if accounted:  # with no accounting its end is unknown: no outcome it cannot prove
+                        self._outcome(alloc, alloc_id, accounted, seen.exits.get(int(job_id), 0), reason, now, out,
+                                      source="accounting", started=found.started_at if found else 0,
+                                      ended=found.ended_at if found else 0, account=found.account if found else "",
+                                      user=found.user if found else "", partition=found.partition if found else "",
+                                      size=found.size if found else len(alloc_ids))
 
     def _record(self, state: AdapterState, job: SlurmJob | None, alloc: Open, alloc_id: str,
                 record_state: wire.AllocationState, reason: str | None, now: datetime, out: Pass) -> None:
@@ -332,11 +363,65 @@ class AdapterCore:
             nodes=[self.names.node_id(n) for n in job.node_names] if job else None)
         out.emits.append(Emit(subjects.allocation(self.cluster, alloc.node_id, alloc_id), wire.encode(record),
                               msg_id=f"{SERVICE}:{self.cluster}:{alloc_id}:{record_state}"))
+        if job is not None and record_state in ("finished", "failed"):
+            self._outcome(alloc, alloc_id, job.job_state.upper(), job.exit_code, reason, now, out,
+                          started=job.start_time, ended=job.end_time, account=job.account, user=job.user_name,
+                          partition=job.partition, size=job.node_count or len(job.node_names),
+                          nodes=[self.names.node_id(n) for n in job.node_names])
         if record_state == "started":
             state.open[alloc_id] = alloc
         else:
             state.open.pop(alloc_id, None)
             state.ended[alloc_id] = now
+
+    def _outcome(self, alloc: Open, alloc_id: str, slurm_state: str, status: int, reason: str | None,
+                 now: datetime, out: Pass, *, source: wire.OutcomeSource = "observed", started: int = 0,
+                 ended: int = 0, account: str = "", user: str = "", partition: str = "", size: int = 0,
+                 nodes: list[str] | None = None) -> None:
+        """JOB-1: how the run ended on this node, once, beside its last allocation record (same
+        deterministic id, so a pass repeated after a restart is de-duplicated)."""
+        kind = OUTCOMES.get(slurm_state)
+        if kind is None:
+            return
+        exit_code, signal_number = wait_status(status)
+        started_at, ended_at = unix(started), unix(ended) or now
+        record = wire.JobOutcome(
+            job_id=alloc.job_id, node_id=alloc.node_id, cluster=self.cluster, outcome=kind, ended_at=ended_at,
+            scheduler=SCHEDULER, source=source, attempt=alloc.attempt, started_at=started_at,
+            runtime_seconds=max(0.0, (ended_at - started_at).total_seconds()) if started_at else None,
+            exit_code=exit_code, signal=signal_number, size=max(1, size), nodes=nodes or None,
+            partition=partition or None, user=user or None, account=account or None,
+            reason=reason if kind != "completed" else None)
+        out.emits.append(Emit(subjects.job_outcome(self.cluster, alloc.node_id, f"{alloc.job_id}.{alloc.attempt}"),
+                              wire.encode(record), msg_id=f"{SERVICE}:{self.cluster}:{alloc_id}:outcome"))
+
+    # ------------------------------------------------------------------ Slurm's own word (JOB-4)
+
+    def _foreign_drains(self, state: AdapterState, seen: Observation, now: datetime, out: Pass) -> None:
+        """A drain, DOWN or FAIL someone else set becomes SCHEDULER_DRAINED (again when its state,
+        reason or author changes), its end SCHEDULER_UNDRAINED. Evidence only: the drain
+        logic above never resumes or overwrites it (SLU-2)."""
+        for node in seen.nodes:
+            found = foreign_drain(node, self.prefix)
+            known = state.foreign.get(node.name)
+            if found is not None:
+                found.node_id = self.names.node_id(node.name)
+                if known is None or (known.state, known.reason, known.set_by) != (found.state, found.reason,
+                                                                                  found.set_by):
+                    out.emits.append(self._drain_event("SCHEDULER_DRAINED", node.name, found, now))
+                    state.foreign[node.name] = found
+            elif known is not None:
+                out.emits.append(self._drain_event("SCHEDULER_UNDRAINED", node.name, known, now))
+                del state.foreign[node.name]
+
+    def _drain_event(self, kind: wire.EventType, name: str, drain: ForeignDrain, now: datetime) -> Emit:
+        event_id = f"{SERVICE}:{self.cluster}:{kind.lower()}:{name}:{drain.state}:{drain.set_at}"
+        event = wire.NodeEvent(
+            id=event_id, node_id=drain.node_id, cluster=self.cluster, type=kind, occurred_at=now,
+            message=drain_message(drain, lifted=kind == "SCHEDULER_UNDRAINED"), actor=SERVICE,
+            scheduler=wire.SchedulerDrain(scheduler=SCHEDULER, scheduler_node=name, state=drain.state,
+                                          reason=drain.reason, set_by=drain.set_by, set_at=unix(drain.set_at)))
+        return Emit(subjects.event(self.cluster, drain.node_id, kind), wire.encode(event), msg_id=event_id)
 
     # ------------------------------------------------------------------ directives (SLU-4)
 

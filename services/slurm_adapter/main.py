@@ -25,7 +25,8 @@ def main(args: argparse.Namespace) -> int:
     # before any command runs, so a holder fenced off runs none.
     def reconciler(ctx: ServiceContext, proc: Processor[AdapterState], core: Core[AdapterState]) -> list[Reconciler]:
         settings: Settings = ctx.settings
-        slurm = Slurm(settings.bin_dir, timeout_s=settings.command_timeout_seconds)
+        slurm = Slurm(settings.bin_dir, timeout_s=settings.command_timeout_seconds,
+                      notice=lambda event, fields: ctx.log.warning(event, **fields))
         return [Reconciler(proc, cast(AdapterCore, core), slurm, settings, ctx.log)]
 
     return run_processor_service(args, SERVICE, lambda ctx: core_from(ctx.settings), AdapterState, INPUTS, OUTPUTS,

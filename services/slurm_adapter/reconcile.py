@@ -228,7 +228,7 @@ class Reconciler:
                     outputs[run.id] = tail
         return Observation(nodes, jobs, {job: found.state for job, found in accounted.items()}, datetime.now(UTC),
                            exits={job: found.status for job, found in accounted.items()},
-                           reservations=reservations, outputs=outputs)
+                           reservations=reservations, outputs=outputs, accounted=accounted)
 
     async def _output(self, path: str) -> str | None:
         """The tail of a run's output file, bounded in bytes and in time (a shared filesystem

@@ -57,6 +57,11 @@ class SlurmJob(msgspec.Struct, kw_only=True):
     restart_cnt: int = 0
     exit_code: int = 0
     job_resources: JobResources | None = None
+    # JOB-1: what an outcome record says of the run (unix seconds; 0: not known).
+    start_time: int = 0
+    end_time: int = 0
+    account: str = ""
+    node_count: int = 0
 
     @property
     def node_names(self) -> list[str]:
@@ -72,3 +77,10 @@ class Accounted:
 
     state: str
     status: int = 0
+    # JOB-1, from ``sacct --json`` where the site has accounting (slurmdbd): when it ran, whose.
+    started_at: int = 0  # unix seconds; 0: not known
+    ended_at: int = 0
+    account: str = ""
+    user: str = ""
+    partition: str = ""
+    size: int = 0  # nodes the job held

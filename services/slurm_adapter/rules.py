@@ -13,13 +13,13 @@ import re
 import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Final
 
 import msgspec
 
 from healthplane.contracts import gating, wire
-from healthplane_slurm_adapter.records import SlurmJob, SlurmNode
+from healthplane_slurm_adapter.records import Accounted, SlurmJob, SlurmNode
 
 # Slurm job states (squeue's job_state) and what an allocation makes of them.
 RUNNING: Final = frozenset({"RUNNING", "SUSPENDED"})
@@ -28,6 +28,14 @@ ENDED: Final[dict[str, wire.AllocationState]] = {
     "FAILED": "failed", "NODE_FAIL": "failed", "TIMEOUT": "failed", "CANCELLED": "failed",
     "PREEMPTED": "failed", "OUT_OF_MEMORY": "failed", "BOOT_FAIL": "failed", "DEADLINE": "failed",
 }
+# JOB-1: a run's end as a job outcome. BOOT_FAIL is the node's (it never booted the job);
+# DEADLINE is the job's time running out, as TIMEOUT.
+OUTCOMES: Final[dict[str, wire.JobOutcomeKind]] = {
+    "COMPLETED": "completed", "FAILED": "failed", "NODE_FAIL": "node_fail", "BOOT_FAIL": "node_fail",
+    "TIMEOUT": "timeout", "DEADLINE": "timeout", "CANCELLED": "cancelled", "PREEMPTED": "preempted",
+    "OUT_OF_MEMORY": "out_of_memory",
+}
+SCHEDULER: Final = "slurm"  # how JOB-1's and JOB-4's records name this scheduler
 # The gate is a cause of a drain like a hold is, under this name (holds are ids).
 SCORE_CAUSE: Final = "score"
 MAX_REASON_CHARS: Final = 200
@@ -80,6 +88,17 @@ class Validation(msgspec.Struct, kw_only=True):
 _ORDER: Final = {"": 0, "placed": 1, "started": 2, "finished": 3, "failed": 3, "requeued": 3}
 
 
+class ForeignDrain(msgspec.Struct, kw_only=True):
+    """JOB-4: a drain, DOWN or FAIL someone other than Healthplane set on a Slurm node, as the
+    adapter last recorded it (SCHEDULER_DRAINED): folded back from its own events."""
+
+    node_id: str
+    state: wire.SchedulerNodeState
+    reason: str | None = None
+    set_by: str | None = None
+    set_at: int = 0  # Slurm's reason_changed_at, unix seconds
+
+
 class AdapterState(msgspec.Struct, kw_only=True):
     nodes: dict[str, NodeWant] = {}  # node id -> its view (the adapter's cluster only)
     open: dict[str, Open] = {}  # allocation id -> started, not ended
@@ -96,6 +115,9 @@ class AdapterState(msgspec.Struct, kw_only=True):
     overridden: dict[str, list[str]] = {}  # Slurm node -> causes an administrator's RESUME overrode
     job_reasons: dict[str, str] = {}  # Slurm job id -> why we requeued or cancelled it
     in_flight: dict[str, float] = {}  # directive id -> when its command went to Slurm (unix s)
+    # JOB-4: Slurm node -> the drain someone else set there, as recorded (SCHEDULER_DRAINED);
+    # folded from the adapter's own events, so a restart neither repeats nor loses one.
+    foreign: dict[str, ForeignDrain] = {}
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,6 +133,8 @@ class Observation:
     exits: dict[int, int] = field(default_factory=dict)  # job that left the queue -> its wait status (sacct)
     reservations: frozenset[str] = frozenset()  # every reservation's name
     outputs: dict[str, str] = field(default_factory=dict)  # validation id -> its output's tail, once it ended
+    # JOB-1: what accounting says of the jobs in ``ended`` (times, account), where it says it.
+    accounted: dict[int, Accounted] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,6 +230,54 @@ def exit_status(status: int) -> str:
     if status & 0x7F:
         return f"killed by signal {status & 0x7F}"
     return f"exit code {status >> 8}"
+
+
+# ---------------------------------------------------------------------------- Slurm's own word (JOB-4)
+
+
+def foreign_drain(node: SlurmNode, prefix: str) -> ForeignDrain | None:
+    """The drain, DOWN or FAIL on ``node`` that someone else set (an administrator, Slurm itself
+    for a node not responding), or None: not out of service, or drained by us (our prefix).
+    FAIL wins over DOWN over DRAIN: the strongest word is the one shown. A DOWN without a reason
+    (a node Slurm has not heard from yet, our own resume just lifted) is nobody's word."""
+    if node.reason.startswith(prefix):
+        return None
+    flags = {flag.upper() for flag in node.state_flags}
+    base = node.state.lower()
+    kind: wire.SchedulerNodeState
+    if "FAIL" in flags or base in ("fail", "failing"):
+        kind = "FAIL"
+    elif base == "down" and node.reason:  # as the drain logic reads it: a DOWN is someone's by its reason
+        kind = "DOWN"
+    elif node.drained:
+        kind = "DRAIN"
+    else:
+        return None
+    return ForeignDrain(node_id="", state=kind, reason=node.reason or None,
+                        set_by=node.reason_set_by_user or None, set_at=node.reason_changed_at)
+
+
+def drain_message(drain: ForeignDrain, *, lifted: bool = False) -> str:
+    """How a SCHEDULER_DRAINED / _UNDRAINED event and the condition read."""
+    what = {"DRAIN": "drained", "DOWN": "set DOWN", "FAIL": "set FAIL"}[drain.state]
+    by = f" by {drain.set_by}" if drain.set_by else ""
+    if lifted:
+        return f"no longer {what} in Slurm (was{by}: {drain.reason or 'no reason given'})"
+    return f"{what} in Slurm{by}: {drain.reason or 'no reason given'}"
+
+
+# ---------------------------------------------------------------------------- job outcomes (JOB-1)
+
+
+def wait_status(status: int) -> tuple[int | None, int | None]:
+    """(exit code, signal) of a wait status: a run killed by a signal has no exit code."""
+    if status & 0x7F:
+        return None, status & 0x7F
+    return status >> 8, None
+
+
+def unix(seconds: int) -> datetime | None:
+    return datetime.fromtimestamp(seconds, UTC) if seconds > 0 else None
 
 
 # ---------------------------------------------------------------------------- validation runs (VAL-1)

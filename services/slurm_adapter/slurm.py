@@ -22,7 +22,7 @@ import asyncio
 import os
 import re
 import signal
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final, TypeVar
 
@@ -59,8 +59,57 @@ class _Jobs(msgspec.Struct):
     errors: list[_Problem] = []
 
 
+# ``sacct --json`` (JOB-1): Slurm 22.05's shape (openapi dbv0.0.38: a state and an exit status
+# as strings, ``return_code`` and ``signal.signal_id`` as numbers) and 23.02's on (v0.0.39+:
+# lists of flags, numbers as ``{"set", "infinite", "number"}``) decode into the same structs.
+class _Number(msgspec.Struct):
+    set: bool = True
+    infinite: bool = False
+    number: int = 0
+
+
+class _Signal(msgspec.Struct):
+    signal_id: int | None = None  # 22.05
+    id: int | _Number | None = None  # 23.02+
+    name: str = ""
+
+
+class _ExitCode(msgspec.Struct):
+    status: str | list[str] = ""
+    return_code: int | _Number | None = None
+    signal: _Signal | None = None
+
+
+class _SacctState(msgspec.Struct, frozen=True):
+    current: str | list[str] = ""
+    reason: str = ""
+
+
+class _SacctTime(msgspec.Struct, frozen=True):
+    start: int = 0
+    end: int = 0
+    elapsed: int = 0
+
+
+class _SacctJob(msgspec.Struct):
+    job_id: int
+    state: _SacctState = _SacctState()
+    exit_code: _ExitCode | None = None
+    time: _SacctTime = _SacctTime()
+    account: str = ""
+    user: str = ""
+    partition: str = ""
+    allocation_nodes: int = 0
+
+
+class _Sacct(msgspec.Struct):
+    jobs: list[_SacctJob] = []
+    errors: list[_Problem] = []
+
+
 _NODES_DECODER: Final = msgspec.json.Decoder(_Nodes)
 _JOBS_DECODER: Final = msgspec.json.Decoder(_Jobs)
+_SACCT_DECODER: Final = msgspec.json.Decoder(_Sacct)
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +123,41 @@ _RESERVATION_NAME: Final = re.compile(r"^ReservationName=(\S+)")
 _EXIT_CODE: Final = re.compile(r"^(\d+):(\d+)$")  # sacct's ExitCode: "<exit code>:<signal>"
 
 
+def _number(value: int | _Number | None) -> int | None:
+    if isinstance(value, _Number):
+        return value.number if value.set and not value.infinite else None
+    return value
+
+
+def _first(value: str | list[str]) -> str:
+    return (value[0] if value else "") if isinstance(value, list) else value
+
+
+def parse_sacct_json(data: bytes) -> dict[int, Accounted]:
+    """``sacct --json -X``'s jobs, each as it ended: its state (CANCELLED for "CANCELLED by 0"),
+    its wait status (exit code in the high byte, the killing signal in the low bits, as squeue's
+    ``exit_code``), when it ran and whose it was. A job run several times (requeued) is its last
+    run. Output that is not that shape is a non-transient :class:`SlurmError` naming the field."""
+    found = _decode(_SACCT_DECODER, data, "sacct --json")
+    _refuse_errors("sacct --json", found.errors)
+    out: dict[int, Accounted] = {}
+    for job in found.jobs:
+        state = _first(job.state.current).split(" ")[0].upper()
+        if not state:
+            continue
+        code, signal_number = 0, 0
+        if job.exit_code is not None:
+            code = _number(job.exit_code.return_code) or 0
+            if job.exit_code.signal is not None:
+                said = job.exit_code.signal
+                signal_number = (said.signal_id if said.signal_id is not None else _number(said.id)) or 0
+        status = (code & 0xFF) << 8 | (signal_number & 0x7F)
+        out[job.job_id] = Accounted(state, status, started_at=job.time.start, ended_at=job.time.end,
+                                    account=job.account, user=job.user, partition=job.partition,
+                                    size=job.allocation_nodes)
+    return out
+
+
 def transient(message: str) -> bool:
     lowered = message.lower()
     return any(marker in lowered for marker in _TRANSIENT)
@@ -84,10 +168,21 @@ class Slurm:
     (``SLURM_CONF`` when the site keeps its config elsewhere)."""
 
     def __init__(self, bin_dir: str | None = None, *, timeout_s: float = 15.0,
-                 environ: Mapping[str, str] | None = None) -> None:
+                 environ: Mapping[str, str] | None = None,
+                 notice: Callable[[str, dict[str, object]], None] | None = None) -> None:
         self.bin_dir = bin_dir
         self.timeout_s = timeout_s
         self.environ = dict(os.environ if environ is None else environ)
+        # Where what the site's Slurm lacks is said (no accounting, sacct's JSON not readable):
+        # once per kind, a lasting condition is one log line, not one a pass.
+        self._notice = notice
+        self._noticed: set[str] = set()
+
+    def _say_once(self, kind: str, event: str, **fields: object) -> None:
+        if kind not in self._noticed:
+            self._noticed.add(kind)
+            if self._notice is not None:
+                self._notice(event, fields)
 
     def _path(self, program: str) -> str:
         return os.path.join(self.bin_dir, program) if self.bin_dir else program
@@ -153,6 +248,14 @@ class Slurm:
         if not job_ids:
             return {}
         ids = ",".join(str(j) for j in job_ids)
+        # JOB-1: slurmdbd's accounting as JSON first (state, exit status, times, account).
+        try:
+            ran = await self._checked(["sacct", "--json", "-X", "-j", ids])
+            return parse_sacct_json(ran.stdout)
+        except SlurmError as exc:
+            if exc.transient:
+                raise
+            self._say_once("sacct_json", "sacct --json unavailable; reading accounting as text", error=str(exc))
         for argv in (["sacct", "-X", "-P", "-n", "-j", ids, "-o", "JobIDRaw,State,ExitCode"],
                      ["sacct", "-c", "-P", "-n", "-j", ids, "-o", "JobID,State,ExitCode"]):
             try:
@@ -171,6 +274,8 @@ class Slurm:
                     status = (int(code[1]) << 8 | int(code[2])) if code else 0
                     found[int(job)] = Accounted(state.split()[0], status)
             return found
+        self._say_once("no_accounting", "no Slurm accounting (neither slurmdbd nor a job completion log): jobs "
+                       "that leave the queue unobserved end as the adapter's own records say, end state unknown")
         return {}
 
     async def reservations(self) -> frozenset[str]:

@@ -1,15 +1,22 @@
-"""``healthplane service webhook-dispatcher``: node events to HTTP endpoints (WEB-1..WEB-4).
+"""``healthplane service webhook-dispatcher``: node events to HTTP endpoints (WEB-1..WEB-4,
+INT-2, INT-3).
 
-One durable pull consumer reads ``HP_NODE_EVENTS`` through the shared pull loop. Each event is
-handed to the bounded queue of every endpoint whose filter wants it, and acked right after:
-the stream is the durable record and a webhook a notification on top of it, so the
-dispatcher never holds the stream for a receiver. What happens next is per endpoint: its
-own queue, its own connection pool and a fixed number of workers, so a slow or dead
-endpoint fills and overflows only its own queue (counted in
-``healthplane_webhook_dropped_total{reason="queue_full"}``) and never delays another.
+At least once, with the stream as the backlog (INT-2). Each endpoint has a durable pull
+consumer of its own on ``HP_NODE_EVENTS`` (a ``Lane``), filtered to the event types it wants,
+read through the shared pull loop. An event read is held until its delivery is over (a 2xx,
+or its attempts spent and a dead letter stored) and only then acked: a crash, a burst or a
+receiver's outage leaves the rest in the consumer, and the stream's retention is the only
+bound. The consumer's ``max_ack_pending`` bounds what one endpoint holds, so a slow or dead
+endpoint lags on its own consumer and never delays another.
+
+nats-server grants consumers by whole name (SEC-8), so the consumers are a fixed set of
+slots (``streams.WEBHOOK_SLOTS``) and each endpoint holds one, recorded in the consumer's
+metadata (``rules.assign_slots`` keeps it across restarts and config changes).
 
 Endpoints come from ``nodeEventWebhooks`` in the cluster config, read at start and then
 watched on ``hp.config``: ``healthplane config apply`` changes them without a restart.
+``healthplane webhooks replay`` asks on ``hp.webhook.replay.{actor}`` for an endpoint's
+dead letters to be sent again.
 
 Wiring only: the decisions are ``rules``, the HTTP adapter ``send`` and ``transport``, the
 series ``metrics``. A record that is not a node event is set aside as a dead letter.
@@ -17,41 +24,50 @@ series ``metrics``. A record that is not a node event is set aside as a dead let
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import random
 import time
+from collections import deque
 from collections.abc import Callable
-from typing import Any
+from datetime import datetime
 
-from nats.js.api import DeliverPolicy
+import msgspec
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+from nats.js.api import ConsumerConfig, DeliverPolicy
+from nats.js.errors import NotFoundError
 
-from healthplane.contracts import subjects, wire
+from healthplane.contracts import streams, subjects, wire
 from healthplane.contracts.config import ConfigError, decode_config
-from healthplane.contracts.webhooks import signature_headers
-from healthplane.runtime import configstore, consumers, metrics
+from healthplane.contracts.webhooks import ReplayAnswer, ReplayRequest, signature_headers
+from healthplane.runtime import configstore, consumers, deadletters, metrics
 from healthplane.runtime.deadletters import SetAside
 from healthplane.runtime.lifecycle import ServiceContext
-from healthplane.runtime.logs import LogBudget
 from healthplane.runtime.publish import Publisher
 from healthplane.runtime.pull import Delivery, PullLoop
-from healthplane.runtime.replay import StoredMsg, follow
+from healthplane.runtime.replay import StoredMsg, follow, read_all
 from healthplane_webhook_dispatcher.metrics import (
     CONFIG_VERSION,
+    DEAD_LETTERS,
     DELIVERIES,
-    DROPPED,
     ENDPOINTS,
+    FILTERED,
+    HELD,
+    LAG,
     LATENCY,
-    QUEUE_DEPTH,
-    DropReason,
-    forget_queue_depth,
+    GiveUpReason,
+    forget,
 )
 from healthplane_webhook_dispatcher.rules import (
     CONTENT_TYPE,
     SERVICE,
-    BoundedQueue,
+    SLOT_OWNER,
+    STREAM,
     Endpoint,
     Settings,
     after_attempt,
+    assign_slots,
     backoff_delay,
     endpoints_from_config,
     envelope,
@@ -64,18 +80,34 @@ from healthplane_webhook_dispatcher.rules import (
 )
 from healthplane_webhook_dispatcher.send import EndpointSender
 
-CONSUMER = "webhook-dispatcher"  # its own (contracts.streams.NAMED_DURABLES, SEC-8)
+LEGACY_CONSUMER = "webhook-dispatcher"  # the one durable before INT-2 (streams.NAMED_DURABLES)
 CONFIG_FOLLOW_S = 1.0  # a config change reaches the endpoints within a second
-STREAM = "HP_NODE_EVENTS"
+LAG_EVERY_S = 5.0  # how often each endpoint's lag is read from its consumer
+MAX_PULL_BATCH = 256
 
 
-class Pending:
-    """One event on its way to one or more endpoints; the body is built once, on first use."""
+def consumer_config(endpoint: Endpoint, slot: int, settings: Settings) -> ConsumerConfig:
+    """The durable of ``endpoint`` in ``slot``: its event types as filters, at most
+    ``queue_size`` events unsettled (the server's bound on what it holds), the endpoint's
+    label recorded so that the slot stays its own across restarts and config changes.
+    ``DeliverPolicy.NEW``: a new endpoint gets what happens from now on, not 90 days of
+    history; after that the consumer resumes from its ack floor."""
+    config = consumers.durable(
+        streams.consumer_name(SERVICE, STREAM, slot), deliver=DeliverPolicy.NEW,
+        filter_subjects=endpoint.subjects, ack_wait_s=settings.ack_wait_s, max_ack_pending=settings.queue_size)
+    return dataclasses.replace(config, description=f"webhook deliveries to {endpoint.label}",
+                               metadata={SLOT_OWNER: endpoint.label})
 
-    __slots__ = ("_body", "event")
 
-    def __init__(self, event: wire.NodeEvent) -> None:
-        self.event = event
+class Held:
+    """One event an endpoint holds until its delivery is over; the body is built on first use.
+    ``reply`` is the ack subject of its latest delivery (None: a replayed dead letter, which
+    is acked by nobody)."""
+
+    __slots__ = ("_body", "data", "event", "reply", "seq", "subject")
+
+    def __init__(self, seq: int, reply: str | None, subject: str, data: bytes, event: wire.NodeEvent) -> None:
+        self.seq, self.reply, self.subject, self.data, self.event = seq, reply, subject, data, event
         self._body: bytes | None = None
 
     def body(self) -> bytes:
@@ -84,112 +116,169 @@ class Pending:
         return self._body
 
 
-class EndpointWorker:
-    """The queue, the connection pool and the workers of one endpoint."""
+class Lane:
+    """One endpoint: its consumer slot and pull loop, the events it holds, its workers and its
+    connection pool."""
 
-    def __init__(self, endpoint: Endpoint, settings: Settings, log: Any, *,
-                 clock: Callable[[], float] = time.time,
+    def __init__(self, ctx: ServiceContext, endpoint: Endpoint, slot: int, settings: Settings, *,
+                 rejects: SetAside, clock: Callable[[], float] = time.time,
                  draw: Callable[[], float] = random.random) -> None:
         self.endpoint = endpoint
+        self.slot = slot
+        self.consumer = streams.consumer_name(SERVICE, STREAM, slot)
+        self._nc, self._js = ctx.nc, ctx.js
         self._settings = settings
-        self._log = log.bind(endpoint=endpoint.label)
-        self._clock = clock
-        self._draw = draw
-        self.queue: BoundedQueue[Pending] = BoundedQueue(settings.queue_size)
+        self._log = ctx.log.bind(endpoint=endpoint.label, consumer=self.consumer)
+        self._clock, self._draw = clock, draw
+        self._rejects = rejects
+        # Its own producer: two endpoints' dead letters of one event are two records.
+        self._undelivered = SetAside(ctx.nc, Publisher(ctx.nc), SERVICE, f"{SERVICE}.slot{slot}", ctx.log)
+        self.held: dict[int, Held] = {}  # by stream sequence: what the consumer counts as ack pending
+        self._queue: deque[Held] = deque()
         self._ready = asyncio.Semaphore(0)
+        self._closing = False
+        self._went_idle = asyncio.Event()
         self.in_flight = 0
         self.delivered = 0  # events this endpoint answered 2xx (the metric, for tests and benches)
-        self._tasks: list[asyncio.Task[None]] = []
-        self._closing: DropReason | None = None
-        self._went_idle = asyncio.Event()
-        self._overflow_log = LogBudget()
+        self.sender = EndpointSender(endpoint.url, settings)
+        self.loop = PullLoop(ctx.nc, STREAM, self.consumer, self.handle, service=SERVICE,
+                             batch=min(MAX_PULL_BATCH, settings.queue_size), log=self._log,
+                             recreate=self.ensure_consumer)
+        self.task: asyncio.Task[None] | None = None
+        self._workers: list[asyncio.Task[None]] = []
         label = endpoint.label
         self._delivered = DELIVERIES.labels(label, "delivered")
         self._latency = LATENCY.labels(label)
-        self._queue_full = DROPPED.labels(label, "queue_full")
-        QUEUE_DEPTH.labels(label).set_function(lambda: len(self.queue))
-        # The URL is the endpoint's identity: a reload that changes it makes a new worker.
-        self.sender = EndpointSender(endpoint.url, settings)
+        self._filtered = FILTERED.labels(label)
+        HELD.labels(label).set_function(lambda: len(self.held))
 
-    def start(self) -> None:
-        self._tasks = [asyncio.create_task(self._work()) for _ in range(self._settings.concurrency)]
+    async def ensure_consumer(self) -> None:
+        await consumers.ensure(self._js, STREAM, consumer_config(self.endpoint, self.slot, self._settings))
 
-    def offer(self, pending: Pending) -> bool:
-        if self._closing is None and self.queue.offer(pending):
-            self._ready.release()
-            return True
-        self._queue_full.inc()
-        if self._overflow_log.allow(time.monotonic()):
-            self._log.warning("webhook queue full; event dropped", event_id=pending.event.id,
-                              event_type=pending.event.type, queue_size=self.queue.capacity,
-                              dropped_since_last_line=self._overflow_log.take_suppressed())
-        return False
+    def start(self) -> asyncio.Task[None]:
+        self._workers = [asyncio.create_task(self._work()) for _ in range(self._settings.concurrency)]
+        self.task = asyncio.create_task(self.loop.run())
+        return self.task
 
-    @property
-    def idle(self) -> bool:
-        return not self.queue and not self.in_flight
+    def update(self, endpoint: Endpoint) -> None:
+        """Same label, new settings: from the next attempt on. A new URL gets a new pool; the
+        old one is closed once the attempts under way on it are over."""
+        if endpoint.url != self.endpoint.url:
+            old, self.sender = self.sender, EndpointSender(endpoint.url, self._settings)
+            asyncio.get_running_loop().call_later(self._settings.timeout_s + 1,
+                                                  lambda: asyncio.ensure_future(old.aclose()))
+        self.endpoint = endpoint
+        self._log = self._log.bind(endpoint=endpoint.label)
 
-    async def close(self, grace_s: float, reason: DropReason) -> None:
-        """Stop taking events; give what is queued ``grace_s`` to go out, then drop the rest."""
-        self._closing = reason
-        self._went_idle.clear()
-        if not self.idle and grace_s > 0:
+    # ------------------------------------------------------------------ events in
+
+    async def handle(self, batch: list[Delivery]) -> None:
+        """Hold each event this endpoint wants (the pull loop leaves it unsettled) and hand
+        it to the workers; ack at once what it does not want. Never waits on a receiver."""
+        endpoint = self.endpoint
+        for delivery in batch:
+            seq = delivery.stream_seq
+            already = self.held.get(seq)
+            if already is not None:
+                # Sent again by the server (held past ack_wait, waiting behind a slow receiver):
+                # still ours, acked through its newest delivery once it is over.
+                already.reply = delivery.msg.reply
+                delivery.hold()
+                continue
+            event_type = event_type_of_subject(delivery.msg.subject)
+            if event_type is None:
+                await self._rejects.reject(delivery, "not a node event subject")
+                continue
+            if not endpoint.wants(event_type):
+                continue  # its filter changed since the server sent it
             try:
-                await asyncio.wait_for(self._went_idle.wait(), grace_s)
-            except TimeoutError:
-                pass
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        left = self.queue.drain()
-        if left:
-            DROPPED.labels(self.endpoint.label, reason).inc(len(left))
-            self._log.warning("webhook events dropped at close", reason=reason, dropped=len(left))
-        await self.sender.aclose()
+                event = wire.decode(wire.NodeEvent, delivery.msg.data)
+            except wire.WireError as exc:
+                await self._rejects.reject(delivery, str(exc))
+                continue
+            if not endpoint.selects(event):
+                self._filtered.inc()
+                continue
+            held = Held(seq, delivery.msg.reply, delivery.msg.subject, delivery.msg.data or b"", event)
+            self.held[seq] = held
+            delivery.hold()
+            self._offer(held)
+        metrics.MESSAGES_PROCESSED.labels(SERVICE, STREAM).inc(len(batch))
+
+    def _offer(self, held: Held) -> None:
+        self._queue.append(held)
+        self._ready.release()
+
+    def replay(self, letters: list[deadletters.DeadLetter]) -> int:
+        """Queue dead letters of this endpoint for delivery again; the count of those queued
+        (one whose payload is cut short or not an event is skipped)."""
+        queued = 0
+        for letter in letters:
+            if letter.truncated:
+                self._log.warning("dead letter not replayed: cut short", dead_letter=letter.id)
+                continue
+            try:
+                event = wire.decode(wire.NodeEvent, letter.payload)
+            except wire.WireError as exc:
+                self._log.warning("dead letter not replayed: not an event", dead_letter=letter.id, reason=str(exc))
+                continue
+            self._offer(Held(letter.input_seq, None, letter.input_subject, letter.payload, event))
+            queued += 1
+        return queued
 
     # ------------------------------------------------------------------ delivery
 
     async def _work(self) -> None:
         while True:
             await self._ready.acquire()
-            pending = self.queue.take()
-            if pending is None:
+            if self._closing or not self._queue:
                 continue
+            held = self._queue.popleft()
             self.in_flight += 1
             try:
-                await self._deliver(pending)
-            except asyncio.CancelledError:
-                DROPPED.labels(self.endpoint.label, self._closing or "shutdown").inc()
-                raise
+                await self._carry(held)
             finally:
                 self.in_flight -= 1
-                if self.idle:
+                if self.in_flight == 0:
                     self._went_idle.set()
 
-    async def _deliver(self, pending: Pending) -> None:
+    async def _carry(self, held: Held) -> None:
+        """Deliver, record a dead letter if it came to nothing, then ack: in that order, so a
+        crash anywhere before the ack delivers it again rather than losing it."""
+        outcome, attempts, detail = await self._deliver(held)
+        if outcome != "delivered":
+            await self._give_up(held, outcome, attempts, detail)
+        if held.reply is None:
+            return
+        if self.held.get(held.seq) is held:
+            del self.held[held.seq]
+        try:
+            await self._nc.publish(held.reply, b"+ACK")
+        except Exception as exc:  # the bus away: the server sends it again after ack_wait
+            self._log.warning("ack not sent; the event will be delivered again", seq=held.seq, error=str(exc))
+
+    async def _deliver(self, held: Held) -> tuple[str, int, str]:
         """WEB-3/WEB-4: every attempt signed afresh with the same event id; retried with
         backoff up to ``maxAttempts``; 2xx ends it, a 4xx other than 408/429 too."""
         attempt = 0
         while True:
             attempt += 1
             endpoint = self.endpoint  # a reload may change secret or maxAttempts meanwhile
-            status, detail, retry_after = await self._attempt(endpoint, pending)
-            match after_attempt(status, attempt, endpoint.max_attempts):
-                case "delivered":
-                    return
-                case "rejected" | "max_attempts" as reason:
-                    self._drop(pending, reason, attempt, detail)
-                    return
+            status, detail, retry_after = await self._attempt(endpoint, held)
+            verdict = after_attempt(status, attempt, endpoint.max_attempts)
+            if verdict != "retry":
+                return verdict, attempt, detail
             await asyncio.sleep(backoff_delay(attempt, self._draw(), base_s=self._settings.backoff_base_s,
                                               cap_s=self._settings.backoff_cap_s, retry_after_s=retry_after))
 
-    async def _attempt(self, endpoint: Endpoint, pending: Pending) -> tuple[int | None, str, float | None]:
-        body = pending.body()
-        headers = signature_headers(endpoint.secret, pending.event.id, int(self._clock()), body)
+    async def _attempt(self, endpoint: Endpoint, held: Held) -> tuple[int | None, str, float | None]:
+        body = held.body()
+        headers = signature_headers(endpoint.secret, held.event.id, int(self._clock()), body)
         headers["Content-Type"] = CONTENT_TYPE
+        sender = self.sender
         started = time.perf_counter()
         try:
-            status, retry_after = await self.sender.post(body, headers)
+            status, retry_after = await sender.post(body, headers)
         except Exception as exc:  # no answer (httpx.HTTPError and anything odder): a failed
             # attempt, retried like the others; a worker never dies of a receiver.
             self._latency.observe(time.perf_counter() - started)
@@ -204,11 +293,49 @@ class EndpointWorker:
             DELIVERIES.labels(endpoint.label, "rejected" if verdict == "rejected" else "failed").inc()
         return status, f"HTTP {status}", retry_after_seconds(retry_after)
 
-    def _drop(self, pending: Pending, reason: DropReason, attempts: int, detail: str) -> None:
-        DROPPED.labels(self.endpoint.label, reason).inc()
-        self._log.warning("webhook delivery dropped", reason=reason, event_id=pending.event.id,
-                          event_type=pending.event.type, node_id=pending.event.node_id,
-                          attempts=attempts, last_result=detail)
+    async def _give_up(self, held: Held, reason: str, attempts: int, detail: str) -> None:
+        """INT-2: attempts spent (or a 4xx): a dead letter with the endpoint and the last
+        answer, stored before the event is acked. A replayed one that fails again keeps the
+        dead letter it came from."""
+        give_up: GiveUpReason = "rejected" if reason == "rejected" else "max_attempts"
+        DEAD_LETTERS.labels(self.endpoint.label, give_up).inc()
+        self._log.warning("webhook delivery dead-lettered", reason=give_up, event_id=held.event.id,
+                          event_type=held.event.type, node_id=held.event.node_id, attempts=attempts,
+                          last_result=detail, replayed=held.reply is None)
+        if held.reply is None:
+            return
+        await self._undelivered.store(deadletters.record(
+            service=SERVICE, producer=self._undelivered.producer, input_stream=STREAM, input_seq=held.seq,
+            input_subject=held.subject, payload=held.data, reason="undelivered",
+            error=f"{give_up} after {attempts} attempt(s), last answer: {detail}",
+            max_payload=self._nc.max_payload, endpoint=self.endpoint.label), "undelivered", detail)
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def close(self, grace_s: float, *, give_back: bool = True) -> None:
+        """Stop reading; give the deliveries under way ``grace_s`` to end; then hand back
+        (nak) everything still held, so that the next holder of the consumer sends it at once
+        rather than after ack_wait. Nothing is lost either way: it was never acked."""
+        self._closing = True
+        self.loop.stop()
+        if self.task is not None:
+            await asyncio.gather(self.task, return_exceptions=True)
+        self._went_idle.clear()
+        if self.in_flight and grace_s > 0:
+            try:
+                await asyncio.wait_for(self._went_idle.wait(), grace_s)
+            except TimeoutError:
+                pass
+        for worker in self._workers:
+            worker.cancel()
+        await asyncio.gather(*self._workers, return_exceptions=True)
+        if give_back and self._nc.is_connected:
+            for held in self.held.values():
+                if held.reply is not None:
+                    await self._nc.publish(held.reply, b"-NAK")
+        self.held.clear()
+        self._queue.clear()
+        await self.sender.aclose()
 
 
 class Dispatcher:
@@ -219,54 +346,66 @@ class Dispatcher:
         self._js = ctx.js
         self._log = ctx.log
         self._settings = settings
-        self.workers: dict[str, EndpointWorker] = {}
+        self.lanes: dict[str, Lane] = {}  # by endpoint label
         self.config_version = 0
-        self._closing: set[asyncio.Task[None]] = set()
-        self._config_follow: Any = None
-        self._set_aside = SetAside(ctx.nc, Publisher(ctx.nc), SERVICE, f"{SERVICE}.0", ctx.log)
-        self._processed = metrics.MESSAGES_PROCESSED.labels(SERVICE, STREAM)
+        self._configs: asyncio.Queue[wire.ConfigEnvelope] = asyncio.Queue()
+        self._follow: asyncio.Task[None] | None = None
+        self._tasks: list[asyncio.Task[None]] = []  # config reconcile, lag
+        self._config_stop = asyncio.Event()
+        self._stopping = asyncio.Event()
+        self._failed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._replays: Subscription | None = None
+        self._rejects = SetAside(ctx.nc, Publisher(ctx.nc), SERVICE, f"{SERVICE}.0", ctx.log)
         # SEC-9: secrets come from this host (a small local file, read at each config change).
         self._secret_of = secret_reader(_read_head, os.environ)
-        self.loop = PullLoop(ctx.nc, STREAM, CONSUMER, self.handle, service=SERVICE, batch=512,
-                             log=ctx.log, recreate=self.ensure_consumer)
+
+    @property
+    def workers(self) -> dict[str, Lane]:
+        return self.lanes
 
     async def start(self) -> None:
-        """Endpoints first, then events: nothing is acked before the config is known."""
-        await self.ensure_consumer()
+        """Endpoints first, then events: no consumer is made before the config is known."""
+        try:
+            await self._js.delete_consumer(STREAM, LEGACY_CONSUMER)
+            self._log.info("consumer of the previous version deleted", consumer=LEGACY_CONSUMER)
+        except NotFoundError:
+            pass
         found = await configstore.read(self._js)
         for record in found.skipped:
             self._log.warning("config record skipped", seq=record.seq, reason=record.reason)
         if found.in_force is not None:
-            self.apply_config(found.in_force.envelope)
+            await self.apply_config(found.in_force.envelope)
         else:
             self._log.info("no cluster config applied yet; no webhook endpoints")
         # From past the newest record, valid or not: the skipped ones were named once already.
         # Followed by direct gets, not a consumer of its own: a consumer on HP_CONFIG would
         # need a grant that reaches every service's durable there (SEC-8).
-        self._config_stop = asyncio.Event()
-        self._config_follow = asyncio.create_task(follow(
+        self._follow = asyncio.create_task(follow(
             self._ctx.nc, configstore.STREAM, subjects.CONFIG, self._on_configs, start_seq=found.last_seq + 1,
             stopping=self._config_stop, every_s=CONFIG_FOLLOW_S))
-
-    async def ensure_consumer(self) -> None:
-        # NEW on first creation: a first deployment notifies from now on instead of
-        # replaying 90 days of history into every receiver. After that the durable
-        # resumes from its ack floor.
-        await consumers.ensure(self._js, STREAM, consumers.durable(
-            CONSUMER, deliver=DeliverPolicy.NEW, filter_subjects=("hp.event.>",), ack_wait_s=30.0,
-            max_ack_pending=4096))
+        self._tasks = [asyncio.create_task(self._reconcile_configs()), asyncio.create_task(self._watch_lag())]
+        self._replays = await self._ctx.nc.subscribe(f"{subjects.WEBHOOK_REPLAY}.*", cb=self._on_replay)
 
     # ------------------------------------------------------------------ config
 
     def _on_configs(self, records: list[StoredMsg], caught_up: bool) -> None:
         for record in records:
             try:
-                self.apply_config(wire.decode(wire.ConfigEnvelope, record.data))
+                self._configs.put_nowait(wire.decode(wire.ConfigEnvelope, record.data))
             except wire.WireError as exc:
                 self._log.warning("config record ignored", seq=record.seq, reason=str(exc))
 
-    def apply_config(self, applied: wire.ConfigEnvelope) -> None:
-        """WEB-1: the endpoints of the config in force, reconciled with the running ones."""
+    async def _reconcile_configs(self) -> None:
+        while True:
+            applied = await self._configs.get()
+            try:
+                await self.apply_config(applied)
+            except Exception as exc:  # the bus away mid-change: the next config, or a restart, converges
+                self._log.error("webhook endpoints not reconciled", version=applied.version, error=str(exc))
+
+    async def apply_config(self, applied: wire.ConfigEnvelope) -> None:
+        """WEB-1, INT-2: the endpoints of the config in force, reconciled with the running
+        lanes and their consumer slots."""
         if applied.version <= self.config_version:
             return
         try:
@@ -279,79 +418,142 @@ class Dispatcher:
         for label, why in left_out:  # SEC-9: names the reference, never a secret
             self._log.error("webhook endpoint left out: its secret cannot be read", endpoint=label, reason=why,
                             version=applied.version)
-        current = {key: worker.endpoint for key, worker in self.workers.items()}
-        plan = plan_reload(current, wanted)
-        for key in plan.removed:
-            self._close_in_background(self.workers.pop(key))
+        slots = assign_slots(await self._slots_held(), [e.label for e in wanted], streams.WEBHOOK_SLOTS)
+        for label in slots.left_out:
+            self._log.error("webhook endpoint left out: every consumer slot is taken", endpoint=label,
+                            slots=streams.WEBHOOK_SLOTS)
+        wanted = [e for e in wanted if e.label in slots.slots]
+        plan = plan_reload({label: lane.endpoint for label, lane in self.lanes.items()}, wanted)
+        for label in plan.removed:
+            lane = self.lanes.pop(label)
+            await lane.close(0.0, give_back=False)
+            forget(label)
+        for slot in slots.freed:  # an endpoint removed: its consumer and what it still held go
+            try:
+                await self._js.delete_consumer(STREAM, streams.consumer_name(SERVICE, STREAM, slot))
+            except NotFoundError:
+                pass
         for endpoint in plan.updated:
-            self.workers[endpoint.key].endpoint = endpoint
+            lane = self.lanes[endpoint.label]
+            refilter = endpoint.subjects != lane.endpoint.subjects
+            lane.update(endpoint)
+            if refilter:
+                await lane.ensure_consumer()
         for endpoint in plan.added:
-            worker = EndpointWorker(endpoint, self._settings, self._log, clock=self._clock)
-            worker.start()
-            self.workers[endpoint.key] = worker
+            lane = Lane(self._ctx, endpoint, slots.slots[endpoint.label], self._settings, rejects=self._rejects,
+                        clock=self._clock)
+            await lane.ensure_consumer()
+            lane.start().add_done_callback(self._lane_ended)
+            self.lanes[endpoint.label] = lane
         self.config_version = applied.version
         CONFIG_VERSION.set(applied.version)
-        ENDPOINTS.set(len(self.workers))
+        ENDPOINTS.set(len(self.lanes))
         self._log.info("webhook endpoints in force", version=applied.version, endpoints=[
-            {"endpoint": e.label, "events": sorted(e.events) if e.events is not None else "all",
-             "maxAttempts": e.max_attempts} for e in wanted])
+            {"endpoint": e.label, "slot": slots.slots[e.label],
+             "events": sorted(e.events) if e.events is not None else "all",
+             "filter": e.filter, "maxAttempts": e.max_attempts} for e in wanted])
 
-    def _close_in_background(self, worker: EndpointWorker) -> None:
-        async def close() -> None:
-            await worker.close(0.0, "endpoint_removed")
-            # The label may have come back with another URL (only the query changed).
-            if worker.endpoint.label not in {w.endpoint.label for w in self.workers.values()}:
-                forget_queue_depth(worker.endpoint.label)
-
-        task = asyncio.create_task(close())
-        self._closing.add(task)
-        task.add_done_callback(self._closing.discard)
-
-    # ------------------------------------------------------------------ events
-
-    async def handle(self, batch: list[Delivery]) -> None:
-        """Hand each event to the queue of every endpoint that wants it, then ack (the pull
-        loop settles the batch when this returns). Never waits on a receiver; a malformed
-        record waits only for its dead letter to be stored."""
-        workers = list(self.workers.values())
-        for delivery in batch:
-            event_type = event_type_of_subject(delivery.msg.subject)
-            if event_type is None:
-                await self._set_aside.reject(delivery, "not a node event subject")
-                continue
-            targets = [w for w in workers if w.endpoint.wants(event_type)]
-            if not targets:
-                continue
+    async def _slots_held(self) -> dict[int, str | None]:
+        """Which slots have a consumer, and the endpoint each records."""
+        async def owner(slot: int) -> tuple[int, str | None] | None:
             try:
-                event = wire.decode(wire.NodeEvent, delivery.msg.data)
-            except wire.WireError as exc:
-                await self._set_aside.reject(delivery, str(exc))
-                continue
-            pending = Pending(event)
-            for worker in targets:
-                worker.offer(pending)
-        self._processed.inc(len(batch))
+                info = await self._js.consumer_info(STREAM, streams.consumer_name(SERVICE, STREAM, slot))
+            except NotFoundError:
+                return None
+            return slot, (info.config.metadata or {}).get(SLOT_OWNER)
+
+        found = await asyncio.gather(*(owner(slot) for slot in range(streams.WEBHOOK_SLOTS)))
+        return dict(held for held in found if held is not None)
+
+    def _lane_ended(self, task: asyncio.Task[None]) -> None:
+        if not task.cancelled() and task.exception() is not None and not self._failed.done():
+            self._failed.set_exception(task.exception())  # type: ignore[arg-type]
+
+    # ------------------------------------------------------------------ replay
+
+    async def _on_replay(self, msg: Msg) -> None:
+        try:
+            actor = subjects.decode_token(msg.subject.rpartition(".")[2])
+        except subjects.SubjectError:
+            actor = "?"
+        try:
+            request = msgspec.json.decode(msg.data, type=ReplayRequest)
+        except msgspec.ValidationError as exc:
+            await msg.respond(msgspec.json.encode(ReplayAnswer(endpoint="", error=f"not a replay request: {exc}")))
+            return
+        except msgspec.DecodeError:
+            await msg.respond(msgspec.json.encode(ReplayAnswer(endpoint="", error="not a replay request: not JSON")))
+            return
+        answer = await self.replay(request.endpoint, request.since)
+        self._log.info("webhook replay requested", actor=actor, endpoint=request.endpoint,
+                       since=wire.rfc3339(request.since), queued=answer.queued, error=answer.error)
+        await msg.respond(msgspec.json.encode(answer))
+
+    async def replay(self, label: str, since: datetime) -> ReplayAnswer:
+        """INT-2: the dead letters of endpoint ``label`` recorded since ``since``, queued for
+        delivery again (signed afresh, same event id). Each stays in HP_DEAD_LETTERS: a replay
+        that fails again is the same dead letter, and may be replayed again."""
+        lane = self.lanes.get(label)
+        if lane is None:
+            known = ", ".join(sorted(self.lanes)) or "none"
+            return ReplayAnswer(endpoint=label, error=f"no webhook endpoint {label} in force (endpoints: {known})")
+        stored = await read_all(self._ctx.nc, self._js, deadletters.STREAM, subjects.dead_letters(SERVICE),
+                                start_time=since)
+        letters = [letter for letter in map(deadletters.parse, stored)
+                   if letter.endpoint == label and letter.reason == "undelivered"]
+        return ReplayAnswer(endpoint=label, queued=lane.replay(letters))
+
+    # ------------------------------------------------------------------ lag
+
+    async def _watch_lag(self) -> None:
+        """INT-2: how far each endpoint is behind, from its consumer (what is stored and not
+        read, and what is read and not settled)."""
+        while True:
+            await asyncio.sleep(LAG_EVERY_S)
+            for label, lane in list(self.lanes.items()):
+                try:
+                    info = await self._js.consumer_info(STREAM, lane.consumer)
+                except Exception:  # gone meanwhile, or the bus away: the next round
+                    continue
+                if self.lanes.get(label) is lane:
+                    LAG.labels(label).set(info.num_pending + info.num_ack_pending)
 
     # ------------------------------------------------------------------ lifecycle
 
     def stop(self) -> None:
-        self.loop.stop()
+        self._stopping.set()
+
+    async def _wait_stopping(self) -> None:
+        await self._stopping.wait()
 
     async def run(self) -> None:
+        stopping: asyncio.Future[None] = asyncio.ensure_future(self._wait_stopping())
         try:
-            await self.loop.run()
+            await asyncio.wait({stopping, self._failed}, return_when=asyncio.FIRST_COMPLETED)
+            if self._failed.done():
+                self._failed.result()  # a lane's pull loop died (the connection closed): say so
         finally:
+            stopping.cancel()
             await self.shutdown()
 
     async def shutdown(self) -> None:
-        if self._config_follow is not None:
-            self._config_stop.set()
-            await asyncio.gather(self._config_follow, return_exceptions=True)
-        workers, self.workers = list(self.workers.values()), {}
-        await asyncio.gather(*(w.close(self._settings.drain_s, "shutdown") for w in workers),
-                             *self._closing)
-        for worker in workers:
-            forget_queue_depth(worker.endpoint.label)
+        if self._replays is not None:
+            try:
+                await self._replays.unsubscribe()
+            except Exception:
+                pass
+            self._replays = None
+        self._config_stop.set()
+        if self._follow is not None:
+            await asyncio.gather(self._follow, return_exceptions=True)
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks = []
+        lanes, self.lanes = list(self.lanes.values()), {}
+        await asyncio.gather(*(lane.close(self._settings.drain_s) for lane in lanes))
+        for lane in lanes:
+            forget(lane.endpoint.label)
 
 
 def _scrub_config_error(message: str, applied: wire.ConfigEnvelope) -> str:

@@ -3,12 +3,12 @@ envelope, how an HTTP answer is judged and what follows it, how long to wait bef
 and the bounded queue in front of each endpoint. No I/O, no clock, no randomness: times and
 random draws arrive as arguments (docs/webhooks.md explains the behaviour to operators).
 
-Rules and no ``fold.py``: the dispatcher folds no input into state. It reads its durable
-from the newest event (``DeliverPolicy.NEW``), acks each one as soon as it is queued and
-never replays; nothing it holds is rebuilt from a stream. The endpoints in force are
-replaced whole by each config record (:func:`plan_reload`), and the queues are buffers in
-front of live connections, not state a replay could repeat. What is left are decisions on
-one event, one config or one answer at a time: functions, not a step over inputs.
+Rules and no ``fold.py``: the dispatcher folds no input into state. Each endpoint's durable
+consumer is its backlog and its position (INT-2): an event is acked once its delivery is
+over, so nothing the process holds needs rebuilding after a crash. The endpoints in force are
+replaced whole by each config record (:func:`plan_reload`), their consumer slots kept by
+:func:`assign_slots`. What is left are decisions on one event, one config or one answer at a
+time: functions, not a step over inputs.
 """
 
 from __future__ import annotations
@@ -16,21 +16,25 @@ from __future__ import annotations
 import ipaddress
 import math
 import re
-from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Final, Generic, Literal, TypeVar
+from typing import Final, Literal
 from urllib.parse import urlsplit, urlunsplit
 
+import cel
 import pydantic
 from cloudevents.core.formats.json import JSONFormat
 from cloudevents.core.v1.event import CloudEvent
 
 from healthplane.contracts import streams, subjects, wire
-from healthplane.contracts.config import ClusterConfig, Webhook
+from healthplane.contracts.config import WEBHOOK_FILTER_VARIABLE, ClusterConfig, Webhook
+from healthplane.contracts.expressions import Bindings, compile_expression
 from healthplane.runtime.settings import EnvSettings
 
 SERVICE: Final = "webhook-dispatcher"
+STREAM: Final = "HP_NODE_EVENTS"
+# The consumer metadata key that records which endpoint holds a slot (its label: no secret).
+SLOT_OWNER: Final = streams.WEBHOOK_SLOT_OWNER
 CONTENT_TYPE: Final = "application/cloudevents+json; charset=utf-8"
 TYPE_PREFIX: Final = "io.healthplane.node."
 SOURCE_PREFIX: Final = "/healthplane/"
@@ -51,8 +55,12 @@ class Settings(EnvSettings):
     the endpoints themselves come from the cluster config."""
 
     PREFIX = "HEALTHPLANE_WEBHOOK_"
-    queue_size: int = pydantic.Field(1024, alias="QUEUE_SIZE")    # events waiting per endpoint; beyond it, dropped
+    # events read and not yet settled per endpoint: its consumer's max_ack_pending (INT-2)
+    queue_size: int = pydantic.Field(1024, alias="QUEUE_SIZE")
     concurrency: int = pydantic.Field(16, alias="CONCURRENCY")    # requests in flight per endpoint (one connection each)
+    # an event read and not settled within this is sent to the dispatcher again (a crash's
+    # in-flight events come back after it); one still held then is kept, not queued twice
+    ack_wait_s: float = pydantic.Field(30.0, gt=0, alias="ACK_WAIT_SECONDS")
     # one attempt's whole deadline: pool wait, connect, send, the answer
     timeout_s: float = pydantic.Field(10.0, gt=0, alias="TIMEOUT_SECONDS")
     connect_timeout_s: float = pydantic.Field(5.0, gt=0, alias="CONNECT_TIMEOUT_SECONDS")
@@ -80,10 +88,28 @@ class Endpoint:
     secret: str = field(repr=False)
     events: frozenset[str] | None
     max_attempts: int
+    filter: str | None = None  # INT-3: CEL over ``event``, the event as JSON
 
     def wants(self, event_type: str) -> bool:
         """WEB-1: every type when the filter is omitted, else the listed ones."""
         return self.events is None or event_type in self.events
+
+    def selects(self, event: wire.NodeEvent) -> bool:
+        """INT-3: the CEL filter, true for this event (no filter: every event). An expression
+        that cannot be evaluated on it (a field it lacks) does not select it."""
+        if self.filter is None:
+            return True
+        return Bindings({WEBHOOK_FILTER_VARIABLE: wire.to_builtins(event)}).test(_program(self.filter))
+
+    @property
+    def subjects(self) -> tuple[str, ...]:
+        """The stream filters of its consumer: its event types, as every install stores them."""
+        return streams.stored_filters(STREAM, subjects.event_type_filters(self.events))
+
+
+def _program(expression: str) -> cel.Program:
+    # Checked at `config apply` (config.Webhook); compiled once (expressions caches by text).
+    return compile_expression(expression, [WEBHOOK_FILTER_VARIABLE])
 
 
 def endpoint_label(url: str) -> str:
@@ -186,26 +212,62 @@ def endpoints_from_config(config: ClusterConfig, secret_of: SecretOf) -> tuple[l
             continue
         out.append(Endpoint(key=key, label=label, url=url, secret=secret,
                             events=frozenset(hook.events) if hook.events is not None else None,
-                            max_attempts=hook.max_attempts))
+                            max_attempts=hook.max_attempts, filter=hook.filter))
     return out, left_out
 
 
 @dataclass(frozen=True, slots=True)
 class ReloadPlan:
     added: tuple[Endpoint, ...]
-    updated: tuple[Endpoint, ...]    # same key, new secret/filter/attempts: queue kept
-    removed: tuple[str, ...]         # keys
+    updated: tuple[Endpoint, ...]    # same label, new URL/secret/filters/attempts: consumer kept
+    removed: tuple[str, ...]         # labels
 
 
 def plan_reload(current: Mapping[str, Endpoint], wanted: Sequence[Endpoint]) -> ReloadPlan:
-    """What a new config changes. An endpoint whose URL stays keeps its queue and connections;
-    a changed secret applies from the next attempt (each attempt is signed when it is sent)."""
-    wanted_keys = {e.key for e in wanted}
+    """What a new config changes, by label (``current`` is keyed by it). An endpoint whose
+    label stays keeps its consumer, so its backlog and position (a credential rotated in its
+    URL too); a changed secret applies from the next attempt (each is signed when sent)."""
+    wanted_labels = {e.label for e in wanted}
     return ReloadPlan(
-        added=tuple(e for e in wanted if e.key not in current),
-        updated=tuple(e for e in wanted if e.key in current and current[e.key] != e),
-        removed=tuple(k for k in current if k not in wanted_keys),
+        added=tuple(e for e in wanted if e.label not in current),
+        updated=tuple(e for e in wanted if e.label in current and current[e.label] != e),
+        removed=tuple(k for k in current if k not in wanted_labels),
     )
+
+
+@dataclass(frozen=True, slots=True)
+class SlotPlan:
+    slots: Mapping[str, int]   # label -> the slot its consumer is in
+    freed: tuple[int, ...]     # slots whose consumer no endpoint wants now: deleted
+    left_out: tuple[str, ...]  # labels past the cap: no slot
+
+
+def assign_slots(held: Mapping[int, str | None], wanted: Sequence[str], slots: int) -> SlotPlan:
+    """INT-2: which consumer slot each endpoint has. ``held`` is what the consumers record
+    (slot -> the label in its metadata, ``None`` for one that records none). An endpoint that
+    holds a slot keeps it (its backlog and position are that consumer); a new one takes the
+    lowest free slot, in config order; a slot held for no wanted endpoint is freed. So a
+    config change never moves an endpoint, and the same state gives the same plan."""
+    wanted_set = set(wanted)
+    kept: dict[str, int] = {}
+    for slot, label in sorted(held.items()):
+        if label is not None and label in wanted_set and label not in kept and 0 <= slot < slots:
+            kept[label] = slot
+    taken = set(kept.values())
+    freed = tuple(slot for slot in sorted(held) if slot not in taken)
+    free = iter(s for s in range(slots) if s not in taken)
+    assigned = dict(kept)
+    left_out: list[str] = []
+    for label in dict.fromkeys(wanted):
+        if label in assigned:
+            continue
+        taken_by = next(free, None)
+        if taken_by is None:
+            left_out.append(label)
+        else:
+            assigned[label] = taken_by
+    return SlotPlan({label: assigned[label] for label in dict.fromkeys(wanted) if label in assigned}, freed,
+                    tuple(left_out))
 
 
 def event_type_of_subject(subject: str) -> str | None:
@@ -300,41 +362,6 @@ def backoff_delay(attempt: int, draw: float, *, base_s: float, cap_s: float,
     if retry_after_s is not None:
         delay = max(delay, min(retry_after_s, cap_s))
     return delay
-
-
-# ---------------------------------------------------------------------------- bounded queue
-
-T = TypeVar("T")
-
-
-@dataclass
-class BoundedQueue(Generic[T]):
-    """FIFO of at most ``capacity`` items. A full queue refuses the newcomer (WEB-4: a burst
-    beyond what the receiver takes is dropped and counted, never buffered without bound);
-    what is already waiting keeps its place, so a receiver that recovers sees events in
-    the order they happened, with the gap at the end of the burst."""
-
-    capacity: int
-    _items: deque[T] = field(default_factory=deque)
-    high_water: int = 0
-
-    def offer(self, item: T) -> bool:
-        if len(self._items) >= self.capacity:
-            return False
-        self._items.append(item)
-        self.high_water = max(self.high_water, len(self._items))
-        return True
-
-    def take(self) -> T | None:
-        return self._items.popleft() if self._items else None
-
-    def drain(self) -> list[T]:
-        items = list(self._items)
-        self._items.clear()
-        return items
-
-    def __len__(self) -> int:
-        return len(self._items)
 
 
 # ---------------------------------------------------------------------------- log hygiene

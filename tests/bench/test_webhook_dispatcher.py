@@ -146,8 +146,8 @@ async def test_delivery_rate(nc: NATS, js: JetStreamContext) -> None:
         raw = await _post_rate(_bare_httpx_clients(), url, RATE_EVENTS)
         own_sender = await _sender_rate(url, RATE_EVENTS)
         await _apply(js, url)
-        # The queue holds the whole backlog here: this measures delivery, not the drop policy.
-        settings = Settings(queue_size=RATE_EVENTS)
+        # Acks after delivery (INT-2), the default bound on what an endpoint holds.
+        settings = Settings()
         ctx = ServiceContext("webhook-dispatcher", nc, js, logs.configure("bench", json=True, level="error"), "",
                              asyncio.Event())
         dispatcher = Dispatcher(ctx, settings)
@@ -164,8 +164,8 @@ async def test_delivery_rate(nc: NATS, js: JetStreamContext) -> None:
         dispatcher.stop()
         await task
         label = endpoint_label(url)
-        assert not REGISTRY.get_sample_value("healthplane_webhook_dropped_total",
-                                             {"endpoint": label, "reason": "queue_full"})
+        assert not REGISTRY.get_sample_value("healthplane_webhook_dead_letters_total",
+                                             {"endpoint": label, "reason": "max_attempts"})
     figure = harness.record("webhook.deliveries_per_s", rate, "deliveries/s", baseline=raw, target="ratio >= 1.5")
     harness.record("webhook.raw_httpx_posts_per_s", raw, "posts/s")
     harness.record("webhook.sender_posts_per_s", own_sender, "posts/s", baseline=raw)
@@ -216,19 +216,19 @@ async def test_peak_rss_through_a_100k_burst(nats_server: NatsServer, nc: NATS, 
                                    for e in map(_event, range(1, BURST_EVENTS + 1))])
             deadline = time.monotonic() + 300
             while True:
-                info = await js.consumer_info("HP_NODE_EVENTS", "webhook-dispatcher")
+                info = await js.consumer_info("HP_NODE_EVENTS", "webhook-dispatcher_0-HP_NODE_EVENTS")
                 settled = (_scrape(metrics_port, "healthplane_webhook_deliveries_total")
-                           + _scrape(metrics_port, "healthplane_webhook_dropped_total"))
+                           + _scrape(metrics_port, "healthplane_webhook_dead_letters_total"))
                 if info.num_pending == 0 and info.num_ack_pending == 0 and settled >= BURST_EVENTS + 1:
                     break
                 assert time.monotonic() < deadline, "the burst never settled"
                 await asyncio.sleep(0.2)
             peak_mib = _vm_hwm_mib(process.pid)
             delivered = _scrape(metrics_port, "healthplane_webhook_deliveries_total") - 1
-            dropped = _scrape(metrics_port, "healthplane_webhook_dropped_total")
+            dropped = _scrape(metrics_port, "healthplane_webhook_dead_letters_total")
         finally:
             process.send_signal(signal.SIGTERM)
             process.wait(30)
     harness.record("webhook.peak_rss_100k_burst", peak_mib, "MiB", baseline=idle_mib, target="ratio <= 1.5")
     harness.record("webhook.burst_100k_delivered", delivered, "events")
-    harness.record("webhook.burst_100k_dropped_queue_full", dropped, "events")
+    harness.record("webhook.burst_100k_dead_lettered", dropped, "events")  # INT-2: none dropped, ever

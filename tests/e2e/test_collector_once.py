@@ -88,9 +88,9 @@ async def test_resource_report_names_the_gpus_the_driver_reads_COL_11(
         seen, unseen = (wire.to_builtins(d) for d in report.devices)
         assert seen == {"kind": "gpu", "vendor": "nvidia", "index": 0, "pciBusId": "0000:01:00.0",
                         "uuid": "GPU-513536b6-7d19-9063-b049-1e69664bb298", "model": "NVIDIA A100-SXM4-80GB",
-                        "memoryBytes": 81920 * 1024 * 1024}
+                        "memoryBytes": 81920 * 1024 * 1024, "fabric": None}  # nvidia-smi tells no fabric (DOM-1)
         assert unseen == {"kind": "gpu", "vendor": "nvidia", "index": 1, "pciBusId": "0000:41:00.0",
-                          "uuid": None, "model": None, "memoryBytes": None}
+                          "uuid": None, "model": None, "memoryBytes": None, "fabric": None}
     udev_lines = [json.loads(line) for line in log.read_text().splitlines() if "udev" in line]
     assert [line["event"] for line in udev_lines] == [
         "udev unavailable; devices added or removed are seen at the next cycle"]

@@ -82,6 +82,34 @@ async def test_sec8_no_other_identity_takes_over_a_services_durable(
         await eviction.close()
 
 
+@pytest.mark.parametrize(("role", "name"), [("viewer", "victor"), ("subscriber", "sue"), ("admin", "alice"),
+                                            ("api", None), ("policy", None), ("substrate-bridge", None)])
+async def test_sec8_int2_no_other_identity_takes_over_a_webhook_endpoint_slot(
+        nats_server: NatsServer, js: JetStreamContext, role: str, name: str | None) -> None:
+    """INT-2's per-endpoint consumers are the dispatcher's fixed slots, granted by name: a
+    viewer, a subscriber, an admin, the api and other services are refused every takeover of
+    a slot in use and of the first and last free ones; the dispatcher still pulls from its own."""
+    dispatcher = await _as(nats_server, creds_for(nats_server, "webhook-dispatcher"), name="webhook-dispatcher")
+    in_use = streams.consumer_name("webhook-dispatcher", "HP_NODE_EVENTS", 5)
+    await consumers.ensure(dispatcher.jetstream(), "HP_NODE_EVENTS", consumers.durable(
+        in_use, filter_subjects=("hp.event.>",), ack_wait_s=30.0, max_ack_pending=64))
+    await js.publish(subjects.event("c1", "n1", "NODE_CORDONED"), b'{"id": "e1"}', timeout=5)
+    attacker = await _as(nats_server, creds_for(nats_server, role, name))
+    try:
+        for slot in (0, 5, streams.WEBHOOK_SLOTS - 1):
+            consumer = streams.consumer_name("webhook-dispatcher", "HP_NODE_EVENTS", slot)
+            for what, subject, body in _takeovers("HP_NODE_EVENTS", consumer):
+                assert await _refused(attacker, subject, body), f"{role} could {what} webhook slot {slot}"
+        info = await js.consumer_info("HP_NODE_EVENTS", in_use)
+        assert info.config.filter_subject == "hp.event.>" and info.num_pending == 1
+        psub = await dispatcher.jetstream().pull_subscribe_bind(in_use, "HP_NODE_EVENTS")
+        [msg] = await psub.fetch(1, timeout=5)
+        await msg.ack_sync(timeout=5)
+    finally:
+        await attacker.close()
+        await dispatcher.close()
+
+
 @pytest.mark.parametrize(("role", "name"), [("viewer", "victor"), ("api", None), ("collector", "c1/n1")])
 async def test_sec8_no_reader_may_touch_any_services_durable(nats_server: NatsServer, js: JetStreamContext,
                                                               role: str, name: str | None) -> None:

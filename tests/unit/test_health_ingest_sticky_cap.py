@@ -102,12 +102,15 @@ def test_sec11_the_cap_is_deterministic_across_a_refold_and_a_snapshot() -> None
 
 def test_sec11_a_real_node_never_reaches_the_cap() -> None:
     """SEC-11: the biggest real node (16 GPUs) with every hardware Xid on every GPU holds at most
-    128 sticky Xid faults: well within the cap, and no note."""
+    128 sticky Xid faults (and one per promotion rule that fired: RUL-1's fatal-Xid rule
+    does, five fatal Xids on one GPU): well within the cap, and no note."""
     hardware = (48, 63, 64, 74, 79, 92, 94, 95)
     xid = [wire.XidEntry(pci_bus_id=f"0000:{0x18 + g:02x}:00.0", gpu_index=g, xid=x, count=1, last_at=T0,
                          last_message=f"NVRM: Xid {x}") for g in range(16) for x in hardware]
     report = msgspec.json.decode(_report(()))
     report["signals"]["kmsg"]["xid"] = msgspec.to_builtins(xid)
     state, notes = _fold([("HP_REPORTS", msgspec.json.encode(report))])
-    assert 0 < len(state.nodes[KEY].sticky) <= 128 < STICKY_MAX
+    held = state.nodes[KEY].sticky
+    assert 0 < len([k for k in held if k.startswith("xid.")]) <= 128 < STICKY_MAX
+    assert [k for k in held if not k.startswith("xid.")] == ["rule.fatal-xid-repeated"]
     assert state.nodes[KEY].sticky_refused == 0 and notes == [[]]

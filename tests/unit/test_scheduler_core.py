@@ -80,6 +80,8 @@ def subject_of(record: wire.Record) -> tuple[str, str]:
 
 
 def stream_of(emit: Emit) -> str:
+    if emit.subject.startswith("hp.jobend."):
+        return "HP_JOB_OUTCOMES"  # JOB-1: written, never folded back (not an input)
     return "HP_COMMANDS" if emit.subject.startswith("hp.provision.") else "HP_ALLOCATIONS"
 
 
@@ -99,6 +101,7 @@ class Bus:
     core: SchedulerCore = field(init=False)
     state: SchedulerState = field(init=False)
     streams: dict[str, list[tuple[str, bytes, datetime]]] = field(default_factory=lambda: defaultdict(list))
+    outcomes: list[wire.JobOutcome] = field(default_factory=list)  # JOB-1: written, never an input
 
     def __post_init__(self) -> None:
         self.core = SchedulerCore(self.slots)
@@ -117,12 +120,17 @@ class Bus:
     def tick(self, seconds: float) -> list[Any]:
         now = at(seconds)
         self.state, emits, _ = self.core.tick(self.state, now)
+        out = []
         for emit in emits:
+            if stream_of(emit) == "HP_JOB_OUTCOMES":
+                self.outcomes.append(wire.decode(wire.JobOutcome, emit.payload))
+                continue
             inbound = self.append(stream_of(emit), emit.subject, emit.payload, now)
             if self.echo:
                 self.state, again, _ = self.core.step(self.state, inbound)
                 assert not again
-        return [decoded(e) for e in emits]
+            out.append(decoded(emit))
+        return out
 
 
 def states(records: list[Any]) -> list[tuple[str, str, str]]:
@@ -252,6 +260,24 @@ def test_fail_directive_fails_the_step_and_its_job_without_retry() -> None:
     assert bus.state.done == {f"{CLUSTER}\x00j1": "failed"}
 
 
+def test_job1_each_ended_step_is_an_outcome_on_its_node() -> None:
+    """JOB-1: a step that ran to its end is `completed`, one a fail directive ended `cancelled`
+    with the directive's words; each with its runtime, the job's size and who submitted it; a
+    requeued step has none (its job goes on)."""
+    bus = Bus()
+    bus.put(view("n1"), view("n2"), view("n3"), job("j1", steps=2, duration=30, retry_on=["node"], retry_attempts=3))
+    bus.tick(0)
+    bus.tick(1)
+    bus.put(directive("d1", "n1", "fail", "j1.0.0", "node n1 was held: bad GPU; job failed"))
+    bus.tick(2)
+    bus.tick(200)
+    found = {(o.node_id, o.outcome): o for o in bus.outcomes}
+    assert set(found) == {("n1", "cancelled"), ("n2", "completed")}
+    cancelled, completed = found[("n1", "cancelled")], found[("n2", "completed")]
+    assert cancelled.reason == "node n1 was held: bad GPU; job failed" and cancelled.runtime_seconds == 1
+    assert (completed.size, completed.scheduler, completed.job_id, completed.runtime_seconds) == (2, "reference", "j1", 199)
+
+
 def test_a_directive_for_work_that_already_ended_changes_nothing() -> None:
     bus = Bus()
     bus.put(view("n1"), job("j1", duration=1))
@@ -373,8 +399,12 @@ class Live:
         self.snapshot: tuple[bytes, dict[str, int]] | None = None
         self.msg_ids: list[str | None] = []
         self.latest: dict[str, wire.Allocation] = {}  # allocation id -> its latest record
+        self.outcomes: list[wire.JobOutcome] = []
 
     def append(self, stream: str, subject: str, payload: bytes) -> None:
+        if stream == "HP_JOB_OUTCOMES":  # JOB-1: not an input of the scheduler's
+            self.outcomes.append(wire.decode(wire.JobOutcome, payload))
+            return
         self.streams[stream].append((subject, payload, self.now))
         if subject.startswith("hp.alloc."):
             alloc = wire.decode(wire.Allocation, payload)

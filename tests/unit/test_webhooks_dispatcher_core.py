@@ -10,17 +10,19 @@ import pytest
 from cloudevents.v1.http import from_http
 from hypothesis import given
 from hypothesis import strategies as st
+from nats.js.api import AckPolicy, DeliverPolicy
 
 from healthplane.contracts import subjects, wire
-from healthplane.contracts.config import parse_cluster_config
+from healthplane.contracts.config import ConfigError, parse_cluster_config
 from healthplane.runtime.logs import LogBudget
+from healthplane_webhook_dispatcher.dispatch import consumer_config
 from healthplane_webhook_dispatcher.rules import (
     CONTENT_TYPE,
     SOURCE_SERVICE,
-    BoundedQueue,
     Endpoint,
     Settings,
     after_attempt,
+    assign_slots,
     backoff_delay,
     cloud_event,
     endpoint_label,
@@ -64,16 +66,21 @@ def test_web1_filter_lists_types_and_omitted_means_all() -> None:
     assert filtered.max_attempts == 5  # the documented default
 
 
-def test_web1_reload_plan_keeps_endpoints_by_url() -> None:
-    old = {e.key: e for e in _endpoints({"url": "https://a.example.com/h", "secret": "one"},
-                                        {"url": "https://gone.example.com/h", "secret": "x"})}
+def test_web1_int2_reload_plan_keeps_endpoints_by_label() -> None:
+    """An endpoint is its label: a new secret, or a credential rotated in its URL, keeps its
+    consumer (its backlog and position)."""
+    old = {e.label: e for e in _endpoints({"url": "https://a.example.com/h", "secret": "one"},
+                                          {"url": "https://u:old@c.example.com/h", "secret": "c"},
+                                          {"url": "https://gone.example.com/h", "secret": "x"})}
     new = _endpoints({"url": "https://a.example.com/h", "secret": "two"},
+                     {"url": "https://u:new@c.example.com/h", "secret": "c"},
                      {"url": "https://b.example.com/h", "secret": "y"})
     plan = plan_reload(old, new)
     assert [e.label for e in plan.added] == ["https://b.example.com/h"]
-    assert [(e.label, e.secret) for e in plan.updated] == [("https://a.example.com/h", "two")]
-    assert [old[k].label for k in plan.removed] == ["https://gone.example.com/h"]
-    assert plan_reload({e.key: e for e in new}, new).updated == ()
+    assert [(e.label, e.secret) for e in plan.updated] == [("https://a.example.com/h", "two"),
+                                                             ("https://c.example.com/h", "c")]
+    assert plan.removed == ("https://gone.example.com/h",)
+    assert plan_reload({e.label: e for e in new}, new).updated == ()
 
 
 def test_web1_same_url_twice_stays_two_endpoints_with_distinct_labels() -> None:
@@ -174,30 +181,86 @@ def test_web4_backoff_schedule_and_retry_after() -> None:
 # ---------------------------------------------------------------------------- WEB-4 bounded queue
 
 
-@given(capacity=st.integers(min_value=1, max_value=50),
-       operations=st.lists(st.sampled_from(["offer", "take"]), max_size=300))
-def test_web4_queue_never_holds_more_than_its_bound_and_keeps_order(capacity: int, operations: list[str]) -> None:
-    queue: BoundedQueue[int] = BoundedQueue(capacity)
-    model: list[int] = []
-    for n, operation in enumerate(operations):
-        if operation == "offer":
-            accepted = queue.offer(n)
-            assert accepted == (len(model) < capacity)
-            if accepted:
-                model.append(n)
-        else:
-            assert queue.take() == (model.pop(0) if model else None)
-        assert len(queue) == len(model) <= capacity
-    assert queue.high_water <= capacity
-    assert queue.drain() == model and len(queue) == 0
+# ---------------------------------------------------------------------------- INT-2 slots
 
 
-def test_web4_full_queue_refuses_the_newcomer() -> None:
-    queue: BoundedQueue[str] = BoundedQueue(2)
-    assert queue.offer("a") and queue.offer("b")
-    assert not queue.offer("c")
-    assert queue.take() == "a" and queue.offer("d")
-    assert queue.drain() == ["b", "d"]
+_LABELS = st.sampled_from([f"https://h{i}.example.com/in" for i in range(12)])
+
+
+@given(held=st.dictionaries(st.integers(min_value=0, max_value=9), st.one_of(st.none(), _LABELS), max_size=10),
+       wanted=st.lists(_LABELS, max_size=14, unique=True), slots=st.integers(min_value=1, max_value=10))
+def test_int2_slots_are_kept_distinct_and_bounded(held: dict[int, str | None], wanted: list[str], slots: int) -> None:
+    plan = assign_slots(held, wanted, slots)
+    assigned = list(plan.slots.values())
+    assert len(set(assigned)) == len(assigned) and all(0 <= s < slots for s in assigned)
+    assert set(plan.slots) | set(plan.left_out) == set(wanted) and not set(plan.slots) & set(plan.left_out)
+    assert len(plan.slots) == min(len(wanted), slots)
+    # An endpoint that holds a slot keeps it (the first, if a stale copy holds another).
+    for label, slot in plan.slots.items():
+        mine = sorted(s for s, owner in held.items() if owner == label and s < slots)
+        if mine:
+            assert slot == mine[0]
+    # Whatever is not kept is freed (deleted); nothing kept is freed; the plan is the state's.
+    assert set(plan.freed) == {s for s, owner in held.items() if owner is None or plan.slots.get(owner) != s}
+    assert assign_slots(held, wanted, slots) == plan
+
+
+def test_int2_a_new_endpoint_takes_the_lowest_free_slot_and_others_never_move() -> None:
+    held = {0: "https://a/", 2: "https://c/", 3: "https://gone/"}
+    plan = assign_slots(held, ["https://new/", "https://c/", "https://a/", "https://newer/"], 64)
+    assert dict(plan.slots) == {"https://new/": 1, "https://c/": 2, "https://a/": 0, "https://newer/": 3}
+    assert plan.freed == (3,) and plan.left_out == ()
+    full = assign_slots({0: "https://a/"}, ["https://b/", "https://a/"], 1)
+    assert dict(full.slots) == {"https://a/": 0} and full.left_out == ("https://b/",)
+
+
+def test_int2_consumer_of_an_endpoint_filters_its_types_and_records_its_label() -> None:
+    listed, everything = _endpoints(
+        {"url": "https://u:pw@alerts.example.com/a?token=t", "secret": "s", "events": ["POLICY_ACTED", "NODE_REPLACED"]},
+        {"url": "https://alerts.example.com/b", "secret": "s"})
+    config = consumer_config(listed, 7, Settings(queue_size=300, ack_wait_s=12))
+    assert config.durable_name == "webhook-dispatcher_7-HP_NODE_EVENTS"
+    assert sorted(config.filter_subjects or []) == [
+        "hp.event.*.*.NODE_REPLACED", "hp.event.*.*.NODE_REPLACED.*",  # a partitioned install's form too
+        "hp.event.*.*.POLICY_ACTED", "hp.event.*.*.POLICY_ACTED.*"]
+    assert config.deliver_policy == DeliverPolicy.NEW and config.ack_policy == AckPolicy.EXPLICIT
+    assert (config.max_ack_pending, config.ack_wait) == (300, 12)
+    assert config.metadata == {"healthplane-webhook-endpoint": "https://alerts.example.com/a"}
+    assert "pw" not in repr(config) and "token" not in repr(config)  # viewers read consumer configs (SEC-6)
+    assert consumer_config(everything, 0, Settings()).filter_subject == "hp.event.>"
+
+
+# ---------------------------------------------------------------------------- INT-3 CEL filter
+
+
+@pytest.mark.parametrize(("expression", "selected"), [
+    (None, True),
+    ("event.type == 'POLICY_ACTED'", True),
+    ("event.type == 'POLICY_ACTED' && event.score < 40 && event.policyMode == 'drain'", True),
+    ("event.nodeId.startsWith('10.0.0.') && event.cluster == 'default'", True),
+    ("event.score > 40", False),
+    ("event.condition.severity == 'critical'", False),  # no condition on this event: not selected
+])
+def test_int3_cel_filter_over_the_event_as_json(expression: str | None, selected: bool) -> None:
+    [endpoint] = _endpoints({"url": "https://a.example.com/h", "secret": "s",
+                             **({"filter": expression} if expression else {})})
+    assert endpoint.selects(ACTED) is selected
+
+
+def test_int3_a_filter_that_does_not_compile_is_refused_naming_the_field() -> None:
+    with pytest.raises(ConfigError) as refused:
+        parse_cluster_config({"nodeEventWebhooks": [
+            {"url": "https://a.example.com/h", "secretEnv": "S"},
+            {"url": "https://b.example.com/h", "secretEnv": "S", "filter": "node.score < 40"}]})
+    [line] = str(refused.value).splitlines()
+    assert line.startswith("config: nodeEventWebhooks[1].filter: 'node.score < 40' is not a usable CEL filter")
+    assert "unknown variable 'node'; this expression can read event" in line
+
+
+def test_int2_at_most_one_endpoint_per_slot() -> None:
+    hooks = [{"url": f"https://h.example.com/{i}", "secretEnv": "S"} for i in range(65)]
+    with pytest.raises(ConfigError, match=r"^config: nodeEventWebhooks: List should have at most 64 items"):
+        parse_cluster_config({"nodeEventWebhooks": hooks})
 
 
 def test_web4_log_budget_is_one_line_per_interval_with_the_count() -> None:

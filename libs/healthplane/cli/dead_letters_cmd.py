@@ -66,6 +66,10 @@ async def _replay(args: argparse.Namespace) -> int:
         headers = raw.headers or {}
         if not (raw.subject or "").startswith("hp.dead.") or deadletters.INPUT_SUBJECT not in headers:
             raise CommandFailed(f"record {args.id} of {deadletters.STREAM} is not a dead letter", EXIT_USAGE)
+        if deadletters.ENDPOINT in headers:  # the event is in the stream already: only its delivery failed
+            raise CommandFailed(f"dead letter {args.id} is a webhook delivery to {headers[deadletters.ENDPOINT]}; "
+                                f"`healthplane webhooks replay {headers[deadletters.ENDPOINT]}` sends it again",
+                                EXIT_USAGE)
         if headers.get(deadletters.TRUNCATED) == "true":
             raise CommandFailed(f"dead letter {args.id} holds only the start of its input (it was larger than "
                                 "a message can carry with its headers); it cannot be sent again")

@@ -21,16 +21,19 @@ from nats.js import JetStreamContext
 from healthplane.cli import node_actions, validate_cmd
 from healthplane.cli.common import connection_flags, fail, nats_client, one_of
 from healthplane.client import federation, reads
-from healthplane.client.errors import CommandFailed
+from healthplane.client.errors import EXIT_USAGE, CommandFailed
 from healthplane.client.nodes import find_node
 from healthplane.client.reads import detail
-from healthplane.contracts import views, wire
+from healthplane.contracts import domains, views, wire
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     actions = parser.add_subparsers(dest="node_command", required=True, metavar="ACTION")
     listing = actions.add_parser("list", help="every node: status, health, score, jobs")
     listing.add_argument("--cluster")
+    listing.add_argument("--domain", action="append", default=[], metavar="KIND=VALUE",
+                         help="only nodes in this failure domain, e.g. rack=r12 (repeatable: in all of them; "
+                              "DOM-1, docs/domains.md)")
     show = actions.add_parser("show", help="one node: status, health, score explained, conditions")
     show.add_argument("node")
     show.add_argument("--cluster")
@@ -71,6 +74,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def _run(args: argparse.Namespace) -> int:
+    if getattr(args, "domain", None) and getattr(args, "federation", False):
+        raise CommandFailed("--domain cannot be combined with --federation", EXIT_USAGE)
+    _domain_selectors(args)  # a bad selector is a usage error before any connection
     async with nats_client(args) as nc:
         js = nc.jetstream()
         if getattr(args, "federation", False):
@@ -133,13 +139,25 @@ def _print(args: argparse.Namespace, data: Callable[[], Any], text: Callable[[],
 # ---------------------------------------------------------------------------- list
 
 
+def _domain_selectors(args: argparse.Namespace) -> tuple[tuple[str, str], ...]:
+    try:
+        return domains.parse_selectors(getattr(args, "domain", []))
+    except domains.DomainError as exc:
+        raise CommandFailed(f"--domain: {exc}", EXIT_USAGE) from None
+
+
 async def _list(nc: NATS, js: JetStreamContext, args: argparse.Namespace) -> int:
+    wanted = _domain_selectors(args)
     listing = await reads.read_listing(nc, js, args.cluster)
     order = views.list_order(listing.rows)
+    if wanted:
+        order = [i for i in order if domains.selected(listing.rows[i].domains, wanted)]
     if args.output == "json":
         # The stored views are already the JSON shape: no decode, no re-encode.
         sys.stdout.flush()
         sys.stdout.buffer.write(listing.json(order) + b"\n")
+    elif wanted:  # the table's columns as wide as the nodes it shows
+        sys.stdout.write(list_text([listing.rows[i] for i in order]) + "\n")
     else:
         sys.stdout.write(list_text(listing.rows, order) + "\n")
     sys.stdout.flush()
@@ -209,6 +227,8 @@ def show_text(view: wire.NodeView, now: datetime | None = None, automation: str 
     stale = reads.staleness(view, now)
     if stale:
         lines.append(f"Stale:     {stale}")
+    if view.domains:
+        lines.append(f"Domains:   {domains.describe(view.domains)}")
     if view.score is None:
         lines.append("Score:     not yet scored")
     else:

@@ -62,6 +62,9 @@ from healthplane.stack.supervise import (
 )
 
 STOP_GRACE_S = 10.0
+# The simulated fleet's sim-000..003, sim-004..007, … each share an NVLink domain their GPUs'
+# fabric info tells (DOM-1), so `node show` and `node list --domain` have domains to show.
+UP_NVLINK_DOMAIN_SIZE = 4
 
 
 class CannotStart(RuntimeError):
@@ -175,7 +178,7 @@ def run(args: argparse.Namespace) -> int:
                                                hub=args.federation_hub))
         if not args.no_sim and not args.federation_hub:
             fleet = ["sim", "run", "--nodes", str(args.nodes), "--provisioned", str(args.nodes // 2),
-                     "--cluster", config.cluster]
+                     "--cluster", config.cluster, "--nvlink-domain-size", str(UP_NVLINK_DOMAIN_SIZE)]
             children.append(_start_child("sim", fleet, nats_url, log_dir, identities))
         _check_alive(children, log_dir)
 

@@ -25,7 +25,11 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
+from healthplane.contracts import domains as domains_spec
 from healthplane.contracts import wire
+from healthplane.contracts.streams import WEBHOOK_SLOTS
+
+WEBHOOK_FILTER_VARIABLE: Final = "event"  # what a webhook's CEL filter reads (INT-3)
 
 MIB = 1024 * 1024
 GIB = 1024 * MIB
@@ -381,7 +385,22 @@ class Webhook(_Camel):
     secret_file: Annotated[str, Field(min_length=1, max_length=4096)] | None = None
     secret_env: Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", max_length=256)] | None = None
     events: list[wire.EventType] | None = None
+    # INT-3: a CEL expression over the event as JSON (``event.nodeId``, ``event.type``,
+    # ``event.condition.severity``...); only the events it is true for are delivered.
+    filter: Annotated[str, Field(min_length=1, max_length=4096)] | None = None
     max_attempts: Annotated[int, Field(ge=1, le=100)] = 5
+
+    @field_validator("filter")
+    @classmethod
+    def _filter_compiles(cls, expression: str | None) -> str | None:
+        from healthplane.contracts.expressions import ExpressionError, compile_expression
+
+        if expression is not None:
+            try:
+                compile_expression(expression, [WEBHOOK_FILTER_VARIABLE])
+            except ExpressionError as exc:
+                raise ValueError(f"{expression.strip()!r} is not a usable CEL filter: {exc}") from None
+        return expression
 
     @model_validator(mode="after")
     def _referenced(self) -> Webhook:
@@ -405,20 +424,176 @@ class Substrate(_Camel):
     ] | None = None
 
 
+class DomainRule(_Camel):
+    """DOM-1: node ids matching ``match`` (a glob) or ``regex`` (whole id) are in the ``kind``
+    domain ``value`` (with regex, ``{group}`` names a group; no value: the group named after
+    the kind). Forms and precedence: ``healthplane.contracts.domains``, docs/domains.md."""
+
+    kind: str
+    match: Annotated[str, Field(max_length=1024)] | None = None
+    regex: Annotated[str, Field(max_length=1024)] | None = None
+    value: str | None = None
+
+    @field_validator("kind")
+    @classmethod
+    def _kind(cls, value: str) -> str:
+        return domains_spec.check_kind(value)
+
+    @field_validator("regex")
+    @classmethod
+    def _regex(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                re.compile(value)
+            except re.error as exc:
+                raise ValueError(f"not a regular expression: {exc}") from None
+        return value
+
+    @model_validator(mode="after")
+    def _usable(self) -> DomainRule:
+        domains_spec.compile_rule(self.spec())
+        return self
+
+    def spec(self) -> domains_spec.Rule:
+        return domains_spec.Rule(kind=self.kind, match=self.match, regex=self.regex, value=self.value)
+
+
+class Domains(_Camel):
+    """DOM-1: each node's failure domains where its hardware does not tell them: ``rules`` by
+    node id pattern and ``nodes``, an explicit ``node id -> {kind: value}`` that wins over them."""
+
+    rules: list[DomainRule] = []
+    nodes: dict[Annotated[str, Field(min_length=1, max_length=1024)], dict[str, str]] = {}
+
+    @field_validator("nodes")
+    @classmethod
+    def _labels(cls, value: dict[str, dict[str, str]]) -> dict[str, dict[str, str]]:
+        for node_id, labels in value.items():
+            for kind, label in labels.items():
+                try:
+                    domains_spec.check_kind(kind)
+                    domains_spec.check_value(label)
+                except domains_spec.DomainError as exc:
+                    raise ValueError(f"node {node_id!r}: {exc}") from None
+        return value
+
+    def spec(self) -> domains_spec.Spec:
+        """What the folds keep and resolve with (``healthplane.contracts.domains``)."""
+        return domains_spec.Spec(rules=tuple(rule.spec() for rule in self.rules),
+                                 nodes={node: dict(labels) for node, labels in self.nodes.items()})
+
+
 def clamp_nodes_bucket_cap(configured: int) -> int:
     """A cap that reached the bridge without validation (environment, an old config) is
     clamped into range rather than stopping the bridge (BRG-1)."""
     return min(max(configured, NODES_BUCKET_MIN_BYTES), NODES_BUCKET_MAX_BYTES)
 
 
+class PromotionRule(_Camel):
+    """RUL-1: a count-in-window rule (``healthplane.contracts.promotion``): which occurrences
+    count, how they group, how many within which window, then a condition and an action."""
+
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z][A-Za-z0-9_.-]*$")
+    kind: Literal["xid", "sxid", "mce", "edac", "nic", "condition", "remediation", "reboot"]
+    codes: Annotated[list[str], Field(max_length=256)] = []  # empty: any code of the kind
+    buckets: Annotated[list[str], Field(max_length=16)] = []  # Xid catalog immediate buckets
+    fatal: bool = False
+    group_by: Literal["gpu", "gpu-and-code", "node", "across-gpus"] = "node"
+    count: Annotated[int, Field(ge=1, le=1000)]
+    window: str
+    burst: str | None = None  # occurrences this close to the last counted one merge into it
+    after_reboots: Annotated[int, Field(ge=0, le=16)] = 0
+    condition: wire.ConditionType | None = None  # default: the kind's (xid -> gpu_xid_errors ...)
+    action: Literal["validate", "remediate", "needs-attention", "none"] = "needs-attention"
+    mode: Literal["act", "record"] = "act"
+
+    @model_validator(mode="after")
+    def _consistent(self) -> PromotionRule:
+        from healthplane.contracts import promotion, xid
+
+        for field in ("window", "burst"):
+            value = getattr(self, field)
+            if value is not None:
+                try:
+                    promotion.parse_span(value)
+                except ValueError as exc:
+                    raise ValueError(f"rule {self.name!r} {field}: {exc}") from None
+        if self.kind in ("xid", "sxid", "mce") and any(not c.isdigit() for c in self.codes) and self.kind != "mce":
+            bad = next(c for c in self.codes if not c.isdigit())
+            raise ValueError(f"rule {self.name!r} codes: {bad!r} is not a{'n Xid' if self.kind == 'xid' else 'n SXid'} "
+                             "number")
+        if self.kind == "condition":
+            unknown = sorted(set(self.codes) - set(wire.CONDITION_TYPES))
+            if unknown:
+                raise ValueError(f"rule {self.name!r} codes: {unknown[0]!r} is not a condition type "
+                                 f"({', '.join(wire.CONDITION_TYPES)})")
+        unknown = sorted(set(self.buckets) - set(xid.IMMEDIATE_BUCKETS))
+        if unknown:
+            raise ValueError(f"rule {self.name!r} buckets: {unknown[0]!r} is not an Xid catalog bucket "
+                             f"({', '.join(xid.IMMEDIATE_BUCKETS)})")
+        if self.group_by in ("gpu", "gpu-and-code", "across-gpus") and self.kind not in promotion.DEVICE_KINDS:
+            raise ValueError(f"rule {self.name!r} groupBy: {self.group_by} needs a kind with devices "
+                             f"({', '.join(sorted(promotion.DEVICE_KINDS))}), not {self.kind}")
+        return self
+
+    @property
+    def condition_type(self) -> str:
+        return self.condition or DEFAULT_RULE_CONDITIONS[self.kind]
+
+    def compiled(self) -> Any:
+        """The fold's form (``promotion.Rule``)."""
+        from healthplane.contracts import promotion
+
+        return promotion.Rule(
+            name=self.name, kind=self.kind, codes=frozenset(self.codes), buckets=frozenset(self.buckets),
+            fatal=self.fatal, group=self.group_by, count=self.count, window_s=promotion.parse_span(self.window),
+            burst_s=promotion.parse_span(self.burst) if self.burst else 0, after_reboots=self.after_reboots,
+            condition=self.condition_type, action=self.action, mode=self.mode)
+
+
+# The condition a firing raises when its rule names none: the kind's own.
+DEFAULT_RULE_CONDITIONS: Final[dict[str, str]] = {
+    "xid": "gpu_xid_errors", "sxid": "gpu_xid_errors", "mce": "machine_check_errors", "edac": "memory_errors",
+    "nic": "repeated_faults", "condition": "repeated_faults", "remediation": "repeated_faults",
+    "reboot": "repeated_faults",
+}
+# RUL-1's defaults, after NVSentinel's analyzer and gpud (docs/rules.md): the published ones.
+DEFAULT_PROMOTION_RULES: Final[tuple[dict[str, Any], ...]] = (
+    {"name": "fatal-xid-repeated", "kind": "xid", "fatal": True, "groupBy": "gpu", "count": 5, "window": "24h",
+     "action": "needs-attention"},
+    {"name": "xid31-repeated-on-gpu", "kind": "xid", "codes": ["31"], "groupBy": "gpu", "count": 2, "window": "24h",
+     "action": "validate"},
+    {"name": "xid31-across-gpus", "kind": "xid", "codes": ["31"], "groupBy": "across-gpus", "count": 2,
+     "window": "24h", "action": "none"},
+    {"name": "remediations-repeated", "kind": "remediation", "groupBy": "node", "count": 5, "window": "7d",
+     "action": "needs-attention"},
+    {"name": "reboot-did-not-fix-xid", "kind": "xid", "buckets": ["RESTART_BM"], "groupBy": "gpu-and-code",
+     "count": 1, "window": "7d", "afterReboots": 2, "action": "needs-attention"},
+)
+
+
 class ClusterConfig(_Camel):
     cluster: str = Field(default="default", min_length=1)
     node_health: NodeHealth = NodeHealth()
-    node_event_webhooks: list[Webhook] = []
+    # INT-2: each endpoint holds one of the dispatcher's consumer slots (streams.WEBHOOK_SLOTS).
+    node_event_webhooks: Annotated[list[Webhook], Field(max_length=WEBHOOK_SLOTS)] = []
     substrate: Substrate = Substrate()
     provisioner_definitions: dict[str, ProvisionerDefinition] = {}
     validation: Validation = Validation()
     remediation: Remediation = Remediation()
+    domains: Domains = Domains()  # DOM-1
+    # RUL-1: count-in-window promotion rules; the defaults unless given ([] turns them off).
+    promotion_rules: Annotated[list[PromotionRule], Field(max_length=256)] = Field(
+        default_factory=lambda: [PromotionRule.model_validate(rule) for rule in DEFAULT_PROMOTION_RULES])
+
+    @model_validator(mode="after")
+    def _rule_names_unique(self) -> ClusterConfig:
+        seen: set[str] = set()
+        for i, rule in enumerate(self.promotion_rules):
+            if rule.name in seen:
+                raise ValueError(f"promotionRules.{i}.name {rule.name!r} is used by another rule")
+            seen.add(rule.name)
+        return self
 
     @model_validator(mode="after")
     def _ladder_suites(self) -> ClusterConfig:
@@ -521,7 +696,8 @@ def describe(error: ValidationError) -> str:
     for item in error.errors():
         # pydantic reports the alias path; strip the wrappers it adds for Annotated/unions.
         loc = tuple(p for p in item["loc"] if p not in ("function-after", "constrained-int"))
-        got = f" (got {item['input']!r})" if "input" in item and not isinstance(item["input"], dict) else ""
+        # A mapping or a list is the config's own text, too long to echo: the path names it.
+        got = f" (got {item['input']!r})" if "input" in item and not isinstance(item["input"], dict | list) else ""
         message = item["msg"].removeprefix("Value error, ")
         lines.append(f"{_field_path(loc)}: {message}{got}")
     return "\n".join(lines)

@@ -27,7 +27,7 @@ import re
 from dataclasses import dataclass
 from typing import Final
 
-from healthplane.contracts import streams
+from healthplane.contracts import streams, subjects
 from healthplane.contracts.subjects import encode_token
 
 NODE: Final = "collector"
@@ -48,6 +48,7 @@ MEMBER: Final = "member"  # a federation member's leaf link, on the hub (FED)
 SOURCED_STREAM: Final = "HP_NODES"  # what the hub sources from each member
 HUB_CONSUMER: Final = "hub"  # the member's durable consumer the hub sources through
 SERVICE_ROLES: Final = streams.SERVICES
+WEBHOOK_DISPATCHER: Final = "webhook-dispatcher"  # answers `webhooks replay` (INT-2)
 ROLES: Final = (NODE, SIM, VIEWER, ADMIN, MAINTAINER, SUBSCRIBER, MEMBER, *SERVICE_ROLES)
 
 # The template functions nats-server expands from a user JWT's tags.
@@ -203,8 +204,6 @@ def own_consumers(role: str) -> tuple[str, ...]:
     out = [subject for stream, consumer in streams.durables_of(role)
            for subject in consumer_control(stream, consumer)]
     out += watches(f"KV_{streams.LEASES_BUCKET}")  # its lease (runtime.lease)
-    if role == "substrate-bridge":
-        out += watches(f"KV_{streams.NODES_BUCKET}")  # the keys it holds (at start)
     return tuple(out)
 
 
@@ -227,8 +226,9 @@ def _extra_publish(role: str) -> tuple[str, ...]:
             return (*common, own_lease, own_lease_tree, f"$KV.{streams.NODES_BUCKET}.>")
         return (*common, own_lease, own_lease_tree)
     if role == ADMIN:
-        # Commands as itself (its channels above), applies config, drives the simulator.
-        return (*common, "hp.sim.>")
+        # Commands as itself (its channels above), applies config, drives the simulator, asks
+        # the webhook dispatcher to send dead-lettered deliveries again (INT-2), as itself.
+        return (*common, "hp.sim.>", f"{subjects.WEBHOOK_REPLAY}.{USER}")
     if role == MAINTAINER:
         # Stream administration (SEC-10): creates, converges, purges and deletes the streams
         # (``healthplane up``, ``streams converge``), moves a stream's leadership off a member
@@ -255,6 +255,8 @@ def _extra_subscribe(role: str) -> tuple[str, ...]:
                      if not c.address.startswith(streams.FENCE_PREFIX))
     if role in USER_ROLES:  # people read every record live too (the CLI waits for outcomes)
         return tuple(dict.fromkeys(c.subject for c in streams.CHANNELS))
+    if role == WEBHOOK_DISPATCHER:  # `webhooks replay` requests, answered once each (INT-2)
+        return (f"{subjects.WEBHOOK_REPLAY}.*",)
     return ()
 
 
@@ -307,4 +309,5 @@ def of(role: str) -> Permissions:
     if role == NODE:
         return Permissions(tuple(dict.fromkeys(publish)), tuple(dict.fromkeys(subscribe)),
                            payload=NODE_PAYLOAD_LIMIT, subs=NODE_SUBSCRIPTION_LIMIT)
-    return Permissions(tuple(dict.fromkeys(publish)), tuple(dict.fromkeys(subscribe)), responds=role == SIM)
+    return Permissions(tuple(dict.fromkeys(publish)), tuple(dict.fromkeys(subscribe)),
+                       responds=role in (SIM, WEBHOOK_DISPATCHER))

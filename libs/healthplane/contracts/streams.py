@@ -46,9 +46,17 @@ PARTITIONED: Final = ("health-ingest", "scorer")
 # Services that hold no durable consumer: the api's read model follows its streams by direct
 # gets, so the most exposed process gets no consumer grant at all (SEC-8).
 READ_MODELS: Final = ("api",)
-# Durable consumers a service names after itself alone (the others are consumer_name's).
-NAMED_DURABLES: Final[dict[str, tuple[str, ...]]] = {
-    "substrate-bridge": ("HP_RESOURCES",), "webhook-dispatcher": ("HP_NODE_EVENTS",)}
+# Durable consumers a service names after itself alone (the others are consumer_name's). The
+# webhook dispatcher's is the single durable it read through before INT-2: it deletes it at start.
+NAMED_DURABLES: Final[dict[str, tuple[str, ...]]] = {"webhook-dispatcher": ("HP_NODE_EVENTS",)}
+# INT-2: one durable consumer per webhook endpoint. nats-server grants consumers by whole name
+# (no prefix wildcard), and an endpoint is no name a permission can hold, so the dispatcher
+# has a fixed set of slots, ``consumer_name("webhook-dispatcher", "HP_NODE_EVENTS", i)`` for
+# i < WEBHOOK_SLOTS, each endpoint holding one (recorded in the consumer's metadata): the cap
+# on endpoints, which `config apply` enforces (docs/webhooks.md).
+WEBHOOK_SLOTS: Final = 64
+WEBHOOK_SLOT_OWNER: Final = "healthplane-webhook-endpoint"  # the metadata key naming its endpoint (a label)
+SLOTTED_DURABLES: Final[dict[str, dict[str, int]]] = {"webhook-dispatcher": {"HP_NODE_EVENTS": WEBHOOK_SLOTS}}
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,6 +185,12 @@ EVENT_WRITERS: Final[dict[str, str]] = {
     "REMEDIATION_SUCCEEDED": "eviction",
     "REMEDIATION_FAILED": "eviction",
     "NODE_NEEDS_ATTENTION": "eviction",
+    "FAULT_OBSERVED": "health-ingest",  # RUL-1
+    "RULE_FIRED": "health-ingest",
+    # JOB-4: the scheduler's own drains, read where the scheduler is (health-ingest turns them
+    # into the scheduler_drained condition).
+    "SCHEDULER_DRAINED": "slurm-adapter",
+    "SCHEDULER_UNDRAINED": "slurm-adapter",
 }
 
 FENCE_PREFIX: Final = "hp.fence"
@@ -213,7 +227,8 @@ STREAMS: Final[tuple[StreamDef, ...]] = (
                 "Node event, the durable record"),
         _fence("event"),),
         max_age=90 * DAY, description="append-only node events, 90 days",
-        readers=("health-ingest", "scorer", "policy", "eviction", "webhook-dispatcher", "substrate-bridge"),
+        readers=("health-ingest", "scorer", "policy", "eviction", "webhook-dispatcher", "substrate-bridge",
+                 "slurm-adapter"),
         slotted="hp.event.{cluster}.{node}.{type}"),
     StreamDef("HP_NODES", (
         Channel("hp.node.{cluster}.{node}", "node", "scorer", "Latest folded view of a node", ("scorer",)),
@@ -245,6 +260,16 @@ STREAMS: Final[tuple[StreamDef, ...]] = (
         _fence("alloc")),
         max_age=7 * DAY, description="submitted jobs and the allocation lifecycle from the scheduler",
         readers=("scorer", "policy", "eviction", *SCHEDULERS, "sim"), slotted="hp.alloc.{cluster}.{node}.{alloc}"),
+    # JOB-1: one record per job run and node, once it ended. Bounded by age and bytes: the folds
+    # keep a bounded recent history per node (scorer), the CLI reads a window (`jobs impact`).
+    StreamDef("HP_JOB_OUTCOMES", (
+        Channel("hp.jobend.{cluster}.{node}.{job}", "jobend", "scheduler",
+                "How a job's run ended on a node: completed, failed, node_fail, timeout, cancelled, ...",
+                SCHEDULERS),
+        _fence("jobend")),
+        max_age=30 * DAY, max_bytes=1024 * 1024 * 1024,
+        description="job outcomes per node from the scheduler (30 days)",
+        readers=("scorer",), slotted="hp.jobend.{cluster}.{node}.{job}"),
     # Limits, not a work queue: eviction reads its own directives back after a restart (REL-1),
     # and a work queue would delete them once the scheduler acked them.
     StreamDef("HP_DIRECTIVES", (
@@ -343,11 +368,12 @@ def consumer_name(service: str, stream: str, partition: int = 0) -> str:
 
 def durables_of(service: str) -> tuple[tuple[str, str], ...]:
     """Every (stream, consumer) ``service`` may hold: one per stream it reads and partition it
-    may run as, and the ones it names after itself."""
+    may run as (or slot it holds, ``SLOTTED_DURABLES``), and the ones it names after itself."""
     if service in READ_MODELS:
         return ()
-    partitions = range(PARTITION_SLOTS) if service in PARTITIONED else range(1)
+    partitions = PARTITION_SLOTS if service in PARTITIONED else 1
+    slotted = SLOTTED_DURABLES.get(service, {})
     found = [(s.name, consumer_name(service, s.name, p)) for s in STREAMS if service in s.readers and s.durable
-             for p in partitions]
+             for p in range(slotted.get(s.name, partitions))]
     found += [(stream, service) for stream in NAMED_DURABLES.get(service, ())]
     return tuple(found)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 import sys
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Final
 
@@ -103,6 +104,11 @@ def allocation(cluster: str, node_id: str, allocation_id: str) -> str:
         f"{PREFIX}.alloc.{encode_token(cluster)}.{encode_token(node_id)}."
         f"{encode_token(allocation_id)}"
     )
+
+
+def job_outcome(cluster: str, node_id: str, job_id: str) -> str:
+    """JOB-1: how a run of ``job_id`` ended on ``node_id``."""
+    return f"{PREFIX}.jobend.{encode_token(cluster)}.{encode_token(node_id)}.{encode_token(job_id)}"
 
 
 def job(cluster: str, job_id: str) -> str:
@@ -221,12 +227,12 @@ class NodeSubject:
     actor: str | None = None  # a command's sender (its sixth token)
 
 
-_NODE_KINDS = frozenset({"report", "resource", "assess", "event", "node", "cmd", "outcome", "alloc", "directive", "provision", "provider", "hardware", "remediate"})
+_NODE_KINDS = frozenset({"report", "resource", "assess", "event", "node", "cmd", "outcome", "alloc", "directive", "provision", "provider", "hardware", "remediate", "jobend"})
 
 
 # The kinds whose stored subjects carry the node's partition slot last in a partitioned
 # install (streams.PARTITION_SLOTS), and their length without it.
-_SLOTTED_TOKENS = {"report": 4, "resource": 4, "assess": 4, "event": 5, "alloc": 5}
+_SLOTTED_TOKENS = {"report": 4, "resource": 4, "assess": 4, "event": 5, "alloc": 5, "jobend": 5}
 
 
 def published(subject: str) -> str:
@@ -279,6 +285,23 @@ def dead_letter(service: str, input_stream: str) -> str:
 
 def dead_letters(service: str | None = None) -> str:
     return f"{PREFIX}.dead.{encode_token(service)}.*" if service else f"{PREFIX}.dead.>"
+
+
+# INT-2: ``healthplane webhooks replay`` asks the webhook dispatcher (a request, not a record:
+# the dispatcher answers how many dead letters it sends again); the last token is the asker.
+WEBHOOK_REPLAY: Final = f"{PREFIX}.webhook.replay"
+
+
+def webhook_replay(actor: str) -> str:
+    return f"{WEBHOOK_REPLAY}.{encode_token(actor)}"
+
+
+def event_type_filters(event_types: Iterable[str] | None) -> tuple[str, ...]:
+    """The stream filters of node events of ``event_types`` (every type: ``None``), in the
+    contract's form (``streams.stored_filters`` adds a partitioned install's)."""
+    if event_types is None:
+        return (f"{PREFIX}.event.>",)
+    return tuple(f"{PREFIX}.event.*.*.{encode_token(t)}" for t in sorted(set(event_types)))
 
 
 def matches(pattern: str, subject: str) -> bool:

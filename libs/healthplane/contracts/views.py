@@ -34,6 +34,7 @@ class ListRow(msgspec.Struct, rename="camel"):
     holds: list[HoldRow] = []
     last_reported_at: datetime | None = None
     report_interval_seconds: int | None = None
+    domains: dict[str, str] = {}  # DOM-1: what `node list --domain K=V` and ?domain= select on
 
 
 decode_row = msgspec.json.Decoder(ListRow).decode

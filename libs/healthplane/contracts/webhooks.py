@@ -24,7 +24,10 @@ import hashlib
 import hmac
 import time
 from collections.abc import Mapping
+from datetime import datetime
 from typing import Final
+
+import msgspec
 
 EVENT_ID_HEADER: Final = "X-Healthplane-Event-Id"
 TIMESTAMP_HEADER: Final = "X-Healthplane-Timestamp"
@@ -77,3 +80,22 @@ def verify(secret: str, headers: Mapping[str, str], body: bytes, tolerance: floa
         return False
     expected = sign(secret, timestamp, body).encode("ascii")
     return hmac.compare_digest(expected, signature.strip().encode("utf-8", "replace"))
+
+
+# ---------------------------------------------------------------------------- replay (INT-2)
+
+
+class ReplayRequest(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    """``healthplane webhooks replay``, on ``hp.webhook.replay.{actor}``: send the dead-lettered
+    deliveries of ``endpoint`` (its label) recorded since ``since`` again."""
+
+    endpoint: str
+    since: datetime
+
+
+class ReplayAnswer(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    """The dispatcher's answer: how many dead letters it queued again, or why none."""
+
+    endpoint: str
+    queued: int = 0
+    error: str | None = None

@@ -130,6 +130,14 @@ EventType = Literal[
     "REMEDIATION_SUCCEEDED",
     "REMEDIATION_FAILED",
     "NODE_NEEDS_ATTENTION",
+    # RUL-1: a new hardware fault occurrence (health-ingest, from the reports), and a promotion
+    # rule that fired on what occurred (health-ingest, in either mode: RUL-2).
+    "FAULT_OBSERVED",
+    "RULE_FIRED",
+    # JOB-4: the scheduler's own word on a node (a drain, DOWN or FAIL someone else set there),
+    # written by the scheduler integration that reads it (the Slurm adapter).
+    "SCHEDULER_DRAINED",
+    "SCHEDULER_UNDRAINED",
 ]
 EVENT_TYPES: Final[tuple[str, ...]] = EventType.__args__  # type: ignore[attr-defined]
 
@@ -145,6 +153,8 @@ ConditionType = Literal[
     "collector_failed",
     "telemetry_stale",
     "validation_failed",
+    "repeated_faults",  # RUL-1: a promotion rule's, where its occurrences have no class of their own
+    "scheduler_drained",  # JOB-4: evidence only, never acted on by automation
 ]
 CONDITION_TYPES: Final[tuple[str, ...]] = ConditionType.__args__  # type: ignore[attr-defined]
 _ACRONYMS: Final = {"gpu": "GPU", "smart": "SMART", "ecc": "ECC", "xid": "Xid"}
@@ -336,6 +346,22 @@ class GpuRowRemap(Record, frozen=True, kw_only=True):
     failed: bool = False
 
 
+# NVML's GPU fabric state (nvmlGpuFabricState_t), "failed" when registration completed with an
+# error status; NOT_SUPPORTED (no fabric) is no GpuFabric at all.
+GpuFabricState = Literal["not-started", "in-progress", "completed", "failed"]
+
+
+class GpuFabric(Record, frozen=True, kw_only=True):
+    """DOM-1: NVML's GPU fabric info (``nvmlDeviceGetGpuFabricInfoV``) of a GPU on a multi-node
+    NVLink fabric (GB200 NVL72 and the like): the fabric's cluster UUID (8-4-4-4-12, lower
+    case) and the clique (partition) id. GPUs with equal pairs share an NVLink domain
+    (``healthplane.contracts.domains.nvlink_domain``)."""
+
+    cluster_uuid: Name
+    clique_id: int
+    state: GpuFabricState
+
+
 class GpuDevice(Record, frozen=True, kw_only=True):
     index: int
     pci_bus_id: Name
@@ -347,6 +373,7 @@ class GpuDevice(Record, frozen=True, kw_only=True):
     throttle: GpuThrottle
     row_remap: GpuRowRemap | None = None
     temperature_c: int | None = None
+    fabric: GpuFabric | None = None  # DOM-1: NVML only; None on hardware without a fabric
 
 
 class GpuSignal(Record, frozen=True, kw_only=True):
@@ -420,6 +447,7 @@ class ResourceDevice(Record, frozen=True, kw_only=True):
     uuid: Name | None = None
     model: Name | None = None
     memory_bytes: int | None = None
+    fabric: GpuFabric | None = None  # DOM-1: the driver's fabric info; None: it tells none
 
 
 class ResourceReport(Record, frozen=True, kw_only=True):
@@ -492,6 +520,32 @@ class Contribution(Record, frozen=True, kw_only=True):
     points: int  # negative: points deducted
 
 
+class FaultObservation(Sparse, frozen=True, kw_only=True):
+    """The ``fault`` field of FAULT_OBSERVED (RUL-1): new occurrences of one coded fault on one
+    device since the node's last report. ``kind``: xid, sxid, mce, edac, nic; ``code``: the
+    Xid, SXid or error kind; ``recommended_action``: the Xid catalog's bucket (XID-1)."""
+
+    kind: Name
+    code: Name
+    device: Name = ""
+    count: int = 1
+    severity: Severity = "warning"
+    recommended_action: Name | None = None
+
+
+class RuleFiring(Sparse, frozen=True, kw_only=True):
+    """The ``rule`` field of RULE_FIRED (RUL-1, RUL-2): which promotion rule, in which mode,
+    what counted and from when; ``condition``: the condition it raised (act mode, an action)."""
+
+    rule: Name
+    mode: Literal["act", "record"]
+    action: Literal["validate", "remediate", "needs-attention", "none"]
+    count: int
+    devices: Annotated[list[Name], msgspec.Meta(max_length=GPUS_MAX)] = []
+    first_at: datetime
+    condition: Name | None = None
+
+
 class ValidationRecord(Sparse, frozen=True, kw_only=True):
     """The ``validation`` field of VALIDATION_* events (VAL-1): which suite, which validation
     job, how long it ran (not how long it queued: VAL-4) and why it passed or failed. A run
@@ -514,6 +568,24 @@ class RemediationRecord(Sparse, frozen=True, kw_only=True):
     attempt: int
     reason: str | None = None
     request_id: str | None = None
+
+
+# JOB-4: what the scheduler says of a node that someone else took out of service there.
+SchedulerNodeState = Literal["DRAIN", "DOWN", "FAIL"]
+
+
+class SchedulerDrain(Sparse, frozen=True, kw_only=True):
+    """The ``scheduler`` field of SCHEDULER_DRAINED / SCHEDULER_UNDRAINED (JOB-4): the state
+    someone other than Healthplane set on the node in the scheduler, with the reason and who
+    set it when the scheduler says (Slurm's Reason, ``reason_set_by_user``,
+    ``reason_changed_at``). On SCHEDULER_UNDRAINED: the drain that ended."""
+
+    scheduler: Name  # "slurm"
+    scheduler_node: Name  # the node's name in the scheduler
+    state: SchedulerNodeState
+    reason: Text | None = None
+    set_by: Name | None = None
+    set_at: datetime | None = None
 
 
 class Hold(Record, frozen=True, kw_only=True):
@@ -554,6 +626,9 @@ class NodeEvent(Sparse, frozen=True, kw_only=True):
     config_version: int | None = None
     validation: ValidationRecord | None = None
     remediation: RemediationRecord | None = None
+    fault: FaultObservation | None = None  # FAULT_OBSERVED (RUL-1)
+    rule: RuleFiring | None = None  # RULE_FIRED (RUL-1, RUL-2)
+    scheduler: SchedulerDrain | None = None  # SCHEDULER_DRAINED / SCHEDULER_UNDRAINED (JOB-4)
 
 
 # ---------------------------------------------------------------------------- node view
@@ -599,6 +674,9 @@ class NodeView(Record, frozen=True, kw_only=True):
     # for several intervals while the node is not OFFLINE: the pipeline is behind or down).
     report_interval_seconds: int | None = None
     needs_attention: NeedsAttention | None = None
+    # DOM-1: kind -> value (rack, nvlink, switch, power, site-named), from the node's hardware
+    # and the cluster config (healthplane.contracts.domains: the forms and the precedence).
+    domains: dict[str, str] = {}
 
 
 # ---------------------------------------------------------------------------- commands
@@ -690,6 +768,43 @@ class Allocation(Sparse, frozen=True, kw_only=True):
 
 # What a runner keeps of a validation run's output: its tail, enough for any verdict's pattern.
 OUTPUT_TAIL_BYTES: Final = 4096
+
+# JOB-1: how a job's run ended on a node, in the scheduler protocol's words. Slurm's end states
+# map onto these (docs/slurm.md, "Job outcomes"); the reference scheduler's on completed,
+# failed and cancelled (a step its fail directive ended).
+JobOutcomeKind = Literal["completed", "failed", "node_fail", "timeout", "cancelled", "preempted", "out_of_memory"]
+JOB_OUTCOMES: Final[tuple[str, ...]] = JobOutcomeKind.__args__  # type: ignore[attr-defined]
+# Where an outcome was learnt: the scheduler integration saw the job end (squeue, its own
+# allocation records), or the scheduler's accounting said so after it left the queue (sacct).
+OutcomeSource = Literal["observed", "accounting"]
+
+
+class JobOutcome(Sparse, frozen=True, kw_only=True):
+    """``hp.jobend.{cluster}.{node}.{job}``: how one run of a job ended on one of its nodes
+    (JOB-1), one record per run and node, written once by the scheduler integration when the
+    run ends. A run that the scheduler started again (requeued) has no outcome of its own: its
+    job goes on. ``exitCode`` and ``signal`` are the job's own (its batch script's wait status:
+    a job killed by a signal has a signal and no exit code); ``size`` is how many nodes the run
+    held, so a statistic can split the blame of a multi-node failure (JOB-2)."""
+
+    job_id: Name
+    node_id: Name
+    cluster: Name
+    outcome: JobOutcomeKind
+    ended_at: datetime
+    scheduler: Name  # "slurm", "reference"
+    source: OutcomeSource = "observed"
+    attempt: int = 0  # which run of the job (Slurm's restart count, the reference scheduler's attempt)
+    started_at: datetime | None = None
+    runtime_seconds: float | None = None
+    exit_code: int | None = None
+    signal: int | None = None
+    size: int = 1
+    nodes: Annotated[list[Name], msgspec.Meta(max_length=JOB_NODES_MAX)] | None = None
+    partition: Name | None = None
+    user: Name | None = None
+    account: Name | None = None
+    reason: Text | None = None
 
 
 class ValidationSuite(Sparse, frozen=True, kw_only=True):
@@ -856,6 +971,7 @@ RECORDS: Final[dict[str, type[Record]]] = {
     "cmd": Command,
     "outcome": CommandOutcome,
     "alloc": Allocation,
+    "jobend": JobOutcome,
     "job": Job,
     "directive": Directive,
     "provision": TerminationResult,

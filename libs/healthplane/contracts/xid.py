@@ -372,6 +372,11 @@ def meaning(bucket: str) -> str:
     return CATALOG.buckets.get(bucket, "")
 
 
+def rank(action: str | None) -> int:
+    """Where ``action`` stands in :data:`ESCALATION` (-1: none, or no bucket of the catalog)."""
+    return _RANK.get(action, -1) if action else -1
+
+
 def worst_action(actions: Iterable[str | None]) -> str | None:
     """The most disruptive of ``actions`` (:data:`ESCALATION`), None when there is none."""
     present = [a for a in actions if a]

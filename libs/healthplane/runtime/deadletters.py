@@ -36,7 +36,9 @@ from healthplane.runtime.pull import Delivery
 from healthplane.runtime.replay import StoredMsg, read_all
 
 STREAM: Final = "HP_DEAD_LETTERS"
-Reason = Literal["malformed", "error", "refused"]
+# ``undelivered``: a webhook delivery that spent its attempts (INT-2); its endpoint in
+# ``Hp-Dead-Endpoint``, sent again by ``healthplane webhooks replay``, never re-published.
+Reason = Literal["malformed", "error", "refused", "undelivered"]
 # Room left in a message for the headers: an input as large as the server takes still fits,
 # its payload cut short and marked so (a truncated dead letter cannot be replayed).
 HEADROOM_BYTES: Final = 4096
@@ -45,6 +47,7 @@ ERROR_CHARS: Final = 500
 SERVICE, PRODUCER, INPUT_STREAM, INPUT_SEQ, INPUT_SUBJECT = (
     "Hp-Dead-Service", "Hp-Producer", "Hp-Dead-Stream", "Hp-Dead-Seq", "Hp-Dead-Subject")
 REASON, ERROR, VERSION, TRUNCATED = "Hp-Dead-Reason", "Hp-Dead-Error", "Hp-Service-Version", "Hp-Dead-Truncated"
+ENDPOINT = "Hp-Dead-Endpoint"
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,13 +66,18 @@ class DeadLetter:
     recorded_at: datetime | None
     payload: bytes
     truncated: bool
+    endpoint: str | None = None  # a webhook's label, for an undelivered event
 
     def to_json(self) -> dict[str, object]:
-        return {"id": self.id, "service": self.service, "inputStream": self.input_stream,
-                "inputSeq": self.input_seq, "inputSubject": self.input_subject, "reason": self.reason,
-                "error": self.error, "serviceVersion": self.service_version,
-                "recordedAt": self.recorded_at.isoformat().replace("+00:00", "Z") if self.recorded_at else None,
-                "bytes": len(self.payload), "truncated": self.truncated}
+        out: dict[str, object] = {
+            "id": self.id, "service": self.service, "inputStream": self.input_stream,
+            "inputSeq": self.input_seq, "inputSubject": self.input_subject, "reason": self.reason,
+            "error": self.error, "serviceVersion": self.service_version,
+            "recordedAt": self.recorded_at.isoformat().replace("+00:00", "Z") if self.recorded_at else None,
+            "bytes": len(self.payload), "truncated": self.truncated}
+        if self.endpoint is not None:
+            out["endpoint"] = self.endpoint
+        return out
 
 
 def one_line(text: str) -> str:
@@ -77,13 +85,16 @@ def one_line(text: str) -> str:
 
 
 def record(*, service: str, producer: str, input_stream: str, input_seq: int, input_subject: str,
-           payload: bytes, reason: Reason, error: str, max_payload: int) -> tuple[str, bytes, dict[str, str]]:
+           payload: bytes, reason: Reason, error: str, max_payload: int,
+           endpoint: str | None = None) -> tuple[str, bytes, dict[str, str]]:
     """The dead letter of one input: (subject, body, headers), ready to store."""
     headers = {
         SERVICE: service, PRODUCER: producer, INPUT_STREAM: input_stream, INPUT_SEQ: str(input_seq),
         INPUT_SUBJECT: input_subject, REASON: reason, ERROR: one_line(error) or reason, VERSION: __version__,
         "Nats-Msg-Id": f"dead:{producer}:{input_stream}:{input_seq}",
     }
+    if endpoint is not None:
+        headers[ENDPOINT] = endpoint
     room = max(0, max_payload - HEADROOM_BYTES)
     if len(payload) > room:
         payload, headers[TRUNCATED] = payload[:room], "true"
@@ -98,7 +109,7 @@ def parse(msg: StoredMsg) -> DeadLetter:
         input_stream=headers.get(INPUT_STREAM, "?"), input_seq=int(seq) if seq.isdigit() else 0,
         input_subject=headers.get(INPUT_SUBJECT, ""), reason=headers.get(REASON, "?"),
         error=headers.get(ERROR, ""), service_version=headers.get(VERSION, "?"), recorded_at=msg.time,
-        payload=msg.data or b"", truncated=headers.get(TRUNCATED) == "true")
+        payload=msg.data or b"", truncated=headers.get(TRUNCATED) == "true", endpoint=headers.get(ENDPOINT))
 
 
 async def read(nc: NATS, js: JetStreamContext, service: str | None = None) -> list[DeadLetter]:

@@ -33,7 +33,9 @@ from healthplane.runtime import metrics
 from healthplane.runtime.backoff import Backoff
 from healthplane.runtime.publish import pub_frame, write_frames, writes_frames
 
-Disposition = Literal["ack", "term", "nak"]
+# ``held``: the handler took the delivery over and settles it itself, later (the webhook
+# dispatcher acks an event once its delivery is over, INT-2).
+Disposition = Literal["ack", "term", "nak", "held"]
 
 
 @dataclass(slots=True)
@@ -55,6 +57,9 @@ class Delivery:
 
     def nak(self, delay_s: float = 1.0) -> None:
         self.disposition, self.nak_delay_s = "nak", delay_s
+
+    def hold(self) -> None:
+        self.disposition = "held"
 
 
 BatchHandler = Callable[[list[Delivery]], Awaitable[None]]
@@ -285,6 +290,9 @@ class PullLoop:
     async def _settle(self, batch: list[Delivery]) -> None:
         """Every ack, term and nak of the batch as one write (the connection's outbound
         buffer, flushed once) rather than one ``nc.publish`` per message."""
+        batch = [d for d in batch if d.disposition != "held"]
+        if not batch:
+            return
         if not writes_frames(self._nc):
             for d in batch:
                 await self._nc.publish(d.msg.reply, _settlement(d))

@@ -148,9 +148,9 @@ def test_resource_report_json_names_the_gpus_COL_11() -> None:
     devices = json.loads(wire.encode(report))["devices"]
     assert devices == [
         {"kind": "gpu", "vendor": "nvidia", "index": 0, "pciBusId": "0000:1b:00.0", "uuid": "GPU-4a1e",
-         "model": H100, "memoryBytes": H100_BYTES},
+         "model": H100, "memoryBytes": H100_BYTES, "fabric": None},  # DOM-1: no NVLink fabric told
         {"kind": "gpu", "vendor": "nvidia", "index": 1, "pciBusId": "0000:bb:00.0", "uuid": None,
-         "model": None, "memoryBytes": None},
+         "model": None, "memoryBytes": None, "fabric": None},
     ]
     assert build_resource_report(Settings(node_id="n1"), inventory, True, NOW).devices == [
         on_bus("0000:1b:00.0", 0), on_bus("0000:bb:00.0", 1)]  # no GPU reading yet
