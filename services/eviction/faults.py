@@ -20,7 +20,7 @@ def health(state: EvictionState, event: wire.NodeEvent, out: Out) -> None:
         condition = event.condition
         node.faults = {**node.faults, condition.type: condition.severity}
         node.fault_details = {**node.fault_details, condition.type: rem.Fault(
-            condition.severity, condition.reason, condition.message)}
+            condition.severity, condition.reason, condition.message, condition.recommended_action)}
         if condition.type not in rules.NOT_A_FAULT:
             node.fault_seen = True
         limits = state.config.limits(node.definition)

@@ -65,11 +65,27 @@ class Fault(msgspec.Struct, frozen=True, array_like=True):
     severity: str
     reason: str
     message: str
+    action: str | None = None  # XID-1: the Xid catalog's bucket the condition carries (RUL-1's too)
+
+
+# XID-2: where NVIDIA's catalog says to start. A human (CONTACT_SUPPORT, CHECK_MECHANICALS) is
+# asked at once; a reboot starts at the ladder's reboot (a GPU reset would not do); a GPU reset
+# at its first rung. With no ladder configured for the fault, the catalog's own.
+HUMAN_BUCKETS: Final = frozenset({"CONTACT_SUPPORT", "CHECK_MECHANICALS"})
+REBOOT_BUCKETS: Final = frozenset({"RESTART_BM", "RESTART_VM"})
+_STEP_DEFAULTS: Final = {"gpu-reset": 600, "reboot": 900}
+CATALOG_LADDERS: Final[dict[str, tuple[str, ...]]] = {
+    "RESET_GPU": ("gpu-reset", "reboot", "needs-attention"),
+    "RESTART_BM": ("reboot", "needs-attention"), "RESTART_VM": ("reboot", "needs-attention"),
+    "CONTACT_SUPPORT": ("needs-attention",), "CHECK_MECHANICALS": ("needs-attention",),
+}
 
 
 def ladder_for(ladders: list[LadderSpec], faults: dict[str, Fault], order: list[str]) -> LadderSpec | None:
     """The ladder for the node's worst fault that has one (``order``: its faults, worst
-    first); among a class's ladders the most specific that matches (Xids, reasons)."""
+    first); among a class's ladders the most specific that matches (Xids, reasons), started
+    where the catalog's action says (XID-2: ``by_catalog``); a fault the catalog names an
+    action for has the catalog's ladder when none is configured."""
     for condition in order:
         fault = faults.get(condition)
         if fault is None:
@@ -79,8 +95,24 @@ def ladder_for(ladders: list[LadderSpec], faults: dict[str, Fault], order: list[
                    and (not ladder.xids or xids & set(ladder.xids))
                    and (not ladder.reasons or fault.reason in ladder.reasons)]
         if fitting:
-            return max(fitting, key=lambda ladder: (bool(ladder.xids), bool(ladder.reasons)))
+            return by_catalog(max(fitting, key=lambda ladder: (bool(ladder.xids), bool(ladder.reasons))), fault.action)
+        steps = CATALOG_LADDERS.get(fault.action or "")
+        if steps is not None:
+            return LadderSpec(fault_class=condition.upper(), rungs=tuple(
+                remediation.Rung(step, _STEP_DEFAULTS.get(step, 600), 2, 30) for step in steps))
     return None
+
+
+def by_catalog(ladder: LadderSpec, action: str | None) -> LadderSpec:
+    """``ladder`` started where the catalog's action says: a human at once, a reboot at its
+    first reboot rung (when it has one); anything else as configured."""
+    if action in HUMAN_BUCKETS:
+        return msgspec.structs.replace(ladder, rungs=(remediation.Rung("needs-attention", 600, 0, 30),))
+    if action in REBOOT_BUCKETS:
+        reboot = next((i for i, rung in enumerate(ladder.rungs) if rung.action == "reboot"), None)
+        if reboot is not None:
+            return msgspec.structs.replace(ladder, rungs=ladder.rungs[reboot:])
+    return ladder
 
 
 def started(action: str, attempt: int, fault_class: str) -> str:

@@ -489,14 +489,18 @@ def conditions_from(found: Iterable[Finding], previous: Mapping[str, wire.Condit
 
 def condition_events(before: Mapping[str, wire.Condition], after: Mapping[str, wire.Condition],
                      ) -> list[tuple[str, wire.ConditionChange]]:
-    """ING-6: CONDITION_RAISED on raise or escalation (with previousSeverity), CONDITION_CLEARED
-    on clear; nothing when a condition merely stays."""
+    """ING-6: CONDITION_RAISED on raise or escalation (with previousSeverity; an escalation of
+    severity or of the recommended action, XID-1, RUL-1), CONDITION_CLEARED on clear; nothing
+    when a condition merely stays."""
     changes: list[tuple[str, wire.ConditionChange]] = []
     for condition_type, now_c in after.items():
         was = before.get(condition_type)
         if was is None:
             changes.append(("CONDITION_RAISED", _change(now_c)))
-        elif SEVERITY_ORDER[now_c.severity] > SEVERITY_ORDER[was.severity]:
+        elif SEVERITY_ORDER[now_c.severity] > SEVERITY_ORDER[was.severity] \
+                or xid_catalog.rank(now_c.recommended_action) > xid_catalog.rank(was.recommended_action):
+            # An escalation: of severity, or of what the condition asks (a promotion rule that
+            # fired on a fault already raised asks a human where the fault asked a reboot).
             changes.append(("CONDITION_RAISED", _change(now_c, was.severity)))
     for condition_type, was in before.items():
         if condition_type not in after:

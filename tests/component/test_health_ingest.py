@@ -186,9 +186,10 @@ async def test_kill_9_and_restart_emits_nothing_twice(nats_server: NatsServer, j
     per_node: dict[str, list[str]] = {}
     for event in found:
         per_node.setdefault(event.node_id, []).append(event.type)
-    # Rounds 1, 4, 7, 10 raise; the round after each clears: exactly 4 of each per node.
+    # Rounds 1, 4, 7, 10 raise, each after the Xid's FAULT_OBSERVED (RUL-1); the round after
+    # each clears: exactly 4 of each per node.
     for node_id, kinds in per_node.items():
-        assert kinds == ["CONDITION_RAISED", "CONDITION_CLEARED"] * 4, (node_id, kinds)
+        assert kinds == ["FAULT_OBSERVED", "CONDITION_RAISED", "CONDITION_CLEARED"] * 4, (node_id, kinds)
     assert msgspec.json.decode((tmp_path / "second.log").read_text().splitlines()[0])["service"] == "health-ingest"
 
 

@@ -40,11 +40,14 @@ def test_sec1_every_service_may_read_its_inputs_and_write_its_outputs() -> None:
     for service in streams.SERVICES:
         module = _fold(service)
         if module is None or not hasattr(module, "INPUTS"):
-            continue  # the webhook dispatcher and the bridge read through their own loops
+            continue  # the webhook dispatcher reads through its own loop
         reads = set(permissions.reads(service))
         for wanted in module.INPUTS:  # type: ignore[attr-defined]
             assert wanted.stream in reads, f"{service} reads {wanted.stream} but may not"
         written = {s.name for s in streams.STREAMS if any(permissions.writes(service, c) for c in s.channels)}
+        # A bucket is a stream too (the bridge's puts into substrate-nodes, BRG-1).
+        written |= {f"KV_{bucket}" for bucket in (streams.NODES_BUCKET, streams.LEASES_BUCKET)
+                    if f"$KV.{bucket}.>" in permissions.of(service).publish}
         assert set(module.OUTPUTS) <= written, f"{service} writes {module.OUTPUTS} but may write only {written}"  # type: ignore[attr-defined]
 
 

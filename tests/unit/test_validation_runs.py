@@ -98,6 +98,8 @@ class Loop:
                 self._from_eviction(emit)
             self.ss, emits, _ = self.scheduler.tick(self.ss, self.now)
             for emit in emits:
+                if emit.subject.startswith("hp.jobend."):
+                    continue  # JOB-1's job outcomes: HP_JOB_OUTCOMES, which neither folds
                 self.to_scheduler("HP_ALLOCATIONS", emit.subject, emit.payload)
                 alloc = wire.decode(wire.Allocation, emit.payload)
                 self.allocations.append(alloc)
