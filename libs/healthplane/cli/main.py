@@ -24,6 +24,7 @@ from healthplane.cli import (
     node_cmd,
     policy_cmd,
     registry,
+    rules_cmd,
     streams_cmd,
     validate_cmd,
     webhooks_cmd,
@@ -155,6 +156,8 @@ LIBRARY_GROUPS: Final = (
                  federation_cmd.add_arguments, federation_cmd.run),
     CommandGroup("streams", "stream administration as the maintainer: converge (SEC-10)", streams_cmd.add_arguments,
                  streams_cmd.run),
+    CommandGroup("rules", "promotion rules: show those in force, backtest a file over stored events (RUL-1..3)",
+                 rules_cmd.add_arguments, rules_cmd.run),
     CommandGroup("xid", "what GPU Xid N means and what NVIDIA's catalog says to do (XID-1)",
                  xid_cmd.add_arguments, xid_cmd.run),
 )

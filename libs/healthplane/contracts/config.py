@@ -182,6 +182,74 @@ class Detector(_Camel):
         return self
 
 
+def _domain_kind(value: str) -> str:
+    return domains_spec.check_kind(value)
+
+
+def _unique_kinds(items: list[DomainLimit] | list[DomainFault], what: str) -> None:
+    kinds = [item.kind for item in items]
+    repeated = sorted({k for k in kinds if kinds.count(k) > 1})
+    if repeated:
+        raise ValueError(f"{what} for kind {repeated[0]!r} is given more than once; one entry per kind")
+
+
+class DomainLimit(_Camel):
+    """DOM-2: at most ``maxUnavailable`` nodes, and at most ``maxUnavailablePercent`` % (rounded
+    down, as ``maxUnavailablePercent`` of a definition), of any one domain of ``kind`` out of
+    service at once before automation takes another out; with both, the lower binds."""
+
+    kind: str
+    max_unavailable: Annotated[int, Field(ge=0)] | None = None
+    max_unavailable_percent: Percent | None = None
+
+    @field_validator("kind")
+    @classmethod
+    def _kind(cls, value: str) -> str:
+        return _domain_kind(value)
+
+    @model_validator(mode="after")
+    def _bounded(self) -> DomainLimit:
+        if self.max_unavailable is None and self.max_unavailable_percent is None:
+            raise ValueError(f"domain limit for kind {self.kind!r} needs maxUnavailable, maxUnavailablePercent "
+                             "or both")
+        return self
+
+
+class DomainFault(_Camel):
+    """DOM-3: when ``share`` % (rounded up, at least 2 nodes) of a domain of ``kind`` with at
+    least ``minMembers`` members go silent or degraded within ``window``, the domain is one
+    fault: one DOMAIN_DEGRADED, per-node automation on its members held, then ``action``
+    (``needs-attention``: a person decides; ``drain``: every member drained passively at once).
+    DOMAIN_RECOVERED once fewer than that have stayed failing for ``recoverAfter``."""
+
+    kind: str
+    share: Annotated[int, Field(ge=1, le=100)] = 50
+    window: str = "10m"
+    min_members: Annotated[int, Field(ge=2)] = 4
+    recover_after: str = "5m"
+    action: wire.DomainAction = "needs-attention"
+
+    @field_validator("kind")
+    @classmethod
+    def _kind(cls, value: str) -> str:
+        return _domain_kind(value)
+
+    @field_validator("window", "recover_after")
+    @classmethod
+    def _duration(cls, value: str) -> str:
+        if parse_duration(value) <= 0:
+            raise ValueError("must be longer than zero")
+        return value
+
+    @property
+    def window_seconds(self) -> float:
+        return parse_duration(self.window)
+
+    @property
+    def recover_after_seconds(self) -> float:
+        return parse_duration(self.recover_after)
+
+
 class NodeHealth(_Camel):
     heartbeat_miss_threshold: Annotated[int, Field(ge=1)] = 3
     mode: wire.PolicyMode = "observe"
@@ -201,6 +269,16 @@ class NodeHealth(_Camel):
     detectors: list[Detector] = []
     quiet_reports_to_clear: Annotated[int, Field(ge=1)] = 1
     ignore_read_only_mounts: list[str] = []
+    # DOM-2, DOM-3: per domain kind, cluster-wide (a domain spans definitions).
+    domain_limits: Annotated[list[DomainLimit], Field(max_length=64)] = []
+    domain_faults: Annotated[list[DomainFault], Field(max_length=64)] = []
+
+    @field_validator("domain_limits", "domain_faults")
+    @classmethod
+    def _one_per_kind(cls, value: list[DomainLimit] | list[DomainFault],
+                      info: ValidationInfo) -> list[Any]:
+        _unique_kinds(value, "a domain limit" if info.field_name == "domain_limits" else "a domain fault rule")
+        return value
 
     @model_validator(mode="after")
     def _thresholds(self) -> NodeHealth:
@@ -515,7 +593,8 @@ class PromotionRule(_Camel):
             value = getattr(self, field)
             if value is not None:
                 try:
-                    promotion.parse_span(value)
+                    if parse_duration(value) < 1:
+                        raise ValueError(f"{value!r} is shorter than a second")
                 except ValueError as exc:
                     raise ValueError(f"rule {self.name!r} {field}: {exc}") from None
         if self.kind in ("xid", "sxid", "mce") and any(not c.isdigit() for c in self.codes) and self.kind != "mce":
@@ -546,8 +625,8 @@ class PromotionRule(_Camel):
 
         return promotion.Rule(
             name=self.name, kind=self.kind, codes=frozenset(self.codes), buckets=frozenset(self.buckets),
-            fatal=self.fatal, group=self.group_by, count=self.count, window_s=promotion.parse_span(self.window),
-            burst_s=promotion.parse_span(self.burst) if self.burst else 0, after_reboots=self.after_reboots,
+            fatal=self.fatal, group=self.group_by, count=self.count, window_s=int(parse_duration(self.window)),
+            burst_s=int(parse_duration(self.burst)) if self.burst else 0, after_reboots=self.after_reboots,
             condition=self.condition_type, action=self.action, mode=self.mode)
 
 
@@ -729,6 +808,16 @@ def parse_cluster_config(data: Any, origin: str = "config") -> ClusterConfig:
 def load_cluster_config(path: Path | str) -> ClusterConfig:
     path = Path(path)
     return parse_cluster_config(_read_yaml(path), str(path))
+
+
+def load_promotion_rules(path: Path | str) -> list[PromotionRule]:
+    """RUL-3: the rules of a file, either a list of rules or a cluster config (its
+    ``promotionRules``, the defaults when it has none), each validated as ``config apply`` does."""
+    path = Path(path)
+    data = _read_yaml(path)
+    if isinstance(data, list):
+        data = {"promotionRules": data}
+    return parse_cluster_config(data, str(path)).promotion_rules
 
 
 def load_collector_config(path: Path | str) -> CollectorConfig:

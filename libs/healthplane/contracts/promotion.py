@@ -214,13 +214,3 @@ def _span(seconds: int) -> str:
         if seconds >= size and seconds % size == 0:
             return f"{seconds // size}{unit}"
     return f"{seconds}s"
-
-
-def parse_span(text: str) -> int:
-    """``30d``, ``24h``, ``10m``, ``90s`` or a number of seconds; ValueError naming the form."""
-    value = text.strip()
-    units = {"d": 86400, "h": 3600, "m": 60, "s": 1}
-    number, unit = (value[:-1], units[value[-1]]) if value and value[-1] in units else (value, 1)
-    if not number.isdigit() or int(number) <= 0:
-        raise ValueError(f"{text!r} is not a duration (a positive number with d, h, m or s, e.g. 24h)")
-    return int(number) * unit

@@ -191,6 +191,9 @@ EVENT_WRITERS: Final[dict[str, str]] = {
     # into the scheduler_drained condition).
     "SCHEDULER_DRAINED": "slurm-adapter",
     "SCHEDULER_UNDRAINED": "slurm-adapter",
+    # DOM-3: the policy folds every node's domains and health; a domain's events are its own.
+    "DOMAIN_DEGRADED": "policy",
+    "DOMAIN_RECOVERED": "policy",
 }
 
 FENCE_PREFIX: Final = "hp.fence"

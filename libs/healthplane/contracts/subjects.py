@@ -180,6 +180,26 @@ def node_key(cluster: str, node_id: str) -> str:
     return sys.intern(f"{cluster}\x00{node_id}")
 
 
+# DOM-3: a failure domain's events are node events without a node. They go on the node-id
+# place of ``hp.event.{cluster}.{node}.{TYPE}`` as a reserved id, ``domain:{kind}={value}``
+# (``domain:rack=r12``, token ``domain=3Arack=3Dr12``): a kind is a lower-case name and the
+# ``domain:`` prefix is reserved, so a real node id never names a domain by accident.
+DOMAIN_PREFIX: Final = "domain:"
+
+
+def domain_node_id(kind: str, value: str) -> str:
+    """The reserved node id of a domain's events: ``domain:rack=r12``."""
+    return f"{DOMAIN_PREFIX}{kind}={value}"
+
+
+def domain_of_node_id(node_id: str) -> tuple[str, str] | None:
+    """``(kind, value)`` of a domain's reserved node id; None for a node's own id."""
+    if not node_id.startswith(DOMAIN_PREFIX):
+        return None
+    kind, equals, value = node_id.removeprefix(DOMAIN_PREFIX).partition("=")
+    return (kind, value) if equals and kind and value else None
+
+
 def kv_node_key(cluster: str, node_id: str) -> str:
     """Key of a node in the ``substrate-nodes`` bucket."""
     return f"{encode_token(cluster)}.{encode_token(node_id)}"

@@ -138,6 +138,10 @@ EventType = Literal[
     # written by the scheduler integration that reads it (the Slurm adapter).
     "SCHEDULER_DRAINED",
     "SCHEDULER_UNDRAINED",
+    # DOM-3: a failure domain (rack, NVLink domain, …) failing as one, and its recovery: node-less
+    # events of the policy, on the domain's reserved node id (subjects.domain_node_id).
+    "DOMAIN_DEGRADED",
+    "DOMAIN_RECOVERED",
 ]
 EVENT_TYPES: Final[tuple[str, ...]] = EventType.__args__  # type: ignore[attr-defined]
 
@@ -588,6 +592,33 @@ class SchedulerDrain(Sparse, frozen=True, kw_only=True):
     set_at: datetime | None = None
 
 
+# DOM-3: the members a domain event lists, at most (a leaf switch may hold thousands of
+# nodes; the counts say how many there are).
+DOMAIN_MEMBERS_MAX: Final = 1000
+DomainAction = Literal["needs-attention", "drain"]
+
+
+class DomainRecord(Sparse, frozen=True, kw_only=True):
+    """The ``domain`` field of DOMAIN_DEGRADED / DOMAIN_RECOVERED (DOM-3): which domain, its
+    members and the ones failing (silent or degraded; each list the first DOMAIN_MEMBERS_MAX by
+    name, the counts whole), the conditions the failing members carry (type -> how many of
+    them), the rule's numbers and what the policy does about it."""
+
+    kind: Name
+    value: Name
+    members: Annotated[list[Name], msgspec.Meta(max_length=DOMAIN_MEMBERS_MAX)] = []
+    member_count: int = 0
+    failing: Annotated[list[Name], msgspec.Meta(max_length=DOMAIN_MEMBERS_MAX)] = []
+    failing_count: int = 0
+    silent_count: int = 0
+    conditions: dict[Name, int] = {}
+    threshold: int = 0  # failing members that make the domain one fault
+    share: int = 0  # the configured percentage behind the threshold
+    window_seconds: float = 0.0
+    action: DomainAction = "needs-attention"
+    drained: Annotated[list[Name], msgspec.Meta(max_length=DOMAIN_MEMBERS_MAX)] = []  # drain commands sent
+
+
 class Hold(Record, frozen=True, kw_only=True):
     id: str
     effect: HoldEffect
@@ -629,6 +660,7 @@ class NodeEvent(Sparse, frozen=True, kw_only=True):
     fault: FaultObservation | None = None  # FAULT_OBSERVED (RUL-1)
     rule: RuleFiring | None = None  # RULE_FIRED (RUL-1, RUL-2)
     scheduler: SchedulerDrain | None = None  # SCHEDULER_DRAINED / SCHEDULER_UNDRAINED (JOB-4)
+    domain: DomainRecord | None = None  # DOMAIN_DEGRADED / DOMAIN_RECOVERED (DOM-3)
 
 
 # ---------------------------------------------------------------------------- node view
