@@ -298,17 +298,16 @@ class Lane:
         answer, stored before the event is acked. A replayed one that fails again keeps the
         dead letter it came from."""
         give_up: GiveUpReason = "rejected" if reason == "rejected" else "max_attempts"
+        if held.reply is not None:
+            await self._undelivered.store(deadletters.record(
+                service=SERVICE, producer=self._undelivered.producer, input_stream=STREAM, input_seq=held.seq,
+                input_subject=held.subject, payload=held.data, reason="undelivered",
+                error=f"{give_up} after {attempts} attempt(s), last answer: {detail}",
+                max_payload=self._nc.max_payload, endpoint=self.endpoint.label), "undelivered", detail)
         DEAD_LETTERS.labels(self.endpoint.label, give_up).inc()
         self._log.warning("webhook delivery dead-lettered", reason=give_up, event_id=held.event.id,
                           event_type=held.event.type, node_id=held.event.node_id, attempts=attempts,
                           last_result=detail, replayed=held.reply is None)
-        if held.reply is None:
-            return
-        await self._undelivered.store(deadletters.record(
-            service=SERVICE, producer=self._undelivered.producer, input_stream=STREAM, input_seq=held.seq,
-            input_subject=held.subject, payload=held.data, reason="undelivered",
-            error=f"{give_up} after {attempts} attempt(s), last answer: {detail}",
-            max_payload=self._nc.max_payload, endpoint=self.endpoint.label), "undelivered", detail)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -484,7 +483,10 @@ class Dispatcher:
         except msgspec.DecodeError:
             await msg.respond(msgspec.json.encode(ReplayAnswer(endpoint="", error="not a replay request: not JSON")))
             return
-        answer = await self.replay(request.endpoint, request.since)
+        try:
+            answer = await self.replay(request.endpoint, request.since)
+        except Exception as exc:  # HP_DEAD_LETTERS unreadable just now: said to the asker, who may retry
+            answer = ReplayAnswer(endpoint=request.endpoint, error=f"dead letters not read: {exc}; retry")
         self._log.info("webhook replay requested", actor=actor, endpoint=request.endpoint,
                        since=wire.rfc3339(request.since), queued=answer.queued, error=answer.error)
         await msg.respond(msgspec.json.encode(answer))
