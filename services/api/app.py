@@ -37,7 +37,7 @@ from starlette.routing import Match, Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import Scope
 
-from healthplane.client import commands, federation, reads
+from healthplane.client import breakfix, commands, federation, reads
 from healthplane.client import events as tails  # `events` is a route below
 from healthplane.client.config import in_force
 from healthplane.client.connection import Identity
@@ -230,6 +230,12 @@ def build(backend: Backend) -> Starlette:
         if backend.hub or _bool(request.query_params.get("federation")):
             return JSONResponse(federation.summary(await federated(None)))
         return JSONResponse(current_summary())
+
+    async def breakfix_figures(request: Request, caller: auth.Caller | None) -> Response:
+        """Issue 41.5: ``healthplane breakfix -o json`` over HTTP (``since``, ``cluster``)."""
+        query = request.query_params
+        since = reads.parse_since(query.get("since") or "30d", datetime.now(UTC))
+        return JSONResponse(await breakfix.figures(backend.nc, backend.js, since, query.get("cluster") or None))
 
     async def federated(cluster: str | None) -> federation.FederatedListing:
         return await federation.read_federated(backend.nc, backend.js, cluster, federation.unreachable_after_s())
@@ -429,6 +435,7 @@ def build(backend: Backend) -> Starlette:
         Route("/api/openapi.json", openapi_document),
         Route("/api/v1/nodes", api(nodes)),
         Route("/api/v1/summary", api(summary)),
+        Route("/api/v1/breakfix", api(breakfix_figures)),
         Route("/api/v1/config", api(config)),
         Route("/api/v1/events/stream", api(event_stream)),
         NodeRoute("/api/v1/nodes/{node_id:node_id}/events", api(events)),

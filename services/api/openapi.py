@@ -87,6 +87,11 @@ def document() -> dict[str, Any]:
         "/api/v1/summary": {"get": {
             "summary": "per cluster: nodes by health, the worst score; fleet totals (node summary -o json)",
             "responses": {"200": _json(_ref("Summary"), "the summary"), "401": _ERRORS["401"]}}},
+        "/api/v1/breakfix": {"get": {
+            "summary": "per cluster and fault class: incidents and the mean time from a fault to out of service, to "
+                       "remediated, to back in service (MTTR), and between incidents per node (healthplane breakfix)",
+            "parameters": [_CLUSTER, _query("since", {"type": "string"}, "30d (default), 24h or an RFC 3339 time")],
+            "responses": {"200": _json({"type": "object"}, "the figures"), **_ERRORS}}},
         "/api/v1/events/stream": {"get": {
             "summary": "node events live as server-sent events (events watch): id = the event's position, event = "
                        "its type, data = the event; Last-Event-ID resumes right after that position",

@@ -151,3 +151,24 @@ def test_rul1_rules_show_prints_the_defaults_until_a_config_says_otherwise(nats_
     assert "the defaults (no config applied)" in shown.stdout
     assert "fatal-xid-repeated (act, needs-attention): fatal any xid 5x on one GPU within 1d" in shown.stdout
     assert "xid31-across-gpus (act, none): xid 31 2x on different GPUs within 1d" in shown.stdout
+
+
+async def test_breakfix_figures_from_the_stored_events_as_a_viewer(nats_server: NatsServer,
+                                                                  js: JetStreamContext) -> None:
+    """Issue 41.5: an incident taken out after 2 min, remediated at 30, back at 45: the CLI's
+    figures, from the stored events, with a reader's rights."""
+    from tests.unit.test_breakfix import event
+
+    for e in (event("n1", 0, "CONDITION_RAISED"), event("n1", 2, "HOLD_CREATED"),
+              event("n1", 30, "REMEDIATION_SUCCEEDED"), event("n1", 45, "HOLD_RELEASED"),
+              event("n2", 0, "CONDITION_RAISED", condition="disk_readonly")):
+        await js.publish(subjects.event(e.cluster, e.node_id, e.type), wire.encode(e))
+    done = subprocess.run([sys.executable, "-m", "healthplane.cli", "breakfix", "--since", "1h", "-o", "json"],
+                          capture_output=True, text=True, timeout=60, env=env_for(nats_server, "viewer", "viewer"))
+    assert done.returncode == 0, done.stderr
+    rows = {r["faultClass"]: r for r in json.loads(done.stdout)["figures"]}
+    assert rows["gpu_xid_errors"]["backInService"] == {"count": 1, "meanSeconds": 2700.0}
+    assert rows["disk_readonly"]["incidents"] == 1 and rows["disk_readonly"]["outOfService"]["count"] == 0
+    text = subprocess.run([sys.executable, "-m", "healthplane.cli", "breakfix", "--since", "1h"],
+                          capture_output=True, text=True, timeout=60, env=env_for(nats_server, "viewer", "viewer"))
+    assert "GPU Xid Errors" in text.stdout and "45.0m (n=1)" in text.stdout, text.stdout

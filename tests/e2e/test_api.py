@@ -156,3 +156,14 @@ def test_api3_a_decommissioned_node_leaves_the_summary(stack: Stack) -> None:
     stack.wait_until(seven, 20, "the summary without sim-007")
     assert stack.cli_json("node", "summary")["fleet"]["nodes"] == 7
     assert stack.get("/api/v1/nodes/sim-007").status_code == 404
+
+
+def test_breakfix_over_http_is_the_clis_json(stack: Stack) -> None:
+    """Issue 41.5: GET /api/v1/breakfix through the real server is `healthplane breakfix -o json`
+    (the figures; the read's own time aside); a bad since is a 400 naming it."""
+    served = stack.get("/api/v1/breakfix", since="7d")
+    assert served.status_code == 200
+    cli = stack.cli_json("breakfix", "--since", "7d")
+    assert served.json()["figures"] == cli["figures"] and served.json()["events"] == cli["events"]
+    bad = stack.get("/api/v1/breakfix", since="a while")
+    assert bad.status_code == 400 and "a while" in bad.json()["error"]

@@ -16,6 +16,7 @@ from typing import Final
 
 from healthplane import __version__
 from healthplane.cli import (
+    breakfix_cmd,
     creds_cmd,
     dead_letters_cmd,
     events_cmd,
@@ -156,6 +157,8 @@ LIBRARY_GROUPS: Final = (
                  federation_cmd.add_arguments, federation_cmd.run),
     CommandGroup("streams", "stream administration as the maintainer: converge (SEC-10)", streams_cmd.add_arguments,
                  streams_cmd.run),
+    CommandGroup("breakfix", "fault to out of service, remediated, back (MTTR) and between incidents, per fault class",
+                 breakfix_cmd.add_arguments, breakfix_cmd.run),
     CommandGroup("rules", "promotion rules: show those in force, backtest a file over stored events (RUL-1..3)",
                  rules_cmd.add_arguments, rules_cmd.run),
     CommandGroup("xid", "what GPU Xid N means and what NVIDIA's catalog says to do (XID-1)",

@@ -9,19 +9,16 @@ of the file's rules is that rule's own record, not an occurrence, and is passed 
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
-import msgspec
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 
+from healthplane.client import history
 from healthplane.contracts import promotion, subjects, wire
-from healthplane.runtime.replay import StoredMsg, read_all
 
-STREAM = "HP_NODE_EVENTS"
 COUNTED_TYPES = frozenset({"FAULT_OBSERVED", "REMEDIATION_STARTED", "REMEDIATION_SUCCEEDED", "CONDITION_RAISED"})
 
 
@@ -76,24 +73,8 @@ def fold_events(rules: Sequence[promotion.Rule], events: Iterable[wire.NodeEvent
 
 async def backtest(nc: NATS, js: JetStreamContext, rules: Sequence[promotion.Rule], since: datetime,
                    cluster: str | None = None) -> Backtest:
-    """Read the stored events since ``since`` (of ``cluster``, else every cluster) and fold them.
-    One subject filter, the types picked by the subject's last token before any decode: a
-    stream order merge of four filters would hold every record read in memory first."""
+    """Read the stored events since ``since`` (of ``cluster``, else every cluster) and fold them."""
     found = Backtest(tuple(rules), {rule.name: [] for rule in rules})
-    decode = msgspec.json.Decoder(wire.NodeEvent).decode
-    started = time.perf_counter()
-
-    def sink(msg: StoredMsg) -> None:
-        if msg.subject.rpartition(".")[2] not in COUNTED_TYPES:
-            return
-        try:
-            event = decode(msg.data)
-        except (msgspec.DecodeError, msgspec.ValidationError):
-            found.skipped += 1
-            return
-        found.fold(event)
-
-    filter_ = f"hp.event.{subjects.encode_token(cluster)}.>" if cluster else "hp.event.>"
-    await read_all(nc, js, STREAM, filter_, start_time=since, sink=sink)
-    found.seconds = time.perf_counter() - started
+    read = await history.fold_since(nc, js, since, COUNTED_TYPES, found.fold, cluster)
+    found.skipped, found.seconds = read.skipped, read.seconds
     return found
