@@ -5,7 +5,7 @@ drains, replacements), the scorer's per-report node views (a re-check on every r
 allocations (what a node waiting for replacement still runs), resource reports (the node
 object of rule sets), the commands stream filtered to eviction's outcomes, the provisioner's
 termination results and operators' policy instructions, and the config. Outputs: POLICY_*
-node events and commands, nothing else.
+node events, DOMAIN_* events (DOM-3, on a domain's reserved id) and commands, nothing else.
 
 ``now`` for a record is the time the record itself carries (``occurredAt``, ``at``,
 ``issuedAt``, ``appliedAt``): time is data, so a replay decides exactly as the first run did,
@@ -37,7 +37,7 @@ EVENT_TYPES = (
     "SCORE_CHANGED", "CONDITION_RAISED", "CONDITION_CLEARED", "NODE_REGISTERED", "HOLD_CREATED", "HOLD_RELEASED",
     "NODE_UNCORDONED", "NODE_DRAINED", "NODE_REPLACED", "NODE_DEPROVISIONED",
     # Its own decisions, read back: after a crash they restore what was decided (REL-1).
-    "POLICY_RECOMMENDED", "POLICY_ACTED", "POLICY_HALTED",
+    "POLICY_RECOMMENDED", "POLICY_ACTED", "POLICY_HALTED", "DOMAIN_DEGRADED", "DOMAIN_RECOVERED",
 )
 INPUTS = (
     Input("HP_NODE_EVENTS", tuple(f"hp.event.*.*.{t}" for t in EVENT_TYPES)),

@@ -1,4 +1,4 @@
-"""The policy's rules (POL-1..POL-4, POL-6, POL-7) as a pure fold: no I/O, no clock.
+"""The policy's rules (POL-1..POL-4, POL-6, POL-7, DOM-2, DOM-3) as a pure fold: no I/O, no clock.
 
 ``decide(state, record, now, origin)`` folds one input record and returns what the policy
 concludes from it: node events (POLICY_RECOMMENDED / POLICY_ACTED / POLICY_HALTED, actor
@@ -25,10 +25,11 @@ import msgspec
 
 from healthplane.contracts import automation, wire
 from healthplane.contracts.config import ClusterConfig, NodeHealth
-from healthplane.contracts.subjects import node_key
+from healthplane.contracts.subjects import domain_node_id, domain_of_node_id, node_key
 from healthplane.runtime import heap
-from healthplane_policy import breaker, rulesets
+from healthplane_policy import breaker, domains, rulesets
 from healthplane_policy.breaker import BreakerSettings, BreakerState
+from healthplane_policy.domains import Domain, FaultSettings, LimitSettings
 from healthplane_policy.rulesets import Applied, RuleExpressionSpec, RuleSetSpec
 
 ACTOR = automation.POLICY
@@ -69,6 +70,8 @@ class PolicyConfig(msgspec.Struct, frozen=True):
     breaker: BreakerSettings = BreakerSettings()
     rule_sets: tuple[RuleSetSpec, ...] = ()
     ladders: tuple[str, ...] = ()  # condition types a remediation ladder is configured for (REM-1)
+    domain_limits: dict[str, LimitSettings] = {}  # kind -> its budget (DOM-2)
+    domain_faults: dict[str, FaultSettings] = {}  # kind -> its share-in-window rule (DOM-3)
 
     def settings_for(self, definition: str | None) -> Settings:
         """A definition's setting replaces the cluster's (POL-1)."""
@@ -107,7 +110,14 @@ def policy_config(config: ClusterConfig, version: int) -> PolicyConfig:
                                 max_cordoned_percentage=cb.max_cordoned_percentage,
                                 duration_s=float(cb.duration_seconds)),
         rule_sets=rule_sets,
-        ladders=tuple(sorted({ladder.fault_class.lower() for ladder in config.remediation.ladders})))
+        ladders=tuple(sorted({ladder.fault_class.lower() for ladder in config.remediation.ladders})),
+        domain_limits={limit.kind: LimitSettings(kind=limit.kind, max_unavailable=limit.max_unavailable,
+                                                 max_unavailable_percent=limit.max_unavailable_percent)
+                       for limit in health.domain_limits},
+        domain_faults={rule.kind: FaultSettings(kind=rule.kind, share=rule.share, window_s=rule.window_seconds,
+                                                min_members=rule.min_members,
+                                                recover_after_s=rule.recover_after_seconds, action=rule.action)
+                       for rule in health.domain_faults})
 
 
 # ---------------------------------------------------------------------------- state
@@ -163,6 +173,8 @@ class Node(msgspec.Struct):
     labels: dict[str, str] = msgspec.field(default_factory=heap.empty)  # applied by rule sets (not in dry run)
     taints: dict[str, str] = msgspec.field(default_factory=heap.empty)  # "key=value" -> effect, applied by rule sets
     session: Session | None = None
+    domains: dict[str, str] = msgspec.field(default_factory=heap.empty)  # DOM-1, from the scorer's view
+    failing_since: datetime | None = None  # DOM-3: silent or degraded since
 
 
 class Pool(msgspec.Struct):
@@ -184,7 +196,8 @@ class PolicyState(msgspec.Struct):
     breakers: dict[str, BreakerState] = {}
     fleet: dict[str, int] = {}  # cluster -> nodes
     automated: dict[str, set[str]] = {}  # cluster -> nodes automation holds out of service
-
+    domains: dict[str, Domain] = {}  # domain key -> its members and episode (DOM-2, DOM-3)
+    degraded: set[str] = set()  # domain keys with DOMAIN_DEGRADED in force
 
 
 def pool_key(node: Node) -> str:
@@ -217,6 +230,8 @@ def _unindex(state: PolicyState, node: Node) -> None:
         pool.unavailable.discard(key)
         pool.replacing.discard(key)
     state.automated.get(node.cluster, set()).discard(key)
+    if node.domains:
+        domains.leave(state.domains, node.cluster, key, node.domains)
 
 
 def _index(state: PolicyState, node: Node) -> None:
@@ -229,6 +244,10 @@ def _index(state: PolicyState, node: Node) -> None:
         pool.replacing.add(key)
     if _automation_holds(node):
         state.automated.setdefault(node.cluster, set()).add(key)
+    if node.domains:
+        domains.join(state.domains, node.cluster, key, node.domains, domains.MemberFacts(
+            out_of_service=_out_of_service(node), failing_since=node.failing_since,
+            silent="heartbeat_missed" in node.conditions))
 
 
 # ---------------------------------------------------------------------------- the fold
@@ -260,6 +279,16 @@ class _Decision:
         where = next((i for i, o in enumerate(self.out) if isinstance(o, wire.Command) and o.id == command_id),
                      len(self.out))
         self.out.insert(where, record)
+
+    def domain_event(self, domain: Domain, kind: wire.EventType, message: str, record: wire.DomainRecord,
+                     at: int | None = None) -> None:
+        """A domain's own event (DOM-3), on its reserved node id, numbered per domain."""
+        domain.issued += 1
+        node_id = domain_node_id(domain.kind, domain.value)
+        self.out.insert(len(self.out) if at is None else at, wire.NodeEvent(
+            id=f"{ACTOR}:{domain.cluster}:{node_id}:{domain.issued}", node_id=node_id, cluster=domain.cluster,
+            type=kind, occurred_at=self.now, message=message, actor=ACTOR,
+            config_version=self.state.config.version or None, domain=record))
 
     def command(self, node: Node, verb: wire.CommandVerb, reason: str) -> str:
         command = wire.Command(id=self._id(node), node_id=node.node_id, cluster=node.cluster, verb=verb,
@@ -301,6 +330,12 @@ def decide(state: PolicyState, record: Record, now: datetime | None, origin: str
         case PolicyConfig():
             state.config = record
             rulesets.compile_all(record.rule_sets)
+    # Not on the policy's own events: read back after a crash, they come before the facts that
+    # followed them, and a recovery is decided on facts.
+    own = isinstance(record, wire.NodeEvent) and record.actor == ACTOR and (
+        record.type in POLICY_EVENT_TYPES or record.type in DOMAIN_EVENT_TYPES)
+    if state.degraded and act and not own:
+        _recoveries(decision)
     return state, decision.out
 
 
@@ -332,6 +367,10 @@ def _creates(state: PolicyState, cluster: str, node_id: str) -> bool:
 def _on_event(d: _Decision, event: wire.NodeEvent) -> None:
     state = d.state
     kind = event.type
+    if kind in DOMAIN_EVENT_TYPES:
+        if event.actor == ACTOR:
+            _on_own_domain_event(state, event)
+        return
     if kind == "NODE_REGISTERED":
         node = _node(state, event.cluster, event.node_id, create=True)
         assert node is not None
@@ -349,6 +388,7 @@ def _on_event(d: _Decision, event: wire.NodeEvent) -> None:
         node.score = event.score
         if event.previous_score is not None:
             node.second_reading = True
+        _domain_facts(d, node)  # a domain fault holds its members before any is acted on alone
         _evaluate(d, node)
         _rule_sets(d, node, event)
     elif kind in ("CONDITION_RAISED", "CONDITION_CLEARED") and event.condition is not None:
@@ -358,6 +398,7 @@ def _on_event(d: _Decision, event: wire.NodeEvent) -> None:
                 condition.reason, condition.severity, condition.message)}
         else:
             node.conditions = {k: v for k, v in node.conditions.items() if k != condition.type}
+        _domain_facts(d, node)
         _rule_sets(d, node, event)
     elif kind in POLICY_EVENT_TYPES and event.actor == ACTOR:
         _on_own_event(state, node, event)
@@ -440,8 +481,10 @@ def _on_manual_uncordon(d: _Decision, node: Node, event: wire.NodeEvent) -> None
 
 
 def _on_view(d: _Decision, view: wire.NodeView) -> None:
-    """The scorer's view after each report: a re-check with a score that belongs to that report."""
+    """The scorer's view after each report: a re-check with a score that belongs to that report,
+    and the node's domains (DOM-1), whatever the view was written for."""
     state = d.state
+    _view_domains(d, view)
     if view.score is None or view.last_reported_at is None:
         return
     node = _node(state, view.cluster, view.node_id, create=_creates(state, view.cluster, view.node_id))
@@ -536,7 +579,7 @@ def _level(score: int, settings: Settings) -> int:
     return 0
 
 
-_EPISODE_TAGS = (("maxUnavailablePercent", "ceiling"), ("circuit breaker", "breaker"), ("by hand", "manual"),
+_EPISODE_TAGS = (("domainLimits", "domain"), ("maxUnavailablePercent", "ceiling"), ("circuit breaker", "breaker"), ("by hand", "manual"),
                  ("maxReplacementsPerHour", "budget"), ("before replacing", "waiting"),
                  ("replacing once drained", "waiting"), ("waiting for", "waiting"))
 _ATTEMPT = re.compile(r"\(attempt (\d+);")
@@ -571,6 +614,8 @@ def _evaluate(d: _Decision, node: Node) -> None:
     settings = state.config.settings_for(node.definition)
     if node.score is None or not node.second_reading:
         return
+    if _held_by_domain(state, node) is not None:
+        return  # DOM-3: its domain is one fault, decided as one (DOMAIN_DEGRADED says so, once)
     if automation.blinding((kind, fact.reason) for kind, fact in node.conditions.items()):
         return  # no action and no event while the node cannot be fully seen (POL-3, XID-2)
     level = _level(node.score, settings)
@@ -649,9 +694,17 @@ def _why(node: Node, settings: Settings, action: Action) -> str:
 
 
 def _guardrail(d: _Decision, node: Node, settings: Settings) -> tuple[str, str] | None:
-    """What blocks taking this node out of service, if anything: the unavailable ceiling of its
-    definition (every cordon counts, whoever placed it), then the circuit breaker."""
+    """What blocks taking this node out of service, if anything: the budget of each of its
+    domains (DOM-2), the unavailable ceiling of its definition (every cordon counts, whoever
+    placed it, in both), then the circuit breaker. Any one that is full refuses, so the lowest
+    binds."""
     state = d.state
+    for kind, value in node.domains.items():  # DOM-2: a domain's budget beside the cluster's
+        limit = state.config.domain_limits.get(kind)
+        domain = state.domains.get(domains.domain_key(node.cluster, kind, value))
+        why = domains.over_budget(limit, domain, node_key(node.cluster, node.node_id)) if limit and domain else None
+        if why is not None:
+            return "domain", why
     pool = state.pools.setdefault(pool_key(node), Pool())
     members, unavailable = len(pool.members), len(pool.unavailable)
     if (unavailable + 1) * 100 > settings.max_unavailable_percent * members:
@@ -697,6 +750,201 @@ def _replace(d: _Decision, node: Node, settings: Settings) -> None:
     if node.last_rejection is not None:
         message += f" (attempt {node.replace_attempts}; the provider rejected the last: {node.last_rejection})"
     _conclude(d, node, "POLICY_ACTED", "replace", message, node.replacing)
+
+
+# ---------------------------------------------------------------------------- failure domains (DOM-2, DOM-3)
+# The pure rules are healthplane_policy.domains; here they meet the nodes. A member is failing
+# when it is silent (heartbeat missed), carries a critical condition, or scores below its
+# cordonBelow (what automation would act on): a view's DEGRADED (a score at or below 95, one
+# warning) is too little to call a whole rack down.
+
+DOMAIN_EVENT_TYPES: Final = frozenset({"DOMAIN_DEGRADED", "DOMAIN_RECOVERED"})
+
+
+def _failing(state: PolicyState, node: Node) -> bool:
+    if "heartbeat_missed" in node.conditions or any(c.severity == "critical" for c in node.conditions.values()):
+        return True
+    return node.score is not None and node.score < state.config.settings_for(node.definition).cordon_below
+
+
+def _held_by_domain(state: PolicyState, node: Node) -> Domain | None:
+    """The degraded domain that holds per-node automation on ``node``, if any."""
+    if not state.degraded:
+        return None
+    for kind, value in node.domains.items():
+        key = domains.domain_key(node.cluster, kind, value)
+        if key in state.degraded:
+            return state.domains.get(key)
+    return None
+
+
+def _view_domains(d: _Decision, view: wire.NodeView) -> None:
+    """DOM-1's domains, as the scorer resolved them into the node's view."""
+    state = d.state
+    node = state.nodes.get(node_key(view.cluster, view.node_id))
+    if node is None and view.domains and view.score is not None:
+        node = _node(state, view.cluster, view.node_id, create=_creates(state, view.cluster, view.node_id))
+    if node is None or node.domains == view.domains:
+        return
+    _unindex(state, node)
+    node.domains = {sys.intern(k): sys.intern(v) for k, v in view.domains.items()} or heap.EMPTY
+    _index(state, node)
+    _domain_facts(d, node)
+
+
+def _domain_facts(d: _Decision, node: Node) -> None:
+    """A node's facts changed: keep its domains' index current, and see whether one of them
+    has just become one fault."""
+    state = d.state
+    failing = _failing(state, node)
+    if failing != (node.failing_since is not None):
+        node.failing_since = d.now if failing else None  # kept without domains: a view may add them
+    if not node.domains:
+        return
+    _unindex(state, node)
+    _index(state, node)
+    for kind, value in node.domains.items():
+        settings = state.config.domain_faults.get(kind)
+        key = domains.domain_key(node.cluster, kind, value)
+        domain = state.domains.get(key)
+        if settings is None or domain is None:
+            continue
+        domains.track(domain, settings, d.now)
+        # Not on a refold: the policy's own DOMAIN_* events say what was decided.
+        if failing and d.act and key not in state.degraded and domains.assess(domain, settings, d.now) == "degraded":
+            _degrade(d, key, domain, settings)
+
+
+def _domain_record(state: PolicyState, domain: Domain, settings: FaultSettings,
+                   drained: list[str] | None = None) -> wire.DomainRecord:
+    cap = wire.DOMAIN_MEMBERS_MAX
+    members = sorted(k.partition("\x00")[2] for k in domain.members)
+    failing = sorted(k.partition("\x00")[2] for k in domain.failing)
+    conditions = domains.shared_conditions(
+        state.nodes[k].conditions.keys() for k in domain.failing if k in state.nodes)
+    return wire.DomainRecord(
+        kind=domain.kind, value=domain.value, members=members[:cap], member_count=len(members),
+        failing=failing[:cap], failing_count=len(failing), silent_count=len(domain.silent),
+        conditions=conditions, threshold=domains.threshold(settings, len(members)), share=settings.share,
+        window_seconds=settings.window_s, action=settings.action, drained=(drained or [])[:cap])
+
+
+def _degrade(d: _Decision, key: str, domain: Domain, settings: FaultSettings) -> None:
+    """DOM-3: one DOMAIN_DEGRADED for the domain; its members' per-node automation is held from
+    now on; with ``action: drain`` every member automation may take out goes at once."""
+    state = d.state
+    domain.degraded_since = d.now
+    state.degraded.add(key)
+    failing, members = len(domain.failing), len(domain.members)
+    window = _duration(settings.window_s)
+    message = (f"domain {domain.name}: {failing} of {members} members silent or degraded within {window} "
+               f"(domainFaults {domain.kind}: share {settings.share}% = {domains.threshold(settings, members)}, "
+               f"{len(domain.silent)} silent); per-node automation on its members is held")
+    drained: list[str] = []
+    first = len(d.out)
+    if settings.action == "drain":
+        drained = _drain_domain(d, domain)
+        message += f"; draining the domain: {len(drained)} member(s) drained passively at once"
+    else:
+        message += "; needs attention: a person decides what to do with the domain"
+    # The domain's event before its members' drains: it is what their events refer to.
+    d.domain_event(domain, "DOMAIN_DEGRADED", message, _domain_record(state, domain, settings, drained), at=first)
+
+
+def _drain_domain(d: _Decision, domain: Domain) -> list[str]:
+    """Every member automation may take out, at once: a passive drain (a cordon in cordon mode;
+    nothing in observe mode), each with its POLICY_ACTED so a restart knows it was sent.
+    Members taken out by hand stay theirs; NOT_READY members are not in service."""
+    state = d.state
+    sent: list[str] = []
+    for key in sorted(domain.members):
+        node = state.nodes.get(key)
+        if node is None or not node.ready:
+            continue
+        mode = state.config.settings_for(node.definition).mode
+        if mode == "observe" or any(h.actor not in AUTOMATION for h in node.holds.values()):
+            continue
+        verb: Literal["cordon", "drain"] = "cordon" if mode == "cordon" else "drain"
+        held = _automation_holds(node)
+        if held and (verb == "cordon" or node.drained):
+            continue
+        _unindex(state, node)
+        command_id = d.command(node, verb, f"domain {domain.name} degraded (DOM-3)")
+        node.pending = {**node.pending, command_id: verb}
+        node.drained = node.drained or verb == "drain"
+        _index(state, node)
+        if not held:
+            breaker.record(state.breakers.setdefault(node.cluster, BreakerState()), node.node_id, d.now)
+        _conclude(d, node, "POLICY_ACTED", verb, f"{verb}: domain {domain.name} degraded", command_id)
+        sent.append(node.node_id)
+    return sent
+
+
+def _recoveries(d: _Decision) -> None:
+    """Degraded domains whose failing share has stayed below the threshold for recoverAfter
+    (or whose rule is no longer configured): DOMAIN_RECOVERED; per-node automation resumes."""
+    state = d.state
+    for key in sorted(state.degraded):
+        domain = state.domains.get(key)
+        settings = state.config.domain_faults.get(domain.kind) if domain is not None else None
+        if domain is None:
+            state.degraded.discard(key)
+            continue
+        if settings is not None and domains.assess(domain, settings, d.now) != "recovered":
+            continue
+        settings = settings or FaultSettings(kind=domain.kind)
+        failing, members = len(domain.failing), len(domain.members)
+        why = (f"{failing} of {members} members silent or degraded, below {domains.threshold(settings, members)} "
+               f"for {_duration(settings.recover_after_s)}"
+               if domain.kind in state.config.domain_faults else "no domainFaults rule for its kind any more")
+        domain.degraded_since = None
+        state.degraded.discard(key)
+        d.domain_event(domain, "DOMAIN_RECOVERED",
+                       f"domain {domain.name} recovered: {why}; per-node automation on its members resumes "
+                       f"(what automation took out stays out until uncordoned)",
+                       _domain_record(state, domain, settings))
+
+
+def _on_own_domain_event(state: PolicyState, event: wire.NodeEvent) -> None:
+    """The policy's own DOMAIN_* event, read back: decided live it is already in the state;
+    after a crash it restores the episode and the domain's event numbering."""
+    named = domain_of_node_id(event.node_id)
+    if named is None:
+        return
+    kind, value = named
+    key = domains.domain_key(event.cluster, kind, value)
+    domain = state.domains.get(key)
+    if domain is None:
+        domain = state.domains[key] = Domain(cluster=sys.intern(event.cluster), kind=kind, value=value)
+    number = _number(event.id)
+    if number <= domain.issued:
+        return
+    domain.issued = number
+    if event.type == "DOMAIN_DEGRADED":
+        domain.degraded_since = event.occurred_at
+        state.degraded.add(key)
+        # A refold takes the views (which carry the domains) and the node events from two
+        # streams in no fixed order: the event's members hold them even before their views.
+        for member in event.domain.members if event.domain is not None else ():
+            node = _node(state, event.cluster, member, create=_creates(state, event.cluster, member))
+            if node is not None and kind not in node.domains:
+                _unindex(state, node)
+                node.domains = {**node.domains, kind: value}
+                _index(state, node)
+        settings = state.config.domain_faults.get(kind)
+        if settings is not None:
+            domains.track(domain, settings, event.occurred_at)
+    else:
+        domain.degraded_since = None
+        state.degraded.discard(key)
+
+
+def _duration(seconds: float) -> str:
+    whole = int(seconds)
+    for unit, size in (("h", 3600), ("m", 60)):
+        if whole >= size and whole % size == 0:
+            return f"{whole // size}{unit}"
+    return f"{whole}s"
 
 
 # ---------------------------------------------------------------------------- rule sets
@@ -762,6 +1010,8 @@ def _rule_sets(d: _Decision, node: Node, event: wire.NodeEvent) -> None:
 def _rule_cordon(d: _Decision, node: Node, session: Session, rule_set: RuleSetSpec, settings: Settings) -> None:
     if session.cordoned_by is not None or _out_of_service(node):
         return  # already out of service: one cordon per session
+    if _held_by_domain(d.state, node) is not None:
+        return  # DOM-3: held with its degraded domain
     message = f"rule set {rule_set.name}: cordon"
     if session.dry_run:
         session.cordoned_by = rule_set.name

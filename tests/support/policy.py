@@ -134,3 +134,22 @@ def only(items: Iterable[Any]) -> Any:
     found = list(items)
     assert len(found) == 1, found
     return found[0]
+
+
+def refold_after_crash(setup: Iterable[Record], records: list[Record], cut: int,
+                       snapshot: bool = False) -> tuple[list[str], list[str]]:
+    """The output ids of an uninterrupted run, and of one that crashed after ``records[:cut]``
+    and restarted: it refolds those as facts only (their outputs are in the streams), reads its
+    own events back (through a snapshot's JSON with ``snapshot``) and decides the rest (REL-1)."""
+    import msgspec
+
+    setup = list(setup)
+    whole = Driver(*setup, *records)
+    before = Driver(*setup, *records[:cut])
+    restarted = Driver(*setup)
+    restarted.feed(*records[:cut], act=False)
+    restarted.feed(*[o for o in before.outputs if isinstance(o, wire.NodeEvent)])
+    if snapshot:
+        restarted.state = msgspec.json.decode(msgspec.json.encode(restarted.state), type=PolicyState)
+    restarted.feed(*records[cut:])
+    return [o.id for o in whole.outputs], [o.id for o in before.outputs + restarted.outputs]

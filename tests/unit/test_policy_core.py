@@ -22,6 +22,7 @@ from tests.support.policy import (
     fleet,
     hold,
     only,
+    refold_after_crash,
     registered,
     score,
     termination,
@@ -355,14 +356,8 @@ def test_rel1_a_refold_after_a_crash_repeats_no_decision(records: list[Any], mod
     setup = [config({"mode": mode, "maxUnavailablePercent": 50,
                      "circuitBreaker": {"percentage": 0, "maxNodes": 3, "duration": "10m"}}),
              *fleet(len(NODES), provisioned=True)]
-    half = len(records) // 2
-    whole = Driver(*setup, *records)
-    before = Driver(*setup, *records[:half])
-    restarted = Driver(*setup)
-    restarted.feed(*records[:half], act=False)
-    restarted.feed(*[o for o in before.outputs if isinstance(o, wire.NodeEvent)])
-    restarted.feed(*records[half:])
-    assert [o.id for o in before.outputs + restarted.outputs] == [o.id for o in whole.outputs]
+    uninterrupted, restarted = refold_after_crash(setup, records, len(records) // 2)
+    assert restarted == uninterrupted
 
 
 # ---------------------------------------------------------------------------- REM-1

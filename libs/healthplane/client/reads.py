@@ -292,7 +292,10 @@ async def automation_status(js: JetStreamContext, view: wire.NodeView, now: date
         view, health, now=now,
         last_policy=await latest_event(js, view.cluster, view.node_id, automation.POLICY_EVENTS),
         last_uncordon=await latest_event(js, view.cluster, view.node_id, ["NODE_UNCORDONED"]),
-        last_score=await latest_event(js, view.cluster, view.node_id, ["SCORE_CHANGED"]))
+        last_score=await latest_event(js, view.cluster, view.node_id, ["SCORE_CHANGED"]),
+        domain_events=[found for kind, value in sorted(view.domains.items())
+                       if (found := await latest_event(js, view.cluster, subjects.domain_node_id(kind, value),
+                                                       automation.DOMAIN_EVENTS)) is not None])
 
 
 def shown(view: wire.NodeView, automation_line: str) -> dict[str, Any]:

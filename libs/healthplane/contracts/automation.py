@@ -9,7 +9,7 @@ pure; ``node show``, the API and the node page all call it with what ``reads`` f
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import Final
 
@@ -32,12 +32,20 @@ def blinding(conditions: Iterable[tuple[str, str]]) -> list[str]:
     explained collector failure not among them (XID-2)."""
     return sorted(kind for kind, reason in conditions if kind in BLIND and reason != EXPLAINED)
 POLICY_EVENTS: Final = ("POLICY_RECOMMENDED", "POLICY_ACTED", "POLICY_HALTED")
+DOMAIN_EVENTS: Final = ("DOMAIN_DEGRADED", "DOMAIN_RECOVERED")
 
 
 def explain(view: wire.NodeView, health: NodeHealth, *, last_policy: wire.NodeEvent | None,
-            last_uncordon: wire.NodeEvent | None, last_score: wire.NodeEvent | None, now: datetime) -> str:
+            last_uncordon: wire.NodeEvent | None, last_score: wire.NodeEvent | None, now: datetime,
+            domain_events: Sequence[wire.NodeEvent] = ()) -> str:
     """One line: the mode or guardrail behind automation's latest decision on this node, with
-    its numbers, or why there is nothing to decide."""
+    its numbers, or why there is nothing to decide. ``domain_events``: the latest DOMAIN_* event
+    of each of the node's domains (DOM-3); a degraded one holds per-node automation, so it
+    comes first. A domain's budget (DOM-2) is a POLICY_HALTED like any guardrail's."""
+    held = next((e for e in domain_events if e.type == "DOMAIN_DEGRADED"), None)
+    if held is not None:
+        return (f"held with its domain: {held.message} (since {wire.rfc3339(held.occurred_at)}); per-node "
+                "automation waits for DOMAIN_RECOVERED (DOM-3)")
     if view.score is None:
         return "not yet scored: automation acts on a node's score, and this node has none yet"
     blind = blinding((c.type, c.reason) for c in view.conditions)
