@@ -21,7 +21,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any, Final
 
-from healthplane.contracts import subjects, wire
+from healthplane.contracts import domains, subjects, wire
 from healthplane.contracts.config import decode_config
 from healthplane.contracts.subjects import node_key
 from healthplane.runtime.fold import (
@@ -88,6 +88,7 @@ class EvictionCore:
                 node.known, node.provisioned, node.ready = True, report.provisioned, report.ready
                 node.definition = report.definition
                 node.gpus = sum(1 for device in report.devices if device.kind == "gpu")
+                node.hardware_domains = domains.hardware_domains(report)
                 if report.remediation is not None:
                     climbing.remediation_outcome(state, node, report.remediation, out, inbound)
             case wire.ConfigEnvelope() as envelope:
@@ -154,8 +155,9 @@ def _config(config: Any) -> EvictionConfig:
         before_return_by_definition={name: config.validate_before_return_for(name)
                                      for name in config.provisioner_definitions},
         isolate_auto=validation.isolation.auto, isolate_max_concurrent=validation.isolation.max_concurrent,
-        isolate_timeout_s=validation.isolation.timeout_seconds)
+        isolate_timeout_s=validation.isolation.timeout_seconds,
+        isolate_together=tuple(validation.isolation.keep_together))
     return EvictionConfig(cluster=limits(config.node_health),
                           definitions={name: limits(config.node_health_for(name))
                                        for name in config.provisioner_definitions},
-                          validation=policy, remediation=rem.policy_of(config))
+                          validation=policy, remediation=rem.policy_of(config), domains=config.domains.spec())

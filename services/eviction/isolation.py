@@ -6,6 +6,10 @@ parallel up to a cap; a group that passes clears its nodes; a failing single nod
 With one faulty node among n that takes ⌈log2 n⌉ rounds; with several, each is found along its
 own path, so the nodes that are not faulty are always cleared and never attributed.
 
+DOM-4: suspects that share a failure domain whose fault is the domain's (an NVLink domain:
+a job across an NVL72 fails when any member's fabric does) are one *unit*, never split: a
+half is whole units, and a failing unit is named faulty as a whole (the domain).
+
 Pure: the service that drives it (the validation runs, the node events of each step) keeps an
 :class:`Isolation` in its state and feeds it the outcome of each validation; no I/O, no clock.
 """
@@ -42,26 +46,59 @@ class Isolation:
     max_concurrent: int = DEFAULT_MAX_CONCURRENT
     validations: int = 0  # started so far
     rounds: int = 0  # the deepest round started so far
+    together: tuple[Group, ...] = ()  # DOM-4: suspects validated as one (a domain's members)
 
     @property
     def done(self) -> bool:
         return not self.waiting and not self.running
 
 
-def halves(nodes: Sequence[str]) -> tuple[Group, Group]:
-    middle = (len(nodes) + 1) // 2
-    return tuple(nodes[:middle]), tuple(nodes[middle:])
+def units_of(nodes: Sequence[str], together: Sequence[Group] = ()) -> list[Group]:
+    """``nodes`` as units in node order: each ``together`` group's members among them as one
+    (at its first member's place), every other node alone."""
+    unit = {node: group for group in together for node in group}
+    out: list[Group] = []
+    seen: set[str] = set()
+    for node in nodes:
+        if node in seen:
+            continue
+        members = tuple(n for n in nodes if n in unit.get(node, (node,))) if node in unit else (node,)
+        seen.update(members)
+        out.append(members)
+    return out
 
 
-def start(job: str, suspects: Iterable[str], max_concurrent: int = DEFAULT_MAX_CONCURRENT) -> Isolation:
-    """The first round: both halves of the suspects (one suspect: itself), in node order."""
+def halves(nodes: Sequence[str], together: Sequence[Group] = ()) -> tuple[Group, Group]:
+    """Two halves of whole units, the first holding at least half the nodes: a unit is never
+    split (DOM-4); without units, the first ⌈n/2⌉ nodes and the rest."""
+    units = units_of(nodes, together)
+    target = (len(nodes) + 1) // 2
+    taken = 0
+    while taken < len(units) and sum(len(u) for u in units[:taken]) < target:
+        taken += 1
+    if taken == len(units) and len(units) > 1:
+        taken -= 1  # a large last unit: the rest is that unit
+    return tuple(n for u in units[:taken] for n in u), tuple(n for u in units[taken:] for n in u)
+
+
+def _whole_unit(nodes: Group, together: Sequence[Group]) -> bool:
+    return len(nodes) > 1 and len(units_of(nodes, together)) == 1
+
+
+def start(job: str, suspects: Iterable[str], max_concurrent: int = DEFAULT_MAX_CONCURRENT,
+          together: Sequence[Group] = ()) -> Isolation:
+    """The first round: both halves of the suspects (one suspect, or one unit: itself), in
+    node order."""
     nodes = tuple(sorted(set(suspects)))
     if not nodes:
         raise IsolationError(f"job {job}: no suspects to isolate")
     if max_concurrent < 1:
         raise IsolationError(f"max_concurrent {max_concurrent}: at least 1")
-    first = [nodes] if len(nodes) == 1 else [g for g in halves(nodes) if g]
-    return Isolation(job, tuple(Step(g, 1) for g in first), (), max_concurrent=max_concurrent)
+    groups = tuple(tuple(n for n in nodes if n in group) for group in together)
+    groups = tuple(g for g in groups if len(g) > 1)
+    single = len(nodes) == 1 or _whole_unit(nodes, groups)
+    first = [nodes] if single else [g for g in halves(nodes, groups) if g]
+    return Isolation(job, tuple(Step(g, 1) for g in first), (), max_concurrent=max_concurrent, together=groups)
 
 
 def launch(state: Isolation) -> tuple[Isolation, list[Step]]:
@@ -84,7 +121,7 @@ def on_result(state: Isolation, nodes: Group, passed: bool) -> Isolation:
     running = tuple(s for s in state.running if s is not step)
     if passed:
         return replace(state, running=running, cleared=state.cleared | set(nodes))
-    if len(nodes) == 1:
+    if len(nodes) == 1 or _whole_unit(nodes, state.together):  # a node, or a domain: named as one
         return replace(state, running=running, faulty=state.faulty | set(nodes))
-    following = tuple(Step(g, step.round + 1) for g in halves(nodes) if g)
+    following = tuple(Step(g, step.round + 1) for g in halves(nodes, state.together) if g)
     return replace(state, running=running, waiting=(*state.waiting, *following))

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from healthplane.contracts import wire
+from healthplane.contracts import domains, wire
 from healthplane.contracts.subjects import job_key, node_key
 from healthplane_eviction import holds, isolation, rules
 from healthplane_eviction import validation as vrules
@@ -230,7 +230,8 @@ def start_isolation(state: EvictionState, seen: SeenJob, rule: Rule, actor: str,
     if not suspects:
         return f"cannot isolate job {seen.job_id}: none of its {len(seen.nodes)} node(s) can be validated", excluded
     policy = state.config.validation
-    machine = isolation.start(seen.job_id, suspects, policy.isolate_max_concurrent)
+    machine = isolation.start(seen.job_id, suspects, policy.isolate_max_concurrent,
+                              kept_together(state, seen.cluster, suspects))
     iso = Isolating(key=job_key(seen.cluster, seen.job_id), cluster=seen.cluster, job_id=seen.job_id, rule=rule,
                     actor=actor, max_concurrent=policy.isolate_max_concurrent, excluded=excluded,
                     command_id=command.id if command else None,
@@ -240,6 +241,25 @@ def start_isolation(state: EvictionState, seen: SeenJob, rule: Rule, actor: str,
     seen.isolated = True
     launch(state, iso, out)
     return None
+
+
+def kept_together(state: EvictionState, cluster: str, suspects: list[str]) -> list[tuple[str, ...]]:
+    """DOM-4: the suspects that share a domain of a kind validated as one, group by group."""
+    groups: dict[tuple[str, str], list[str]] = {}
+    for node_id in suspects:
+        node = state.nodes.get(node_key(cluster, node_id))
+        found = domains.resolve(node_id, node.hardware_domains if node else {}, state.config.domains)
+        for kind in state.config.validation.isolate_together:
+            if kind in found:
+                groups.setdefault((kind, found[kind]), []).append(node_id)
+    merged: list[set[str]] = []  # two kinds' domains that overlap are one unit
+    for members in groups.values():
+        joined = set(members)
+        for other in [m for m in merged if m & joined]:
+            joined |= other
+            merged.remove(other)
+        merged.append(joined)
+    return [tuple(sorted(members)) for members in merged if len(members) > 1]
 
 
 def launch(state: EvictionState, iso: Isolating, out: Out) -> None:

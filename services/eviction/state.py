@@ -8,6 +8,7 @@ from typing import Any
 
 import msgspec
 
+from healthplane.contracts import domains as domains_spec
 from healthplane.contracts import subjects, wire
 from healthplane.contracts.subjects import node_key
 from healthplane.runtime.fold import Emit, Inbound, Note
@@ -29,6 +30,7 @@ class EvictionConfig(msgspec.Struct, frozen=True):
     definitions: dict[str, Limits] = {}
     validation: vrules.Policy = vrules.Policy()
     remediation: rem.RemediationPolicy = rem.RemediationPolicy()
+    domains: domains_spec.Spec = domains_spec.Spec()  # DOM-1's config part (DOM-4 keeps members together)
 
     def limits(self, definition: str | None) -> Limits:
         return self.definitions.get(definition, self.cluster) if definition else self.cluster
@@ -42,6 +44,7 @@ class Node(msgspec.Struct):
     ready: bool = True
     offline: bool = False
     definition: str | None = None
+    hardware_domains: dict[str, str] = {}  # DOM-1: what the node's hardware tells (its NVLink domain)
     faults: dict[str, str] = {}  # active condition type -> severity
     holds: dict[str, wire.Hold] = {}
     running: dict[str, wire.Allocation] = {}

@@ -37,6 +37,7 @@ class Policy(msgspec.Struct, frozen=True, kw_only=True):
     isolate_auto: bool = False
     isolate_max_concurrent: int = isolation.DEFAULT_MAX_CONCURRENT
     isolate_timeout_s: int = 3600
+    isolate_together: tuple[str, ...] = ("nvlink",)  # DOM-4: domain kinds validated as one
 
     def before_return_for(self, definition: str | None) -> bool:
         if definition is not None and definition in self.before_return_by_definition:
@@ -131,18 +132,21 @@ class Isolating(msgspec.Struct, kw_only=True):
     excluded: dict[str, str] = {}
     first_started: datetime | None = None  # the first run's start (queued time does not count)
     timeout_s: int = 3600
+    together: list[list[str]] = []  # DOM-4: suspects validated as one
 
     def machine(self) -> isolation.Isolation:
         return isolation.Isolation(
             self.job_id, tuple(isolation.Step(tuple(s.nodes), s.round) for s in self.waiting),
             tuple(isolation.Step(tuple(s.nodes), s.round) for s in self.running), frozenset(self.faulty),
-            frozenset(self.cleared), self.max_concurrent, self.validations, self.rounds)
+            frozenset(self.cleared), self.max_concurrent, self.validations, self.rounds,
+            tuple(tuple(group) for group in self.together))
 
     def keep(self, machine: isolation.Isolation) -> None:
         self.waiting = [Step(list(s.nodes), s.round) for s in machine.waiting]
         self.running = [Step(list(s.nodes), s.round) for s in machine.running]
         self.faulty, self.cleared = sorted(machine.faulty), sorted(machine.cleared)
         self.validations, self.rounds = machine.validations, machine.rounds
+        self.together = [list(group) for group in machine.together]
 
 
 

@@ -76,3 +76,40 @@ def test_val3_a_result_for_a_group_not_under_validation_is_refused() -> None:
         isolation.on_result(state, ("c",), passed=True)
     with pytest.raises(isolation.IsolationError, match="no suspects"):
         isolation.start("job-2", [])
+
+
+@st.composite
+def domained(draw: st.DrawFn) -> tuple[list[str], list[tuple[str, ...]], set[str]]:
+    n = draw(st.integers(min_value=2, max_value=40))
+    nodes = [f"n{i:02d}" for i in range(n)]
+    size = draw(st.integers(min_value=2, max_value=8))
+    shuffled = draw(st.permutations(nodes))
+    together = [tuple(sorted(shuffled[i:i + size])) for i in range(0, draw(st.integers(0, n)), size)]
+    together = [g for g in together if len(g) > 1]
+    faulty = set(draw(st.lists(st.sampled_from(nodes), max_size=3, unique=True)))
+    return nodes, together, faulty
+
+
+@given(domained())
+def test_dom4_a_domains_members_are_never_split_and_a_failing_domain_is_named_whole(
+        case: tuple[list[str], list[tuple[str, ...]], set[str]]) -> None:
+    """DOM-4: suspects sharing an NVLink domain are validated together in every round; a
+    validation fails when it holds a faulty node; the names are the faulty nodes, widened to
+    their whole domain where one is faulty, and everyone else is cleared."""
+    nodes, together, faulty = case
+    state = isolation.start("job-1", nodes, together=together)
+    unit = {n: set(g) for g in together for n in g}
+    while not state.done:
+        state, started = isolation.launch(state)
+        for step in started:
+            for node in step.nodes:  # a validation holds a node's whole unit, or none of it
+                assert unit.get(node, {node}) <= set(step.nodes)
+            state = isolation.on_result(state, step.nodes, passed=not (set(step.nodes) & faulty))
+    expected = set().union(*(unit.get(n, {n}) for n in faulty)) if faulty else set()
+    assert state.faulty == expected and state.cleared == set(nodes) - expected
+
+
+def test_dom4_without_domains_isolation_is_unchanged() -> None:
+    assert isolation.halves([f"n{i}" for i in range(7)]) == (("n0", "n1", "n2", "n3"), ("n4", "n5", "n6"))
+    first = isolation.start("j", ["a", "b", "c", "d"], together=[("a", "b", "c", "d")])
+    assert [s.nodes for s in first.waiting] == [("a", "b", "c", "d")]  # one domain: validated as one

@@ -31,7 +31,8 @@ class Loop:
     """Eviction and the reference scheduler, each folding the other's records in order."""
 
     def __init__(self, nodes: Iterable[str], *, validation: dict[str, Any] | None = None, gpus: int = 8,
-                 validation_s: float = 5.0, remediation: dict[str, Any] | None = None) -> None:
+                 validation_s: float = 5.0, remediation: dict[str, Any] | None = None,
+                 domains: dict[str, Any] | None = None) -> None:
         self.eviction, self.scheduler = EvictionCore(), SchedulerCore(1, validation_s)
         self.es, self.ss = self.eviction.initial_state(), self.scheduler.initial_state()
         self.now = T0
@@ -43,7 +44,7 @@ class Loop:
         self.remediations: list[wire.RemediationRequest] = []
         config = parse_cluster_config({"validation": validation or {
             "suites": {"diag": SUITE}, "defaultSuite": "diag", "validateBeforeReturn": True},
-            "remediation": remediation or {}}).to_wire()
+            "remediation": remediation or {}, "domains": domains or {}}).to_wire()
         envelope = wire.ConfigEnvelope(version=1, applied_at=T0, actor="test", config=config)
         self.to_eviction("HP_CONFIG", subjects.CONFIG, envelope)
         self.to_scheduler("HP_CONFIG", subjects.CONFIG, envelope)
@@ -366,3 +367,25 @@ def test_val4_an_isolation_excludes_a_cordoned_suspect_with_the_reason_and_never
     assert outcome.excluded == {"gpu-03": "cordoned: it is already out of service"}
     assert outcome.cleared == ["gpu-00", "gpu-02"]
     assert not [e for e in loop.of("VALIDATION_STARTED") if e.node_id == "gpu-03"]
+
+
+def test_dom4_an_nvlink_domain_is_isolated_as_one_and_named_whole() -> None:
+    """DOM-4: eight suspects, gpu-04..gpu-07 one NVLink domain (from the config here; the
+    hardware's fabric info where it tells): the fault planted on gpu-05 names the whole domain,
+    no validation ever splits it, and gpu-00..gpu-03 are cleared."""
+    nodes = names(8)
+    loop = Loop(nodes, domains={"rules": [{"kind": "nvlink", "regex": r"gpu-0[4-7]", "value": "nvl-1"}]})
+    loop.plant("gpu-05", [1])
+    loop.submit("train-9", steps=8)
+    loop.until(lambda: loop.job_failed("train-9"))
+    loop.run(15)
+    command = loop.command("isolate", "gpu-00", job_id="train-9")
+    loop.until(lambda: loop.outcome(command) is not None)
+    outcome = loop.outcome(command)
+    assert outcome is not None and outcome.result == "applied"
+    domain = ["gpu-04", "gpu-05", "gpu-06", "gpu-07"]
+    assert outcome.faulty == domain and outcome.cleared == ["gpu-00", "gpu-01", "gpu-02", "gpu-03"]
+    assert loop.validation_jobs
+    for job in loop.validation_jobs:  # every validation holds the whole domain or none of it
+        members = set(job.nodes or [])
+        assert members >= set(domain) or not members & set(domain), job.nodes

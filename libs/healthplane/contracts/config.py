@@ -250,6 +250,21 @@ class DomainFault(_Camel):
         return parse_duration(self.recover_after)
 
 
+class JobOutcomeTest(_Camel):
+    """JOB-2: the test that finds a node whose jobs fail improbably often against its peers'
+    (cluster-wide; docs/jobs.md has the arithmetic)."""
+
+    enabled: bool = True
+    false_alarm_rate: Annotated[float, Field(gt=0, lt=1)] = 0.01  # per cluster and window
+    window_hours: Annotated[int, Field(ge=1, le=168)] = 24  # at most the 7 days a history keeps
+    min_runs: Annotated[float, Field(gt=0)] = 10
+    min_peer_runs: Annotated[float, Field(gt=0)] = 20
+    black_hole_seconds: Annotated[float, Field(gt=0)] = 60
+    black_hole_min_failures: Annotated[float, Field(gt=0)] = 3
+    user_failure_rate: Annotated[float, Field(gt=0, le=1)] = 0.5
+    user_min_runs: Annotated[float, Field(gt=0)] = 5
+
+
 class NodeHealth(_Camel):
     heartbeat_miss_threshold: Annotated[int, Field(ge=1)] = 3
     mode: wire.PolicyMode = "observe"
@@ -272,6 +287,7 @@ class NodeHealth(_Camel):
     # DOM-2, DOM-3: per domain kind, cluster-wide (a domain spans definitions).
     domain_limits: Annotated[list[DomainLimit], Field(max_length=64)] = []
     domain_faults: Annotated[list[DomainFault], Field(max_length=64)] = []
+    job_outcomes: JobOutcomeTest = JobOutcomeTest()  # JOB-2, cluster-wide
 
     @field_validator("domain_limits", "domain_faults")
     @classmethod
@@ -383,6 +399,14 @@ class IsolationSettings(_Camel):
     auto: bool = False  # after a multi-node job failure with no single faulty node named
     max_concurrent: Annotated[int, Field(ge=1, le=64)] = 8
     timeout_seconds: Annotated[int, Field(ge=60, le=7 * 86400)] = 3600
+    # DOM-4: domain kinds whose members among the suspects are validated as one and named as
+    # one (an NVLink domain fails a job across it when any member's fabric does).
+    keep_together: Annotated[list[str], Field(max_length=8)] = ["nvlink"]
+
+    @field_validator("keep_together")
+    @classmethod
+    def _kinds(cls, value: list[str]) -> list[str]:
+        return [domains_spec.check_kind(kind) for kind in value]
 
 
 class Validation(_Camel):
