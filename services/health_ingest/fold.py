@@ -3,8 +3,8 @@
 Inputs: ``HP_REPORTS`` (every report), ``HP_NODE_EVENTS`` filtered to NODE_SERVICED (clears
 sticky faults), VALIDATION_PASSED/FAILED (``validation_failed``, VAL-1) and this service's
 own HEARTBEAT_MISSED (so that a replay rebuilds the "missed" flag the tick set),
-SCHEDULER_DRAINED/UNDRAINED (``scheduler_drained``, JOB-4), and
-``HP_CONFIG``. Outputs: node events and one assessment per
+SCHEDULER_DRAINED/UNDRAINED (``scheduler_drained``, JOB-4), ``HP_JOB_OUTCOMES``
+(``job_failures_anomalous``, JOB-2: jobs.py) and ``HP_CONFIG``. Outputs: node events and one assessment per
 report (and per state change that is not a report: service, missed heartbeat).
 
 Pure: what the fold has to say (a detector plug-in failed, a node missed its heartbeat) is a
@@ -21,7 +21,7 @@ from datetime import datetime
 from typing import Final
 
 from healthplane.contracts import promotion, subjects, wire
-from healthplane.contracts.config import decode_config
+from healthplane.contracts.config import JobOutcomeTest, decode_config
 from healthplane.contracts.subjects import node_key
 from healthplane.runtime.fold import (
     Emit,
@@ -35,7 +35,7 @@ from healthplane.runtime.fold import (
     note,
     record_of,
 )
-from healthplane_health_ingest import detectors
+from healthplane_health_ingest import detectors, jobs
 from healthplane_health_ingest.rules import (
     COUNTERS_MAX,
     STICKY_MAX,
@@ -48,6 +48,9 @@ from healthplane_health_ingest.rules import (
     counters_capped,
     fault_observations,
     health,
+    job_outcome,
+    job_serviced,
+    job_validation,
     miss_deadline,
     missed,
     observed_changes,
@@ -70,11 +73,13 @@ INPUTS = (
         "VALIDATION_PASSED", "VALIDATION_FAILED", "SCHEDULER_DRAINED", "SCHEDULER_UNDRAINED",
         "REMEDIATION_STARTED", "REMEDIATION_SUCCEEDED"))),
     Input("HP_RESOURCES"),
+    Input("HP_JOB_OUTCOMES"),
     Input("HP_CONFIG"),
 )
 OUTPUTS = ("HP_NODE_EVENTS", "HP_ASSESSMENTS")
 CODECS: Final = {"HP_REPORTS": node_record(wire.HealthReport), "HP_NODE_EVENTS": node_record(wire.NodeEvent),
-                 "HP_RESOURCES": node_record(wire.ResourceReport), "HP_CONFIG": decoder(wire.ConfigEnvelope)}
+                 "HP_RESOURCES": node_record(wire.ResourceReport), "HP_CONFIG": decoder(wire.ConfigEnvelope),
+                 "HP_JOB_OUTCOMES": node_record(wire.JobOutcome)}
 # The note a failing plug-in leaves, one label value per plug-in of
 # ``healthplane_fold_notes_total{note}``: main.py shows it as healthplane_detector_failures_total.
 DETECTOR_FAILED: Final = "detector_failed:"
@@ -108,6 +113,11 @@ class IngestCore:
                 return self._on_event(state, event, inbound)
             case wire.ResourceReport() as resources:
                 return self._on_resources(state, resources)
+            case wire.JobOutcome() as outcome:
+                found, changes = job_outcome(state, outcome, inbound.at)
+                if found is None or not changes:
+                    return Step(state, [])
+                return Step(state, self._records(found, changes, inbound, assessment=True))
             case wire.ConfigEnvelope() as envelope:
                 return self._on_config(state, envelope)
         raise Reject(f"unexpected record on {inbound.stream}")
@@ -148,11 +158,15 @@ class IngestCore:
     def _on_event(self, state: IngestState, event: wire.NodeEvent, inbound: Inbound) -> Step[IngestState]:
         if event.type == "NODE_SERVICED":
             found, changes = serviced(state, event.cluster, event.node_id, inbound.at)
+            job_node, job_changes = job_serviced(state, event.cluster, event.node_id, inbound.at)
+            found, changes = found or job_node, changes + job_changes
             if found is None or not changes:
                 return Step(state, [])
             return Step(state, self._records(found, changes, inbound, assessment=True))
         if event.type in ("VALIDATION_PASSED", "VALIDATION_FAILED"):
             found, changes = validated(state, event)
+            job_node, job_changes = job_validation(state, event)
+            found, changes = found or job_node, changes + job_changes
             if found is None or not changes:
                 return Step(state, [])
             return Step(state, self._records(found, changes, inbound, assessment=True))
@@ -169,6 +183,7 @@ class IngestCore:
         if event.type in ("NODE_DEPROVISIONED", "NODE_REPLACED"):
             key = node_key(event.cluster, event.node_id)
             state.nodes.pop(key, None)  # its deadline in the index goes stale and is skipped
+            jobs.forget(state.jobs, event.cluster, event.node_id)
             state.gone = {**state.gone, key: event.occurred_at}
             return Step(state, [])
         if event.type == "HEARTBEAT_MISSED":
@@ -196,7 +211,8 @@ class IngestCore:
             tuple(health_config.ignore_read_only_mounts),
             tuple(detectors.DetectorSpec(d.name, d.expression, d.condition, d.severity, d.message)
                   for d in health_config.detectors),
-            tuple(rule.compiled() for rule in config.promotion_rules))
+            tuple(rule.compiled() for rule in config.promotion_rules),
+            _job_test(health_config.job_outcomes))
         for node in state.nodes.values():  # RUL-1: the windows of rules no longer configured go
             if node.windows is not None:
                 promotion.forget(node.windows, state.config.promotion)
@@ -277,6 +293,14 @@ class IngestCore:
             emits.append(Emit(subjects.assessment(node.cluster, node.node_id), wire.encode(record),
                               msg_id=f"{stem}:assessment" if deterministic else None))
         return emits
+
+
+def _job_test(settings: JobOutcomeTest) -> jobs.JobTestConfig:
+    return jobs.JobTestConfig(
+        enabled=settings.enabled, false_alarm_rate=settings.false_alarm_rate, window_hours=settings.window_hours,
+        min_runs=settings.min_runs, min_peer_runs=settings.min_peer_runs,
+        black_hole_seconds=settings.black_hole_seconds, black_hole_min_failures=settings.black_hole_min_failures,
+        user_failure_rate=settings.user_failure_rate, user_min_runs=settings.user_min_runs)
 
 
 # ---------------------------------------------------------------------------- heartbeat deadlines

@@ -37,6 +37,7 @@ from healthplane.contracts import xid as xid_catalog
 from healthplane.contracts.config import DEFAULT_PROMOTION_RULES, PromotionRule
 from healthplane.contracts.subjects import node_key
 from healthplane.runtime import heap
+from healthplane_health_ingest import jobs
 from healthplane_health_ingest.detectors import Detection, DetectorSpec, NodeFacts
 
 HEARTBEAT_FLOOR_S: Final = 15.0
@@ -73,6 +74,7 @@ class IngestConfig(msgspec.Struct, frozen=True):
     ignore_read_only_mounts: tuple[str, ...] = ()
     detectors: tuple[DetectorSpec, ...] = ()
     promotion: tuple[promotion.Rule, ...] = DEFAULT_RULES
+    jobs: jobs.JobTestConfig = jobs.JobTestConfig()  # JOB-2
 
 
 class Finding(msgspec.Struct, frozen=True, omit_defaults=True):
@@ -129,6 +131,9 @@ class NodeState(msgspec.Struct, omit_defaults=True):
     scheduler_drain: Finding | None = None
     # RUL-1: the node's open promotion-rule windows; None while it has none (most nodes).
     windows: promotion.NodeWindows | None = None
+    # JOB-2: job_failures_anomalous while the job-outcome test holds it, as a finding of every
+    # report (its evidence is the job outcomes, not the report).
+    job_failures: Finding | None = None
 
 
 class IngestState(msgspec.Struct, dict=True):
@@ -142,6 +147,8 @@ class IngestState(msgspec.Struct, dict=True):
     gone: dict[str, datetime] = {}
     # What detectors read from each node's latest resource report (POL-8).
     facts: dict[str, NodeFacts] = {}
+    # JOB-2: job outcome histories and each cluster's pool of them (jobs.py).
+    jobs: jobs.JobsState = msgspec.field(default_factory=jobs.JobsState)
 
 
 
@@ -329,6 +336,8 @@ def findings(node: NodeState, report: wire.HealthReport, config: IngestConfig) -
         out.insert(0, _collector_failed(node, signals, failed))
     if node.scheduler_drain is not None:
         out.append(node.scheduler_drain)
+    if node.job_failures is not None:
+        out.append(node.job_failures)
     # Hardware Xids are sticky too, but reported per device above with their latest Xid.
     return out + [s.finding for k, s in node.sticky.items() if not k.startswith("xid.")]
 
@@ -664,6 +673,83 @@ def scheduler_word(state: IngestState, event: wire.NodeEvent) -> tuple[NodeState
         node.conditions = heap.without(node.conditions, "scheduler_drained")
     else:
         return None, []
+    return node, [Change(kind, _condition_message(kind, change), change)
+                  for kind, change in condition_events(before, node.conditions)]
+
+
+# ---------------------------------------------------------------------------- job outcomes (JOB-2, JOB-3)
+
+JOB_CONDITION: Final = "job_failures_anomalous"
+
+
+def job_finding(record: jobs.NodeRecord, config: jobs.JobTestConfig) -> Finding | None:
+    """The condition's finding while the test holds it: a warning (the score's penalty gates
+    the node, JOB-3), critical and for a human (CONTACT_SUPPORT: the catalog's needs-attention,
+    XID-2) when the node passed a validation since and its jobs still fail."""
+    if record.verdict is None:
+        return None
+    message = record.verdict.message(config)
+    if record.validated:
+        return Finding(JOB_CONDITION, "JobFailuresAfterValidation", "critical",
+                       f"{message}; after a passed validation", "CONTACT_SUPPORT")
+    return Finding(JOB_CONDITION, "JobFailuresAnomalous", "warning", message)
+
+
+def job_outcome(state: IngestState, outcome: wire.JobOutcome, at: datetime) -> tuple[NodeState | None, list[Change]]:
+    """JOB-2: one outcome folded, and the node it ran on looked at again."""
+    config = state.config.jobs
+    record = jobs.fold(state.jobs, outcome, config)
+    if record is None or not config.enabled:
+        return None, []
+    jobs.judged(record, jobs.look(state.jobs, outcome.cluster, outcome.node_id, config), config)
+    return _job_condition(state, outcome.cluster, outcome.node_id, record, at)
+
+
+def job_validation(state: IngestState, event: wire.NodeEvent) -> tuple[NodeState | None, list[Change]]:
+    """JOB-3 and VAL-3 on a validation's verdict: an isolation's narrows the blame of the job
+    it looks into (the node named carries the whole failure, one cleared none); any other pass
+    restarts the node's count, and clears the condition."""
+    record = state.jobs.nodes.get(node_key(event.cluster, event.node_id))
+    check = event.validation
+    if record is None or check is None:
+        return None, []
+    config = state.config.jobs
+    if check.isolating is not None:
+        named = event.type == "VALIDATION_FAILED"
+        if named and check.nodes != 1:
+            return None, []  # a group failed: it names none of its nodes
+        jobs.isolated(state.jobs, event.cluster, check.isolating, event.node_id, named)
+        jobs.judged(record, jobs.look(state.jobs, event.cluster, event.node_id, config), config)
+    elif event.type == "VALIDATION_PASSED":
+        jobs.passed(record, event.occurred_at)
+    return _job_condition(state, event.cluster, event.node_id, record, event.occurred_at)
+
+
+def job_serviced(state: IngestState, cluster: str, node_id: str, now: datetime) -> tuple[NodeState | None, list[Change]]:
+    """Service recorded: the node's runs count afresh."""
+    record = state.jobs.nodes.get(node_key(cluster, node_id))
+    if record is None:
+        return None, []
+    jobs.serviced(record, now)
+    return _job_condition(state, cluster, node_id, record, now)
+
+
+def _job_condition(state: IngestState, cluster: str, node_id: str, record: jobs.NodeRecord,
+                   now: datetime) -> tuple[NodeState | None, list[Change]]:
+    finding = job_finding(record, state.config.jobs)
+    node = state.nodes.get(node_key(cluster, node_id))
+    if node is None:
+        if finding is None:
+            return None, []
+        node = state.nodes[node_key(cluster, node_id)] = NodeState(cluster=sys.intern(cluster), node_id=node_id)
+    node.job_failures = finding
+    if node.last_report_at is None:
+        return None, []  # held for its first report
+    before = dict(node.conditions)
+    if finding is None:
+        node.conditions = heap.without(before, JOB_CONDITION)
+    else:
+        node.conditions = {**before, JOB_CONDITION: conditions_from([finding], before, now)[JOB_CONDITION]}
     return node, [Change(kind, _condition_message(kind, change), change)
                   for kind, change in condition_events(before, node.conditions)]
 

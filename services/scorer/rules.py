@@ -49,6 +49,10 @@ DEFAULT_PENALTIES: Final[Mapping[str, int]] = {
     "SchedulerDrain": 0,
     "SchedulerDown": 0,
     "SchedulerFail": 0,
+    # JOB-3: a node whose jobs fail improbably often (JOB-2) scores 40 alone: below the default
+    # drainBelow (45), so no scheduler places new work on it (POL-5), in every policy mode.
+    "JobFailuresAnomalous": 60,
+    "JobFailuresAfterValidation": 60,
 }
 TALLY_REASON: Final = "attributed job failures"
 # A reason the table does not name — a custom detector's (POL-8), whose reason is its name —

@@ -264,7 +264,8 @@ STREAMS: Final[tuple[StreamDef, ...]] = (
         max_age=7 * DAY, description="submitted jobs and the allocation lifecycle from the scheduler",
         readers=("scorer", "policy", "eviction", *SCHEDULERS, "sim"), slotted="hp.alloc.{cluster}.{node}.{alloc}"),
     # JOB-1: one record per job run and node, once it ended. Bounded by age and bytes: the folds
-    # keep a bounded recent history per node (scorer), the CLI reads a window (`jobs impact`).
+    # keep a bounded recent history per node (health-ingest's JOB-2 test), the CLI reads a
+    # window (`jobs impact`).
     StreamDef("HP_JOB_OUTCOMES", (
         Channel("hp.jobend.{cluster}.{node}.{job}", "jobend", "scheduler",
                 "How a job's run ended on a node: completed, failed, node_fail, timeout, cancelled, ...",
@@ -272,7 +273,7 @@ STREAMS: Final[tuple[StreamDef, ...]] = (
         _fence("jobend")),
         max_age=30 * DAY, max_bytes=1024 * 1024 * 1024,
         description="job outcomes per node from the scheduler (30 days)",
-        readers=("scorer",), slotted="hp.jobend.{cluster}.{node}.{job}"),
+        readers=("scorer", "health-ingest"), slotted="hp.jobend.{cluster}.{node}.{job}"),
     # Limits, not a work queue: eviction reads its own directives back after a restart (REL-1),
     # and a work queue would delete them once the scheduler acked them.
     StreamDef("HP_DIRECTIVES", (

@@ -159,6 +159,7 @@ ConditionType = Literal[
     "validation_failed",
     "repeated_faults",  # RUL-1: a promotion rule's, where its occurrences have no class of their own
     "scheduler_drained",  # JOB-4: evidence only, never acted on by automation
+    "job_failures_anomalous",  # JOB-2: a node whose jobs fail improbably often against its peers'
 ]
 CONDITION_TYPES: Final[tuple[str, ...]] = ConditionType.__args__  # type: ignore[attr-defined]
 _ACRONYMS: Final = {"gpu": "GPU", "smart": "SMART", "ecc": "ECC", "xid": "Xid"}
