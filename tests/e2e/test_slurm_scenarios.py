@@ -55,8 +55,10 @@ class Site:
             self.ok("sim", "inject", node, "--fault", "clear")
             self.ok("node", "service", node, "--reason", "GPU reseated")
 
-        async def healthy() -> bool:  # no condition left (the failure tally may still cost points)
-            return [(await self.stack.view(n)).conditions for n in nodes] == [[]] * len(nodes)
+        async def healthy() -> bool:  # no fault left (the failure tally may still cost points); a
+            # drain an administrator set in Slurm stays evidence (JOB-4), never Healthplane's to clear
+            views = [await self.stack.view(n) for n in nodes]
+            return all(c.type == "scheduler_drained" for view in views for c in view.conditions)
 
         await until(healthy)
         for node in nodes:
@@ -109,6 +111,12 @@ def test_slu2_a_fault_drains_in_slurm_and_the_release_resumes_but_a_hand_drain_s
         hold = (await site.stack.view("sim-001")).holds[0]
         assert site.reason("sim-001").startswith(f"healthplane: hold {hold.id} (cordon: ")
         assert site.reason("sim-002") == "bad DIMM, ticket 4711"
+
+        async def evidence() -> bool:  # JOB-4: the administrator's drain, with its reason, in the view
+            return any(c.type == "scheduler_drained" and "bad DIMM, ticket 4711" in c.message
+                       for c in (await site.stack.view("sim-002")).conditions)
+
+        await until(evidence)
         await site.heal("sim-001", "sim-002")
         await site.wait(lambda: not site.drained("sim-001"), "sim-001 resumed in Slurm")
         await asyncio.sleep(3)  # three more passes of the adapter

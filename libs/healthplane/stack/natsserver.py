@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import random
 import shutil
 import signal
 import socket
@@ -72,9 +73,30 @@ def find_binary() -> str:
 
 
 def free_port(host: str = "127.0.0.1") -> int:
+    """A port free now, for a server started a moment later. Taken below the kernel's range of
+    ephemeral ports: a port from that range (what binding port 0 gives) may meanwhile become
+    the local end of any outgoing connection on the host, and the server then fails to bind
+    (seen: a test cluster's route port taken so, in a full parallel run). Where the range
+    leaves no room below it, the kernel's pick."""
+    low = _ephemeral_low()
+    if low > _PICK_FLOOR + 1000:
+        for _ in range(64):
+            port = random.randrange(_PICK_FLOOR, low)
+            if not port_in_use(port, host):
+                return port
     with socket.socket() as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
+
+
+_PICK_FLOOR = 20_000  # above the well-known services' registered ports most hosts use
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0
 
 
 def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
