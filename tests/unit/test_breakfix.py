@@ -58,6 +58,15 @@ def test_breakfix_not_a_fault_and_a_fault_that_cleared_by_itself() -> None:
     assert row["incidents"] == 1 and row["outOfService"] == {"count": 0, "meanSeconds": None}
 
 
+def test_breakfix_a_fault_on_a_node_already_cordoned_is_out_of_service_at_once() -> None:
+    """Found by the property below in a CI run: a node cordoned by hand before its fault is
+    out of service from the fault on (0 s), and back when the cordon goes."""
+    [row] = _fold(event("n1", 0, "HOLD_CREATED"), event("n1", 10, "CONDITION_RAISED"),
+                  event("n1", 25, "HOLD_RELEASED"))
+    assert row["outOfService"] == {"count": 1, "meanSeconds": 0.0}
+    assert row["backInService"] == {"count": 1, "meanSeconds": 900.0}
+
+
 @given(st.lists(st.tuples(st.sampled_from(["a", "b"]), st.sampled_from(breakfix.EVENT_TYPES),
                           st.sampled_from(["h1", "h2"])), max_size=60))
 def test_breakfix_state_stays_bounded_and_stages_never_exceed_incidents(steps: list[tuple[str, str, str]]) -> None:

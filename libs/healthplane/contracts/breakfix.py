@@ -96,7 +96,10 @@ class Breakfix(msgspec.Struct):
             figures.incidents += 1
             if track.last_opened is not None:
                 figures.between_incidents.add(at - track.last_opened)
-            track.incident, track.last_opened = Incident(condition.type, at, out=at if track.holds else None), at
+            track.incident, track.last_opened = Incident(condition.type, at), at
+            if track.holds:  # out of service already when the fault came (a cordon by hand)
+                track.incident.out = at
+                figures.out_of_service.add(0.0)
             return
         if track is None:
             if kind == "HOLD_CREATED" and event.hold is not None:
