@@ -56,16 +56,11 @@ class Isolation:
 def units_of(nodes: Sequence[str], together: Sequence[Group] = ()) -> list[Group]:
     """``nodes`` as units in node order: each ``together`` group's members among them as one
     (at its first member's place), every other node alone."""
-    unit = {node: group for group in together for node in group}
-    out: list[Group] = []
-    seen: set[str] = set()
+    group_of = {node: index for index, group in enumerate(together) for node in group}
+    units: dict[int | str, list[str]] = {}  # a group's index, or the node itself; in first-seen order
     for node in nodes:
-        if node in seen:
-            continue
-        members = tuple(n for n in nodes if n in unit.get(node, (node,))) if node in unit else (node,)
-        seen.update(members)
-        out.append(members)
-    return out
+        units.setdefault(group_of.get(node, node), []).append(node)
+    return [tuple(members) for members in units.values()]
 
 
 def halves(nodes: Sequence[str], together: Sequence[Group] = ()) -> tuple[Group, Group]:

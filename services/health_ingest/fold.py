@@ -54,7 +54,6 @@ from healthplane_health_ingest.rules import (
     miss_deadline,
     missed,
     observed_changes,
-    occurrence_of,
     promote,
     promote_now,
     promote_on_event,
@@ -138,7 +137,7 @@ class IngestCore:
         # RUL-1: the faults new in this report, read against the counters the last one left,
         # and the promotion rules they make fire (their findings join this report's).
         observed = fault_observations(before, report)
-        promoted = (observed_changes(observed) + promote(state, before, [occurrence_of(f, inbound.at) for f in observed])
+        promoted = (observed_changes(observed) + promote(state, before, [promotion.of_fault(f, inbound.at) for f in observed])
                     if observed else [])
         node, changes = assess(state, report, inbound.at, inbound.seq, detect)
         if raised := raised_occurrences(state, changes, inbound.at):

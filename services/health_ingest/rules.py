@@ -829,11 +829,6 @@ def observed_changes(found: list[wire.FaultObservation]) -> list[Change]:
                    + (f": {f.recommended_action}" if f.recommended_action else ""), fault=f) for f in found]
 
 
-def occurrence_of(fault: wire.FaultObservation, at: datetime) -> promotion.Occurrence:
-    return promotion.Occurrence(at, fault.kind, fault.code, fault.device, fault.count, fault.severity,
-                                fault.recommended_action)
-
-
 def promote(state: IngestState, node: NodeState, occurrences: Iterable[promotion.Occurrence]) -> list[Change]:
     """RUL-1, RUL-2: fold occurrences into the node's windows; a RULE_FIRED per firing, and an
     acting rule's finding held as a sticky fault (until service, or a validation's pass)."""
@@ -885,10 +880,10 @@ def promote_now(state: IngestState, node: NodeState, occurrences: Iterable[promo
 
 def raised_occurrences(state: IngestState, changes: Iterable[Change], at: datetime) -> list[promotion.Occurrence]:
     """The conditions a report raised, as occurrences, where a rule counts conditions."""
-    if not any(rule.kind == "condition" for rule in state.config.promotion):
-        return []
-    return [promotion.Occurrence(at, "condition", c.condition.type, severity=c.condition.severity)
-            for c in changes if c.type == "CONDITION_RAISED" and c.condition is not None]
+    raised = [c.condition for c in changes if c.type == "CONDITION_RAISED" and c.condition is not None]
+    if not raised or not any(rule.kind == "condition" for rule in state.config.promotion):
+        return []  # the common report raises nothing
+    return [promotion.of_raise(condition, at) for condition in raised]
 
 
 def _validating_rules(state: IngestState, node: NodeState) -> set[str]:

@@ -9,7 +9,7 @@ of the file's rules is that rule's own record, not an occurrence, and is passed 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -61,14 +61,6 @@ class Backtest:
             self.counted += 1
             for firing in promotion.observe(self.rules, windows, occurrence):
                 self.firings[firing.rule].append(NodeFiring(event.cluster, event.node_id, firing))
-
-
-def fold_events(rules: Sequence[promotion.Rule], events: Iterable[wire.NodeEvent]) -> Backtest:
-    """The backtest of ``events`` (pure: the CLI's read feeds the same fold)."""
-    found = Backtest(tuple(rules), {rule.name: [] for rule in rules})
-    for event in events:
-        found.fold(event)
-    return found
 
 
 async def backtest(nc: NATS, js: JetStreamContext, rules: Sequence[promotion.Rule], since: datetime,

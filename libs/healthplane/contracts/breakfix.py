@@ -22,6 +22,7 @@ from __future__ import annotations
 from typing import Final
 
 import msgspec
+from pydantic.alias_generators import to_camel
 
 from healthplane.contracts import wire
 from healthplane.contracts.subjects import node_key
@@ -139,12 +140,7 @@ class Breakfix(msgspec.Struct):
             row: dict[str, object] = {"cluster": row_cluster, "faultClass": fault_class, "incidents": figures.incidents}
             for stage in STAGES:
                 found: Stage = getattr(figures, stage)
-                row[_camel(stage)] = {"count": found.count, "meanSeconds": None if found.mean is None
+                row[to_camel(stage)] = {"count": found.count, "meanSeconds": None if found.mean is None
                                       else round(found.mean, 1)}
             rows.append(row)
         return rows
-
-
-def _camel(name: str) -> str:
-    head, *rest = name.split("_")
-    return head + "".join(part.capitalize() for part in rest)

@@ -127,20 +127,27 @@ class NodeWindows(msgspec.Struct, omit_defaults=True):
     reboots: list[float] = []
 
 
+def of_fault(fault: wire.FaultObservation, at: datetime) -> Occurrence:
+    """A FAULT_OBSERVED's fault as an occurrence (health-ingest counts it as it writes it)."""
+    return Occurrence(at, fault.kind, fault.code, fault.device, fault.count, fault.severity, fault.recommended_action)
+
+
+def of_raise(condition: wire.ConditionChange, at: datetime) -> Occurrence:
+    """A CONDITION_RAISED's condition as an occurrence of kind ``condition``."""
+    return Occurrence(at, "condition", condition.type, severity=condition.severity)
+
+
 def occurrences_of(event: wire.NodeEvent) -> list[Occurrence]:
     """What a node event counts as (none for most)."""
     if event.type == "FAULT_OBSERVED" and event.fault is not None:
-        fault = event.fault
-        return [Occurrence(event.occurred_at, fault.kind, fault.code, fault.device, fault.count, fault.severity,
-                           fault.recommended_action)]
+        return [of_fault(event.fault, event.occurred_at)]
     if event.type == "REMEDIATION_STARTED" and event.remediation is not None:
         return [Occurrence(event.occurred_at, "remediation", event.remediation.action)]
     if event.type == "REMEDIATION_SUCCEEDED" and event.remediation is not None \
             and event.remediation.action == "reboot":
         return [Occurrence(event.occurred_at, "reboot", "reboot")]
     if event.type == "CONDITION_RAISED" and event.condition is not None:
-        return [Occurrence(event.occurred_at, "condition", event.condition.type,
-                           severity=event.condition.severity)]
+        return [of_raise(event.condition, event.occurred_at)]
     return []
 
 

@@ -74,7 +74,7 @@ IDENTITY_MISMATCH = Counter(
     "Records whose payload named another cluster or node than their subject, dead-lettered unfolded (SEC-7)",
     ["service", "stream"],
 )
-OUTPUTS_WAITING = Counter(
+INPUTS_WAITING = Counter(
     "healthplane_inputs_waiting_total",
     "Inputs nak'd for later because the server refused an output that may wait (a full bucket, BRG-2)",
     ["service", "stream"],

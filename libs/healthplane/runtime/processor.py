@@ -250,6 +250,13 @@ class Handoff:
         return seq <= min((p.get(stream, 0) for p in self.positions.values()), default=0)
 
 
+def _cause_of(record: Outbound, inputs: dict[tuple[str, int], Delivery]) -> Delivery | None:
+    """The input of this batch an output was emitted for (its ``Hp-Causation``); None for a
+    tick's output, which has none."""
+    cause_stream, _, cause_seq = (record[2] or {}).get(CAUSATION_HEADER, "").rpartition(":")
+    return inputs.get((cause_stream, int(cause_seq))) if cause_seq.isdigit() else None
+
+
 def _tick_headers(emit: Emit, producer: str) -> dict[str, str]:
     """A tick's record has no causation; its id is the one the core chose (if any)."""
     headers = {PRODUCER_HEADER: producer, **emit.headers}
@@ -828,8 +835,7 @@ class Processor(Generic[S]):
         """An output JetStream will never store: dead-letter its cause, then rebuild; a tick's
         output (no input behind it) is dead-lettered itself and the rest goes on."""
         subject, payload, headers = refused
-        cause_stream, _, cause_seq = (headers or {}).get(CAUSATION_HEADER, "").rpartition(":")
-        cause = inputs.get((cause_stream, int(cause_seq))) if cause_seq.isdigit() else None
+        cause = _cause_of(refused, inputs)
         if cause is not None:
             await self._dead_letter(cause, "refused", f"output {subject}: {why}")
             self._rebuilding = True
@@ -843,14 +849,12 @@ class Processor(Generic[S]):
     def _waits(self, refused: Outbound, exc: PublishError, inputs: dict[tuple[str, int], Delivery]) -> bool:
         """An output that may wait, refused by the server: its input is nak'd to come back later
         and every output of it is held back (the next fold emits them again); True if so."""
-        headers = refused[2] or {}
-        cause_stream, _, cause_seq = headers.get(CAUSATION_HEADER, "").rpartition(":")
-        cause = inputs.get((cause_stream, int(cause_seq))) if cause_seq.isdigit() else None
+        cause = _cause_of(refused, inputs)
         if cause is None:  # a tick's: no input to wait with
             return False
         cause.nak(WAIT_REDELIVERY.after(cause.delivered))
         self._waiting.add((cause.stream, cause.stream_seq))
-        metrics.OUTPUTS_WAITING.labels(self.service, cause.stream).inc()
+        metrics.INPUTS_WAITING.labels(self.service, cause.stream).inc()
         if self.on_wait is not None:
             self.on_wait(refused, exc)
         return True
