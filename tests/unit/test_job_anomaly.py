@@ -128,6 +128,10 @@ def test_job2_no_false_alarm_on_200_healthy_nodes_over_10000_jobs() -> None:
 def test_job2_a_black_hole_node_is_found_within_8_of_its_runs_and_alone(seed: int, base: float, nodes: int) -> None:
     fleet = Fleet(seed, nodes, jobs.JobTestConfig(), base=base)
     fleet.run(nodes * 10, bad="n007")  # every run on it fails within seconds
+    for _ in range(100):  # placement is random: one seed in a few hundred gives n007 only 2 runs by then
+        if fleet.runs.get("n007", 0) >= 8:
+            break
+        fleet.run(nodes, bad="n007")
     assert set(fleet.flagged) == {"n007"}
     # Within 8 runs: below minRuns (10), so the black-hole test found it.
     assert fleet.flagged["n007"] <= 8

@@ -163,13 +163,18 @@ async def read_all(nc: NATS, js: JetStreamContext, stream: str, subject: str | l
                    batch: int = BATCH, idle_timeout_s: float = 10.0) -> list[StoredMsg]:
     """Every matching record now in ``stream``, in stream order (the first ``limit``).
 
-    ``last_per_subject`` keeps the latest record of each subject (a stream that keeps one per
-    subject already holds only those). With ``sink`` each record is handed over as it is
-    read and nothing is kept (not with ``last_per_subject``). A direct get has no headers-only
-    form: a scan for headers (a restart's look at its own outputs) reads the payloads too."""
-    end, _ = await _extent(js, stream)
+    ``last_per_subject`` keeps the latest record of each subject; a stream that keeps one per
+    subject holds only those, and is always read so. With ``sink`` each record is handed over
+    as it is read and nothing is kept (not with ``last_per_subject``). A direct get has no
+    headers-only form: a scan for headers (a restart's look at its own outputs) reads the
+    payloads too."""
+    end, one_per_subject = await _extent(js, stream)
     if not end:
         return []
+    # A record of a one-per-subject stream replaced while the read runs is gone from below
+    # ``end``: read as its latest, or a view rewritten meanwhile drops out (seen: every node
+    # view of a scorer under load, in a full run).
+    last_per_subject = last_per_subject or one_per_subject
     if last_per_subject:
         # To the stream's end as the read reaches it, not as it began: a subject's record
         # replaced meanwhile has a sequence past ``end``, and its old one is gone (REL: a node
