@@ -1,14 +1,17 @@
 """Health events (EVI-5, EVI-6): a fault on a node whose class evicts its work, a node lost to
-heartbeat, and what the remediation ladder makes of a fault."""
+heartbeat, and what the remediation ladder makes of a fault; and evidence that asks for
+diagnostics (RUL-2's ``validate`` rules, JOB-3's anomalous job failures) starts a validation
+run of the default suite (VAL-1)."""
 
 from __future__ import annotations
 
 import uuid
 
 from healthplane.contracts import wire
-from healthplane_eviction import climbing, holds, rules
+from healthplane_eviction import climbing, holds, rules, runs
 from healthplane_eviction import ladder as remediation
 from healthplane_eviction import remediating as rem
+from healthplane_eviction import validation as vrules
 from healthplane_eviction.holds import HOLD_NAMESPACE
 from healthplane_eviction.state import SERVICE, EvictionState, Node, Out, node_of
 
@@ -27,6 +30,11 @@ def health(state: EvictionState, event: wire.NodeEvent, out: Out) -> None:
         if (condition.severity == "critical" and condition.type not in rules.NOT_A_FAULT
                 and rules.fault_class(condition.type) in limits.evict_on_fault_classes and not node.gone):
             fault_evict(node, condition.type, limits.max_eviction_restarts, out)
+        if condition.type == JOB_FAILURES:
+            validate_on_evidence(state, node, out)
+    elif event.type == "RULE_FIRED" and event.rule is not None:
+        if event.rule.action == "validate" and event.rule.mode == "act":
+            validate_on_evidence(state, node, out)
     elif event.type == "CONDITION_CLEARED" and event.condition is not None:
         node.faults = {k: v for k, v in node.faults.items() if k != event.condition.type}
         node.fault_details = {k: v for k, v in node.fault_details.items() if k != event.condition.type}
@@ -37,6 +45,23 @@ def health(state: EvictionState, event: wire.NodeEvent, out: Out) -> None:
         node_gone(state, node, out)
     elif event.type == "HEARTBEAT_RESUMED":
         node.offline = False
+
+
+# JOB-3: a node whose jobs fail improbably often is diagnosed before anyone trusts it again.
+JOB_FAILURES = "job_failures_anomalous"
+
+
+def validate_on_evidence(state: EvictionState, node: Node, out: Out) -> None:
+    """Evidence that asks for diagnostics starts a run of the default suite on ``node``; none
+    starts while one runs there already, without a default suite, or on a node the suite
+    cannot run on (too few GPUs, gone): the evidence stands in its event and condition, and
+    ``node validate`` remains for a person."""
+    policy = state.config.validation
+    if node.gone or vrules.no_suite(None, policy) is not None or runs.running_on(state, node) is not None:
+        return
+    rule = policy.rules[policy.default_suite or ""]
+    if runs.excluded_why(state, node.cluster, node.node_id, rule) is None:
+        runs.start_run(state, node.cluster, rule, [node.node_id], "validate", SERVICE, out)
 
 
 def fault_evict(node: Node, condition_type: str, limit: int, out: Out) -> None:

@@ -3,7 +3,8 @@ provisioner's answers in; holds, node events, directives and command outcomes ou
 
 Inputs: ``HP_COMMANDS`` (``hp.cmd.>`` and the provisioner's ``hp.provision.>``),
 ``HP_ALLOCATIONS`` (``hp.alloc.>``: what runs where, with each step's retry declarations),
-``HP_NODE_EVENTS`` (conditions and heartbeat, for fault eviction, node loss and attribution),
+``HP_NODE_EVENTS`` (conditions and heartbeat, for fault eviction, node loss and attribution;
+promotion rules that ask for a validation run),
 ``HP_RESOURCES`` (registration, readiness, whether the control plane provisioned the
 instance) and ``HP_CONFIG``. Every decision is folded into the state in the same step that
 emits it, so a restart from a snapshot plus a replay decides nothing twice (REL-1).
@@ -49,7 +50,7 @@ INPUTS = (
     Input("HP_COMMANDS", ("hp.cmd.>", "hp.provision.>"), after_others=True),
     Input("HP_ALLOCATIONS", ("hp.alloc.>",)),
     Input("HP_NODE_EVENTS", tuple(f"hp.event.*.*.{t}" for t in (
-        "CONDITION_RAISED", "CONDITION_CLEARED", "HEARTBEAT_MISSED", "HEARTBEAT_RESUMED"))),
+        "CONDITION_RAISED", "CONDITION_CLEARED", "HEARTBEAT_MISSED", "HEARTBEAT_RESUMED", "RULE_FIRED"))),
     Input("HP_RESOURCES"),
     Input("HP_CONFIG"),
 )

@@ -389,3 +389,42 @@ def test_dom4_an_nvlink_domain_is_isolated_as_one_and_named_whole() -> None:
     for job in loop.validation_jobs:  # every validation holds the whole domain or none of it
         members = set(job.nodes or [])
         assert members >= set(domain) or not members & set(domain), job.nodes
+
+
+# ---------------------------------------------------------------------------- RUL-2, JOB-3
+
+
+def _fired(loop: Loop, node: str, action: str, mode: str = "act") -> None:
+    loop.to_eviction("HP_NODE_EVENTS", subjects.event(CLUSTER, node, "RULE_FIRED"), wire.NodeEvent(
+        id=f"e{loop.seq}", node_id=node, cluster=CLUSTER, type="RULE_FIRED", occurred_at=loop.now,
+        message="", actor="health-ingest", rule=wire.RuleFiring(
+            rule="xid31-same-gpu", mode=mode, action=action, count=2, first_at=loop.now)))  # type: ignore[arg-type]
+
+
+def test_rul2_a_validate_rule_in_act_mode_runs_the_default_suite_on_its_node_once() -> None:
+    loop = Loop(["gpu-00", "gpu-01", "gpu-02"])
+    loop.plant("gpu-00", [3])
+    _fired(loop, "gpu-00", "validate")
+    _fired(loop, "gpu-00", "validate")  # fired again while the run is on: not a second run
+    _fired(loop, "gpu-01", "validate", mode="record")  # recorded only: nothing acts
+    _fired(loop, "gpu-02", "needs-attention")  # another action: not a validation
+    [started] = loop.of("VALIDATION_STARTED")
+    assert (started.node_id, started.actor) == ("gpu-00", "eviction")
+    loop.until(lambda: bool(loop.of("VALIDATION_FAILED")))
+    [failed] = loop.of("VALIDATION_FAILED")
+    assert failed.node_id == "gpu-00" and failed.validation is not None and failed.validation.suite == "diag"
+
+
+def test_job3_anomalous_job_failures_start_a_validation_and_a_pass_is_recorded() -> None:
+    loop = Loop(["gpu-00"])
+    loop.raise_fault("gpu-00", kind="job_failures_anomalous", message="9 of 10 jobs failed")
+    [started] = loop.of("VALIDATION_STARTED")
+    assert started.node_id == "gpu-00" and started.actor == "eviction"
+    loop.until(lambda: bool(loop.of("VALIDATION_PASSED")))
+
+
+def test_job3_without_a_default_suite_the_evidence_starts_nothing() -> None:
+    loop = Loop(["gpu-00"], validation={"suites": {"diag": SUITE}})
+    loop.raise_fault("gpu-00", kind="job_failures_anomalous", message="9 of 10 jobs failed")
+    _fired(loop, "gpu-00", "validate")
+    assert loop.of("VALIDATION_STARTED") == [] and loop.validation_jobs == []
