@@ -59,8 +59,12 @@ def add_sim_arguments(parser: argparse.ArgumentParser) -> None:
     load.add_argument("--in-flight", type=int, default=4096, help="reports at most unacknowledged (default 4096)")
     load.add_argument("--prefix", default="load-", help="node ids are PREFIX000000… (default load-)")
     load.add_argument("--metrics-port", type=int, default=0)
-    inject = actions.add_parser("inject", help="inject a fault into a simulated node")
-    inject.add_argument("node")
+    inject = actions.add_parser("inject", help="inject a fault into a simulated node, or every node of a "
+                                "failure domain (--domain)")
+    inject.add_argument("node", nargs="?", help="the node (or --domain instead)")
+    inject.add_argument("--domain", metavar="KIND=VALUE",
+                        help="every node of this failure domain as the views show it, e.g. rack=r12 (DOM-3: a "
+                             "rack losing power is --fault silent; an NVLink domain's fabric, --fault xid:145)")
     inject.add_argument("--fault", required=True, help=", ".join(FAULTS))
     inject.add_argument("--gpu", type=int)
     inject.add_argument("--cluster", default="default")

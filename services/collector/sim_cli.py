@@ -21,18 +21,52 @@ from healthplane_collector.sim import (
 )
 
 
-async def _tell_hardware(nc: Any, args: Any, reply: InjectReply) -> None:
+async def _tell_hardware(nc: Any, args: Any, node: str, reply: InjectReply) -> None:
     """Record the node's hidden truth for the reference scheduler (development only)."""
     from healthplane.cli.common import who
     from healthplane.client.errors import EXIT_RETRY, CommandFailed
     from healthplane.contracts import subjects
 
-    truth = wire.SimHardware(node_id=args.node, cluster=args.cluster, failing_gpus=reply.failing_gpus or [],
+    truth = wire.SimHardware(node_id=node, cluster=args.cluster, failing_gpus=reply.failing_gpus or [],
                              set_at=datetime.now(UTC), actor=who(args).actor)
     try:
-        await nc.jetstream().publish(subjects.hardware(args.cluster, args.node), wire.encode(truth), timeout=5)
+        await nc.jetstream().publish(subjects.hardware(args.cluster, node), wire.encode(truth), timeout=5)
     except Exception as exc:
         raise CommandFailed(f"{reply.message}, but the reference scheduler was not told: {exc}", EXIT_RETRY) from exc
+
+
+async def _domain_members(nc: Any, args: Any) -> list[str]:
+    """The nodes of ``--domain`` as the views show them (DOM-1), in id order; none is an error."""
+    from healthplane.client.errors import EXIT_USAGE, CommandFailed
+    from healthplane.client.reads import read_listing
+    from healthplane.contracts import domains
+
+    if args.node is not None:
+        raise CommandFailed("give a node or --domain, not both", EXIT_USAGE)
+    try:
+        wanted = domains.parse_selectors([args.domain])
+    except domains.DomainError as exc:
+        raise CommandFailed(f"--domain: {exc}", EXIT_USAGE) from None
+    listing = await read_listing(nc, nc.jetstream(), args.cluster)
+    members = sorted(row.node_id for row in listing.rows if domains.selected(row.domains, wanted))
+    if not members:
+        raise CommandFailed(f"no node of cluster {args.cluster} is in {args.domain}", EXIT_USAGE)
+    return members
+
+
+async def _inject_one(nc: Any, args: Any, node: str) -> InjectReply:
+    from healthplane.client.errors import EXIT_RETRY, CommandFailed
+
+    request = InjectRequest(node_id=node, fault=args.fault, gpu=args.gpu)
+    try:
+        msg = await nc.request(inject_subject(args.cluster), msgspec.json.encode(request), timeout=5)
+    except Exception as exc:
+        raise CommandFailed(f"no simulator answers for cluster {args.cluster} "
+                            "(is `healthplane sim run` up?)", EXIT_RETRY) from exc
+    reply = msgspec.json.decode(msg.data, type=InjectReply)
+    if reply.ok and args.fault in HIDDEN_FAULTS and reply.failing_gpus is not None:
+        await _tell_hardware(nc, args, node, reply)
+    return reply
 
 
 def run_cli(args: Any) -> int:
@@ -40,7 +74,7 @@ def run_cli(args: Any) -> int:
     import sys
 
     from healthplane.cli.common import fail, nats_client
-    from healthplane.client.errors import EXIT_RETRY, CommandFailed
+    from healthplane.client.errors import EXIT_USAGE, CommandFailed
     from healthplane.runtime import logs, metrics
     from healthplane.runtime.connect import connect
     from healthplane.runtime.lifecycle import let_go
@@ -77,21 +111,21 @@ def run_cli(args: Any) -> int:
         return 0
 
     async def inject() -> int:
-        request = InjectRequest(node_id=args.node, fault=args.fault, gpu=args.gpu)
         try:
+            if args.node is None and args.domain is None:
+                raise CommandFailed("give the node to inject into, or --domain KIND=VALUE", EXIT_USAGE)
             async with nats_client(args) as nc:
-                try:
-                    msg = await nc.request(inject_subject(args.cluster), msgspec.json.encode(request), timeout=5)
-                except Exception as exc:
-                    raise CommandFailed(f"no simulator answers for cluster {args.cluster} "
-                                        "(is `healthplane sim run` up?)", EXIT_RETRY) from exc
-                reply = msgspec.json.decode(msg.data, type=InjectReply)
-                if reply.ok and args.fault in HIDDEN_FAULTS and reply.failing_gpus is not None:
-                    await _tell_hardware(nc, args, reply)
+                nodes = [args.node] if args.domain is None else await _domain_members(nc, args)
+                failed = 0
+                for node in nodes:
+                    reply = await _inject_one(nc, args, node)
+                    print(reply.message, file=sys.stdout if reply.ok else sys.stderr)
+                    failed += not reply.ok
         except CommandFailed as exc:
             return fail(exc)
-        print(reply.message, file=sys.stdout if reply.ok else sys.stderr)
-        return 0 if reply.ok else 1
+        if args.domain is not None:
+            print(f"{len(nodes) - failed} of {len(nodes)} node(s) of {args.domain} injected with {args.fault}")
+        return 0 if not failed else 1
 
     if args.sim_command in ("submit", "jobs", "provider"):
         from healthplane_collector.sim_work import run_work

@@ -198,3 +198,21 @@ def test_dom1_the_substrate_nodes_record_carries_the_fabric_and_readers_resolve_
         assert domains.of_report(report, spec) == shown, node_id
     assert json.loads(stack.cli("config", "show", "-o", "json").stdout)["config"]["domains"]["nodes"] == {
         ODD_NODE: {"rack": ODD_RACK, "nvlink": "from-the-config"}}
+
+
+def test_dom3_sim_inject_domain_reaches_exactly_the_domains_members(stack: Stack) -> None:
+    # DOM-3's drill: one fault into every node of a domain as the views show it (a rack's
+    # power, an NVLink fabric), never a node outside it; bad input is one line, exit 2.
+    fabric = f"nvlink={SIM_NVLINK[1]}"
+    done = stack.cli("sim", "inject", "--domain", fabric, "--fault", "ecc-correctable")
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines == [f"ecc-correctable injected on sim-00{n}" for n in range(4, 8)] + [
+        f"4 of 4 node(s) of {fabric} injected with ecc-correctable"]
+    for args, message in ((["--domain", "rack=nowhere"], "healthplane: no node of cluster default is in rack=nowhere"),
+                          (["--domain", "rack"], "healthplane: --domain: "),
+                          (["sim-000", "--domain", "rack=r12"], "healthplane: give a node or --domain, not both"),
+                          ([], "healthplane: give the node to inject into, or --domain KIND=VALUE")):
+        refused = stack.cli("sim", "inject", *args, "--fault", "ecc-correctable")
+        assert refused.returncode == 2 and refused.stdout == "", (args, refused)
+        assert refused.stderr.startswith(message) and len(refused.stderr.splitlines()) == 1, (args, refused.stderr)
