@@ -12,6 +12,7 @@ from healthplane.contracts.config import (
     ClusterConfig,
     ConfigError,
     load_cluster_config,
+    lease_ttl,
     load_collector_config,
     parse_cluster_config,
 )
@@ -35,6 +36,7 @@ def test_defaults_match_spec() -> None:
         ({"nodeHealth": {"cordonBelo": 50}}, r"nodeHealth\.cordonBelo: Extra inputs are not permitted"),
         ({"nodeHealth": {"drainBelow": 70}}, r"nodeHealth: drainBelow \(70\) must not be above cordonBelow \(60\)"),
         ({"substrate": {"nodesBucketMaxBytes": 1024}}, r"substrate\.nodesBucketMaxBytes: Input should be greater than or equal to 67108864"),
+        ({"leases": {"ttlSeconds": 1}}, r"leases\.ttlSeconds: Input should be greater than or equal to 2"),
         ({"nodeEventWebhooks": [{"url": "ftp://x", "secretEnv": "S"}]}, r"nodeEventWebhooks\[0\]\.url"),
         ({"nodeEventWebhooks": [{"url": "https://x", "secretEnv": "S", "events": ["NOPE"]}]}, r"nodeEventWebhooks\[0\]\.events\[0\]"),
         ({"nodeHealth": {"circuitBreaker": {"duration": "soon"}}}, r"nodeHealth\.circuitBreaker\.duration: 'soon' is not a duration"),
@@ -94,3 +96,12 @@ def test_cli_validate_exits_1_naming_the_field(tmp_path: Path) -> None:
     result = subprocess.run([sys.executable, "-m", "healthplane.cli", "config", "validate", "-f", str(path)],
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
+
+
+def test_ha8_the_lease_ttl_in_force_is_the_environments_clamped_else_the_configs() -> None:
+    configured = parse_cluster_config({"leases": {"ttlSeconds": 4}}, "test")
+    assert lease_ttl(None, None) is None and lease_ttl(ClusterConfig(), "") is None  # unset: the bucket's stays
+    assert lease_ttl(configured, None) == 4.0
+    assert lease_ttl(configured, "6.5") == 6.5
+    assert (lease_ttl(None, "0.5"), lease_ttl(None, "3600")) == (2.0, 60.0)  # an unvalidated path: clamped
+    assert lease_ttl(configured, "soon") == 4.0 and lease_ttl(configured, "nan") == 4.0

@@ -15,7 +15,12 @@ import os
 from healthplane.cli.common import connection_flags, fail, nats_client, who
 from healthplane.client.connection import acked_or_refused
 from healthplane.client.errors import EXIT_USAGE, CommandFailed
-from healthplane.contracts.config import NODES_BUCKET_ENV, nodes_bucket_cap
+from healthplane.contracts.config import (
+    LEASE_TTL_ENV,
+    NODES_BUCKET_ENV,
+    lease_ttl,
+    nodes_bucket_cap,
+)
 from healthplane.runtime import configstore, converge
 
 
@@ -43,10 +48,11 @@ async def _converge(args: argparse.Namespace) -> int:
     async with nats_client(args) as nc:
         js = nc.jetstream()
         found = await configstore.read(js)
+        config = found.in_force.config if found.in_force else None
         done = await acked_or_refused(nc, who(args), "administer streams (the maintainer's credentials do, SEC-10)",
                                       converge.ensure(js, args.replicas, servers=len(nc.servers),
                                                       nodes_bucket_cap=nodes_bucket_cap(
-                                                          found.in_force.config if found.in_force else None,
-                                                          os.environ.get(NODES_BUCKET_ENV))))
+                                                          config, os.environ.get(NODES_BUCKET_ENV)),
+                                                      lease_ttl_s=lease_ttl(config, os.environ.get(LEASE_TTL_ENV))))
     print(f"streams converged: created {', '.join(done.created) or 'none'}; updated {', '.join(done.updated) or 'none'}")
     return 0

@@ -31,9 +31,11 @@ from pathlib import Path
 from healthplane.cli import registry
 from healthplane.client import federation
 from healthplane.contracts.config import (
+    LEASE_TTL_ENV,
     NODES_BUCKET_ENV,
     ClusterConfig,
     ConfigError,
+    lease_ttl,
     load_cluster_config,
     nodes_bucket_cap,
 )
@@ -319,7 +321,8 @@ async def _prepare(nats_url: str, config: ClusterConfig, identities: Identities 
     try:
         js = nc.jetstream()
         await converge.ensure(js, replicas, servers=len(nc.servers), slotted=slotted,
-                              nodes_bucket_cap=nodes_bucket_cap(config, os.environ.get(NODES_BUCKET_ENV)))
+                              nodes_bucket_cap=nodes_bucket_cap(config, os.environ.get(NODES_BUCKET_ENV)),
+                              lease_ttl_s=lease_ttl(config, os.environ.get(LEASE_TTL_ENV)))
         if offer_to_hub:  # a federation member: the consumer the hub sources through (FED-1)
             await federation.offer_to_hub(nc, config.cluster)
     finally:

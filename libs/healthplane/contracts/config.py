@@ -8,6 +8,7 @@ path as written in the file (``nodeHealth.cordonBelow``).
 from __future__ import annotations
 
 import fnmatch
+import math
 import re
 from pathlib import Path
 from typing import Annotated, Any, Final, Literal
@@ -34,6 +35,8 @@ WEBHOOK_FILTER_VARIABLE: Final = "event"  # what a webhook's CEL filter reads (I
 MIB = 1024 * 1024
 GIB = 1024 * MIB
 NODES_BUCKET_MIN_BYTES = 64 * MIB
+LEASE_TTL_MIN_S = 2.0  # HA-8: a third of it between renewals, a second of margin before the fence
+LEASE_TTL_MAX_S = 60.0
 NODES_BUCKET_MAX_BYTES = 2 * GIB
 
 Percent = Annotated[int, Field(ge=0, le=100)]
@@ -526,6 +529,15 @@ class Substrate(_Camel):
     ] | None = None
 
 
+class Leases(_Camel):
+    # HA-8: the leases bucket's TTL, which bounds a standby's takeover after its holder dies.
+    # Unset (None) keeps the bucket's (a new one gets streams.LEASE_TTL_S); set, stream
+    # administration changes it at the next `healthplane up` or `streams converge`, and each
+    # service times its lease by the bucket's at its start (restart them after a change).
+    # 2 s at least: a holder renews at a third of it and fences itself a second before it.
+    ttl_seconds: Annotated[float, Field(ge=LEASE_TTL_MIN_S, le=LEASE_TTL_MAX_S)] | None = None
+
+
 class DomainRule(_Camel):
     """DOM-1: node ids matching ``match`` (a glob) or ``regex`` (whole id) are in the ``kind``
     domain ``value`` (with regex, ``{group}`` names a group; no value: the group named after
@@ -685,6 +697,7 @@ class ClusterConfig(_Camel):
     validation: Validation = Validation()
     remediation: Remediation = Remediation()
     domains: Domains = Domains()  # DOM-1
+    leases: Leases = Leases()  # HA-8
     # RUL-1: count-in-window promotion rules; the defaults unless given ([] turns them off).
     promotion_rules: Annotated[list[PromotionRule], Field(max_length=256)] = Field(
         default_factory=lambda: [PromotionRule.model_validate(rule) for rule in DEFAULT_PROMOTION_RULES])
@@ -861,6 +874,7 @@ def decode_config(envelope: wire.ConfigEnvelope) -> ClusterConfig:
 
 
 NODES_BUCKET_ENV: Final = "HEALTHPLANE_NODES_BUCKET_MAX_BYTES"
+LEASE_TTL_ENV: Final = "HEALTHPLANE_LEASE_TTL_SECONDS"
 
 
 def nodes_bucket_cap(config: ClusterConfig | None, from_environment: str | None) -> int | None:
@@ -871,3 +885,15 @@ def nodes_bucket_cap(config: ClusterConfig | None, from_environment: str | None)
     if configured.isdigit() and int(configured) > 0:
         return clamp_nodes_bucket_cap(int(configured))
     return config.substrate.nodes_bucket_max_bytes if config is not None else None
+
+
+def lease_ttl(config: ClusterConfig | None, from_environment: str | None) -> float | None:
+    """The leases bucket's TTL stream administration puts in force (HA-8): the environment's
+    (``LEASE_TTL_ENV``, clamped into range), else the config's; ``None`` keeps the bucket's."""
+    try:
+        configured = float((from_environment or "").strip() or "nan")
+    except ValueError:
+        configured = math.nan
+    if math.isfinite(configured) and configured > 0:
+        return min(max(configured, LEASE_TTL_MIN_S), LEASE_TTL_MAX_S)
+    return config.leases.ttl_seconds if config is not None else None

@@ -79,6 +79,7 @@ async def ensure(
     servers: int = 1,
     slotted: bool | None = None,
     nodes_bucket_cap: int | None = None,
+    lease_ttl_s: float | None = None,
 ) -> EnsureResult:
     """Create or converge every stream and both buckets. Idempotent.
 
@@ -94,7 +95,8 @@ async def ensure(
 
     ``nodes_bucket_cap``: the nodes bucket's size in force (BRG-1, already clamped), made or
     resized in place; ``None`` leaves an existing bucket as it is. Only stream administration
-    may resize (the maintainer: ``up``, ``streams converge``; SEC-10), not the bridge."""
+    may resize (the maintainer: ``up``, ``streams converge``; SEC-10), not the bridge.
+    ``lease_ttl_s``: the leases bucket's TTL in force (HA-8), set the same way."""
     await _retried(js.account_info)  # JetStream answers for this account
     created: list[str] = []
     updated: list[str] = []
@@ -133,7 +135,7 @@ async def ensure(
     buckets = (
         KeyValueConfig(bucket=NODES_BUCKET, history=1, max_bytes=nodes_bucket_cap or nodes_bucket_max_bytes,
                        storage=StorageType.FILE, direct=True, description="latest resource report per node"),
-        KeyValueConfig(bucket=LEASES_BUCKET, history=1, ttl=LEASE_TTL_S, storage=StorageType.FILE,
+        KeyValueConfig(bucket=LEASES_BUCKET, history=1, ttl=lease_ttl_s or LEASE_TTL_S, storage=StorageType.FILE,
                        description="leader leases of replicated services"),
     )
     for bucket in buckets:
@@ -147,12 +149,17 @@ async def ensure(
             continue
         resize = bucket.bucket == NODES_BUCKET and nodes_bucket_cap is not None \
             and info.config.max_bytes != nodes_bucket_cap
-        if (replicas is not None and info.config.num_replicas != replicas) or resize:
-            # A bucket is a stream: its replicas and size change like any stream's
+        retime = bucket.bucket == LEASES_BUCKET and lease_ttl_s is not None \
+            and info.config.max_age != lease_ttl_s
+        if (replicas is not None and info.config.num_replicas != replicas) or resize or retime:
+            # A bucket is a stream: its replicas, size and TTL change like any stream's
             # (create_key_value on an existing bucket refuses another replica count).
             info.config.num_replicas = replicas or info.config.num_replicas
             if resize:
                 info.config.max_bytes = nodes_bucket_cap
+            if retime:
+                info.config.max_age = lease_ttl_s
+                info.config.duplicate_window = lease_ttl_s  # the server's bound: at most max_age
             await _placed(stream, info.config.num_replicas or 1, js.update_stream(info.config))
             updated.append(stream)
     return EnsureResult(tuple(created), tuple(updated))

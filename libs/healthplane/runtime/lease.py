@@ -50,6 +50,14 @@ def instance_name() -> str:
     return os.environ.get(INSTANCE_ENV) or f"{socket.gethostname()}:{os.getpid()}"
 
 
+async def ttl_in_force(js: JetStreamContext) -> float:
+    """The leases bucket's TTL (its ``max_age``), which stream administration sets (HA-8,
+    ``leases.ttlSeconds``): every holder and standby times its renewals and its fence by the
+    bucket's own clock, never by a number of its own that could disagree with it."""
+    info = await js.stream_info(f"KV_{BUCKET}")
+    return float(info.config.max_age or TTL_S)
+
+
 class Lease:
     def __init__(self, js: JetStreamContext, name: str, holder: str, *, ttl_s: float = TTL_S,
                  on_change: Callable[[bool], None] | None = None, log: Any = None,

@@ -32,7 +32,7 @@ from prometheus_client.registry import Collector
 from healthplane.contracts import streams, subjects
 from healthplane.runtime import connect, converge, gzipped, logs, metrics
 from healthplane.runtime.fold import Core, Input
-from healthplane.runtime.lease import ROUND_TIMEOUT_S, Lease, instance_name
+from healthplane.runtime.lease import ROUND_TIMEOUT_S, Lease, instance_name, ttl_in_force
 from healthplane.runtime.processor import LeaseLost, Processor
 from healthplane.runtime.settings import EnvSettings, SettingsError
 
@@ -178,7 +178,18 @@ async def serve_replicated(ctx: ServiceContext, lease_name: str,
     def on_change(leader: bool) -> None:
         (leading if leader else lost).set()
 
-    lease = Lease(ctx.nc.jetstream(timeout=ROUND_TIMEOUT_S), lease_name, instance_name(), on_change=on_change,
+    rounds = ctx.nc.jetstream(timeout=ROUND_TIMEOUT_S)
+    while True:
+        try:
+            ttl_s = await ttl_in_force(rounds)
+            break
+        except Exception as exc:  # the bucket's raft group electing at start: no TTL to guess
+            ctx.log.warning("lease bucket not answering, trying again", lease=lease_name, error=str(exc) or type(exc).__name__)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(ctx.stopping.wait(), 1.0)
+            if ctx.stopping.is_set():
+                return
+    lease = Lease(rounds, lease_name, instance_name(), ttl_s=ttl_s, on_change=on_change,
                   log=ctx.log, wanted=wanted, rides_out=rides_out)
     # The lease is renewed until the runners have stopped: their last snapshot goes out under
     # it (a lease released at the signal, before the snapshot, would fence the snapshot off).
