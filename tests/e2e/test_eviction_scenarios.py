@@ -74,7 +74,9 @@ class Stack:
         return wire.decode(wire.NodeView, found.data)
 
 
-async def until(check: Callable[[], Awaitable[bool]], timeout: float = 45) -> None:
+async def until(check: Callable[[], Awaitable[bool]], timeout: float = 90) -> None:
+    # Seconds of work alone; 90 s because near the end of a full parallel run on 2 cores the
+    # stack shares the machine with three others (EVI-4's four jobs once took over 45 s to start).
     deadline = time.monotonic() + timeout
     while not await check():
         assert time.monotonic() < deadline, f"timed out waiting for {check.__name__}"
