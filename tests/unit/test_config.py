@@ -11,8 +11,8 @@ import pytest
 from healthplane.contracts.config import (
     ClusterConfig,
     ConfigError,
-    load_cluster_config,
     lease_ttl,
+    load_cluster_config,
     load_collector_config,
     parse_cluster_config,
 )

@@ -157,7 +157,7 @@ async def ensure(
             info.config.num_replicas = replicas or info.config.num_replicas
             if resize:
                 info.config.max_bytes = nodes_bucket_cap
-            if retime:
+            if retime and lease_ttl_s is not None:
                 info.config.max_age = lease_ttl_s
                 info.config.duplicate_window = lease_ttl_s  # the server's bound: at most max_age
             await _placed(stream, info.config.num_replicas or 1, js.update_stream(info.config))
