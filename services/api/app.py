@@ -14,10 +14,10 @@ import asyncio
 import contextlib
 import json
 import time
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from functools import partial
 from typing import Any, Final
 from urllib.parse import parse_qs, quote, unquote_to_bytes, urlencode
 
@@ -37,7 +37,7 @@ from starlette.routing import Match, Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import Scope
 
-from healthplane.client import breakfix, commands, federation, reads
+from healthplane.client import breakfix, commands, federation, jobs, reads
 from healthplane.client import events as tails  # `events` is a route below
 from healthplane.client.config import in_force
 from healthplane.client.connection import Identity
@@ -49,10 +49,11 @@ from healthplane.client.errors import (
     PermissionDenied,
 )
 from healthplane.client.nodes import find_node
-from healthplane.contracts import wire
+from healthplane.contracts import joboutcomes, wire
 from healthplane.runtime import configstore
-from healthplane_api import auth, fold, live, openapi, pages
+from healthplane_api import auth, fold, live, members, openapi, pages
 from healthplane_api.metrics import COMMANDS, REQUESTS
+from healthplane_api.server import MembersWatched
 
 VERBS: Final = openapi.VERBS
 MAX_BODY: Final = 16 * 1024
@@ -60,6 +61,9 @@ COMMAND_TIMEOUT_S: Final = 10.0
 LIVE_MIN_INTERVAL_S: Final = 1.0  # a page re-reads at most once a second, however busy the fleet
 LIVE_TICK_S: Final = 15.0  # and at least this often: a view turns stale without being written
 TREND_EVENTS: Final = 500
+NODE_PAGE_EVENTS: Final = 100  # the node page's timeline and attributions: the newest this many of their types
+TABLE_PAGE_MAX: Final = 1000  # rows on one page of the table, and nodes in one bulk command
+COMMAND_FIELDS: Final = ("reason", "active", "evict", "force", "cluster", "timeout", "suite", "job")
 EVENTS_KEEPALIVE_S: Final = 15.0  # an idle event stream still says something this often (proxies, Last-Event-ID)
 EVENTS_BUFFER: Final = 256  # events read ahead of a slow event-stream client, at most (see _event_messages)
 
@@ -80,6 +84,9 @@ class Backend:
     log: Any
     hub: bool = False  # a federation hub: the dashboard is one row per attached cluster (FED-1)
     stopping: asyncio.Event = field(default_factory=asyncio.Event)  # the service stops: event streams end
+    grafana_url: str | None = None  # UI-4: the node page links to its Grafana panels there
+    members: MembersWatched | None = None  # UI-5: a hub's member history, kept by its watch
+    boards: live.Dashboards | None = None  # UI-2: the dashboard's figures (None: the summary only)
 
 
 class NodeIdConvertor(Convertor[str]):
@@ -121,12 +128,39 @@ def _bool(value: str | None) -> bool:
 
 
 def _int(request: Request, name: str, default: int) -> int:
+    found = _optional_int(request, name)
+    return default if found is None else found
+
+
+def _optional_int(request: Request, name: str) -> int | None:
     text = request.query_params.get(name)
-    if text is None or text == "":
-        return default
-    if not text.lstrip("-").isdigit():
+    if text is None or text.strip() == "":
+        return None
+    if not text.strip().lstrip("-").isdigit():
         raise BadRequest(f"{name} {text!r} is not a number")
     return int(text)
+
+
+def _table_query(request: Request, default_sort: str) -> dict[str, Any]:
+    """The table's filter and sort from a query (UI-3), the same for the API and the page:
+    ``cluster``, ``status``, ``health``, ``condition``, ``hold``, ``domain`` (each repeatable
+    but ``cluster``), ``q``, ``scoreMin``, ``scoreMax``, ``sort``. An empty value is no filter."""
+    query = request.query_params
+
+    def given(name: str) -> list[str]:
+        return [v for v in query.getlist(name) if v.strip()]
+
+    return {"cluster": query.get("cluster") or None, "status": given("status"), "health": given("health"),
+            "condition": given("condition"), "hold": given("hold"), "domain": given("domain"),
+            "text": query.get("q", ""), "score_min": _optional_int(request, "scoreMin"),
+            "score_max": _optional_int(request, "scoreMax"), "sort": query.get("sort") or default_sort}
+
+
+def _with(query: Any, **changed: str | None) -> str:
+    """``query`` as a URL query with ``changed`` set (``None``: left out), without what only
+    one response is for (``fragment``, ``notice``, ``failed``)."""
+    kept = [(k, v) for k, v in query.multi_items() if k not in changed and k not in ("fragment", "notice", "failed")]
+    return urlencode(kept + [(k, v) for k, v in changed.items() if v is not None])
 
 
 # ---------------------------------------------------------------------------- the app
@@ -176,9 +210,11 @@ def build(backend: Backend) -> Starlette:
                     + b',"nextPageToken":null}')
             return Response(body, media_type="application/json")
         size = _int(request, "pageSize", 0) if query.get("pageSize") else None
-        select = partial(fold.ViewIndex.page, cluster=query.get("cluster"), status=query.getlist("status"),
-                         health=query.getlist("health"), sort=query.get("sort", "node"), page_size=size,
-                         token=query.get("pageToken"), domain=query.getlist("domain"))
+        table = _table_query(request, "node")
+
+        def select(index: fold.ViewIndex) -> fold.Page:
+            return index.page(**table, page_size=size, token=query.get("pageToken"))
+
         feed = backend.feed
         if size is not None and feed.loaded.is_set() and feed.readable:
             page = select(feed.index)
@@ -190,7 +226,8 @@ def build(backend: Backend) -> Starlette:
             position = {fold.key_of(r.cluster, r.node_id): i for i, r in enumerate(listing.rows)}
             views = listing.json(position[fold.key_of(r.cluster, r.node_id)] for r in page.rows)
         body = (b'{"nodes":' + views + b',"total":' + str(page.total).encode()
-                + b',"nextPageToken":' + json.dumps(page.next_page_token).encode() + b"}")
+                + b',"nextPageToken":' + json.dumps(page.next_page_token).encode()
+                + b',"prevPageToken":' + json.dumps(page.prev_page_token).encode() + b"}")
         return Response(body, media_type="application/json")
 
     async def node(request: Request, caller: auth.Caller | None) -> Response:
@@ -237,6 +274,26 @@ def build(backend: Backend) -> Starlette:
         since = reads.parse_since(query.get("since") or "30d", datetime.now(UTC))
         return JSONResponse(await breakfix.figures(backend.nc, backend.js, since, query.get("cluster") or None))
 
+    async def federation_members(request: Request, caller: auth.Caller | None) -> Response:
+        """UI-5: each member's reachability now (``federation list``), since when, its last
+        transitions and its lag trend."""
+        found = await member_history()
+        if found is None:
+            return _error(404, "this api is not a federation hub (up --federation-hub)")
+        return JSONResponse(found)
+
+    async def member_history() -> dict[str, Any] | None:
+        if not backend.hub or backend.members is None:
+            return None
+        threshold = federation.unreachable_after_s()
+        found, now = await federation.members(backend.nc), datetime.now(UTC)
+        # A reader's look is one more look: kept, so an outage a reader saw is in the history
+        # even when it ended between two of the watch's looks, and the answer agrees with itself.
+        history = backend.members.history = members.observe(backend.members.history, found, now, threshold)
+        return {"watchedSince": wire.rfc3339(history.watched_since) if history.watched_since else None,
+                "unreachableAfterSeconds": threshold, "transitionsKept": members.TRANSITIONS_KEPT,
+                "members": [members.to_builtins(history, m, now, threshold) for m in found]}
+
     async def federated(cluster: str | None) -> federation.FederatedListing:
         return await federation.read_federated(backend.nc, backend.js, cluster, federation.unreachable_after_s())
 
@@ -280,12 +337,19 @@ def build(backend: Backend) -> Starlette:
         if caller is None or caller.client is None:
             raise PermissionDenied("permission denied: this API runs on an open bus (up --insecure) and takes no "
                                    "commands: nobody could say who sent them; use the CLI")
-        unknown = set(fields) - {"reason", "active", "evict", "force", "cluster", "timeout"}
+        unknown = set(fields) - set(COMMAND_FIELDS)
         if unknown:
-            raise BadRequest(f"unknown field {sorted(unknown)[0]!r}: reason, active, evict, force, cluster, timeout")
-        reason = fields.get("reason")
-        if reason is not None and not isinstance(reason, str):
-            raise BadRequest("reason must be a string")
+            raise BadRequest(f"unknown field {sorted(unknown)[0]!r}: {', '.join(COMMAND_FIELDS)}")
+        reason, suite, job = fields.get("reason"), fields.get("suite") or None, fields.get("job") or None
+        for name, value in (("reason", reason), ("suite", suite), ("job", job)):
+            if value is not None and not isinstance(value, str):
+                raise BadRequest(f"{name} must be a string")
+        if verb == "isolate" and job is None:
+            raise BadRequest("isolate: name the failed job (job), as `healthplane isolate JOB` does")
+        if job is not None and verb != "isolate":
+            raise BadRequest(f"{verb} takes no job")
+        if suite is not None and verb not in ("validate", "isolate"):
+            raise BadRequest(f"{verb} takes no suite")
         timeout = fields.get("timeout", COMMAND_TIMEOUT_S)
         if not isinstance(timeout, int | float) or not 0 < timeout <= 60:
             raise BadRequest("timeout must be a number of seconds from 0 to 60")
@@ -294,9 +358,17 @@ def build(backend: Backend) -> Starlette:
         commands.check(verb, node=node_id, reason=reason or None, evict=bool(fields.get("evict")),
                        force=bool(fields.get("force")))
         view = await find_node(backend.nc, backend.js, node_id, cluster)
+        if verb == "isolate" and job is not None:  # the CLI's check first: the job ran here
+            ran_on = await jobs.job_nodes(backend.nc, backend.js, view.cluster, job)
+            if not ran_on:
+                raise jobs.no_allocations(view.cluster, job)
+            if view.node_id not in ran_on:
+                raise CommandFailed(f"isolate {job}: job {job} did not run on {view.node_id} (it ran on "
+                                    f"{', '.join(ran_on[:5])}{', …' if len(ran_on) > 5 else ''})")
         sent = commands.command(commands.verb_of(verb), view.node_id, view.cluster, Identity(caller.role, caller.name),
                                 reason=reason or None, active=bool(fields.get("active")),
-                                evict=bool(fields.get("evict")), force=bool(fields.get("force")))
+                                evict=bool(fields.get("evict")), force=bool(fields.get("force")), suite=suite,
+                                job_id=job)
         outcomes = await commands.send_and_wait(caller.client, Identity(caller.role, caller.name), [sent],
                                                 float(timeout))
         outcome = outcomes.get(sent.id)
@@ -324,7 +396,8 @@ def build(backend: Backend) -> Starlette:
                    "readable": feed.readable, "unreadable_since": feed.unreadable_since,
                    "unreadable_reason": feed.unreadable_reason, "now": datetime.now(UTC),
                    "fragment": request.query_params.get("fragment") == "1", "node_path": pages.node_path,
-                   "notice": request.query_params.get("notice"), "failed": request.query_params.get("failed")}
+                   "notice": request.query_params.get("notice"), "failed": request.query_params.get("failed"),
+                   "is_hub": backend.hub}
         return HTMLResponse(env.get_template(name).render(**values), status,
                             headers={"Cache-Control": "no-store", "X-Frame-Options": "DENY",
                                      "Content-Security-Policy": "default-src 'self'; frame-ancestors 'none'"})
@@ -341,39 +414,192 @@ def build(backend: Backend) -> Starlette:
 
     async def dashboard(request: Request, caller: auth.Caller | None) -> Response:
         found = federation.summary(await federated(None)) if backend.hub else current_summary()
-        return render("dashboard.html", request, caller, summary=found, hub=backend.hub)
+        cluster = request.query_params.get("cluster") or None
+        board = await backend.boards.board(backend.js, cluster) if backend.boards and not backend.hub else None
+        return render("dashboard.html", request, caller, summary=found, hub=backend.hub, board=board)
+
+    async def dashboard_figures(request: Request, caller: auth.Caller | None) -> Response:
+        """UI-2: the dashboard's figures (``?cluster=``: one cluster's; else the fleet's)."""
+        if backend.hub or backend.boards is None:
+            return _error(404, "a federation hub has no fleet dashboard of its own: GET /api/v1/summary has a row "
+                               "per attached cluster")
+        return JSONResponse(await backend.boards.board(backend.js, request.query_params.get("cluster") or None))
+
+    def may_command(caller: auth.Caller | None) -> bool:
+        return caller is not None and caller.is_admin and caller.client is not None
+
+    def table_page(request: Request) -> fold.Page:
+        size = _int(request, "pageSize", 100)
+        if size > TABLE_PAGE_MAX:
+            raise BadRequest(f"pageSize {size}: at most {TABLE_PAGE_MAX}")
+        return backend.feed.index.page(**_table_query(request, "score"), page_size=size,
+                                       token=request.query_params.get("pageToken"))
 
     async def nodes_page(request: Request, caller: auth.Caller | None) -> Response:
+        """UI-3: the table, its filter in the URL; each page a keyset page of the live index."""
         query = request.query_params
+        shown: dict[str, Any] = {"query": query, "clusters": backend.feed.index.clusters(), "statuses": fold.STATUSES,
+                 "healths": fold.HEALTHS, "conditions": fold.CONDITIONS, "holds": fold.HOLDS,
+                 "bulk_verbs": pages.BULK_VERBS if may_command(caller) else (), "back": _with(query)}
         try:
-            found = backend.feed.index.page(
-                cluster=query.get("cluster") or None, status=[s for s in query.getlist("status") if s],
-                health=[h for h in query.getlist("health") if h], text=query.get("q", ""),
-                domain=[d for d in query.getlist("domain") if d],
-                sort=query.get("sort", "score"), page_size=_int(request, "pageSize", 100),
-                token=query.get("pageToken"))
+            found = table_page(request)
         except (fold.PageError, BadRequest) as exc:
-            return render("nodes.html", request, caller, page=None, problem=str(exc), query=query,
-                          clusters=backend.feed.index.clusters(), next_query=None)
-        next_query = (urlencode([(k, v) for k, v in query.multi_items() if k not in ("pageToken", "fragment")]
-                                + [("pageToken", found.next_page_token)]) if found.next_page_token else None)
-        return render("nodes.html", request, caller, page=found, problem=None, query=query,
-                      clusters=backend.feed.index.clusters(), next_query=next_query)
+            return render("nodes.html", request, caller, page=None, problem=str(exc), links={}, rows_url=None,
+                          **shown)
+        links = {"next": _with(query, pageToken=found.next_page_token) if found.next_page_token else None,
+                 "prev": _with(query, pageToken=found.prev_page_token) if found.prev_page_token else None,
+                 "first": _with(query, pageToken=None) if query.get("pageToken") else None}
+        return render("nodes.html", request, caller, page=found, problem=None, links=links,
+                      rows_url="/nodes/rows?" + _with(query), **shown)
+
+    async def nodes_rows(request: Request) -> Response:
+        """UI-3's live update: the rows a table shows, as they are now, to update in place, and
+        how many rows a re-read of the page would add, drop or move (``changed``): the reader
+        is told, the rows are not moved under them. Body: ``{"shown": [row key…]}``."""
+        try:
+            await caller_of(request)
+        except auth.Unauthorized as exc:
+            return _error(401, str(exc))
+        if not backend.feed.readable:
+            return JSONResponse({"readable": False})
+        try:
+            body = json.loads((await request.body())[:MAX_BODY * 16] or b"{}")
+            keys = [k for k in body.get("shown", []) if isinstance(k, str)][:TABLE_PAGE_MAX]
+            found = table_page(request)
+        except (ValueError, AttributeError, fold.PageError, BadRequest) as exc:
+            return _error(400, str(exc))
+        row = env.get_template("nodes_rows.html").module.row  # type: ignore[attr-defined]
+        index, rows = backend.feed.index.rows, {}
+        for key in keys:
+            named = pages.parse_row_key(key)
+            current = index.get(fold.key_of(*named)) if named else None
+            if current is not None:
+                rows[key] = str(row(current, False))  # the checkbox cell stays the page's
+        fresh = [pages.row_key(r.cluster, r.node_id) for r in found.rows]
+        return JSONResponse({"readable": True, "total": found.total, "changed": fold.page_changes(keys, fresh),
+                             "rows": rows})
+
+    async def nodes_command(request: Request) -> Response:
+        """UI-3's bulk commands: the table's selected nodes, one verb. The first post asks (the
+        verb, how many nodes, which); the second, confirmed, sends one command per node as
+        the caller (one batch, as the CLI's ``--all`` forms) and shows each node's outcome."""
+        try:
+            caller = await caller_of(request)
+        except auth.Unauthorized:
+            return RedirectResponse("/login?next=/nodes", 303)
+        form = parse_qs((await request.body())[:MAX_BODY * 16].decode("utf-8", "replace"))
+
+        def one(name: str) -> str | None:
+            return form.get(name, [None])[-1]
+
+        back_query = one("back") or ""
+        back = "/nodes?" + back_query
+        if not _same_origin(request) or not backend.callers.csrf_ok(caller, one("csrf")):
+            return _error(403, "this form did not come from this page (CSRF check failed); reload the page")
+        verb = one("verb") or ""
+        if verb not in pages.BULK_VERBS:
+            return _error(400, f"no bulk command {verb!r}: one of {', '.join(pages.BULK_VERBS)}")
+        chosen = list(dict.fromkeys(k for k in form.get("node", []) if pages.parse_row_key(k)))
+        if not chosen:
+            return RedirectResponse(f"{back}&{urlencode({'failed': 'Nothing changed: no node was selected.'})}", 303)
+        if len(chosen) > TABLE_PAGE_MAX:
+            return _error(400, f"{len(chosen)} nodes: at most {TABLE_PAGE_MAX} in one command")
+        active = _bool(one("active"))
+        values: dict[str, Any] = {"verb": verb, "keys": chosen, "back": back, "back_query": back_query, "reason": one("reason") or "",
+                  "active": active,
+                  "question": pages.bulk_question(verb, len(chosen), active), "outcomes": None, "summary": None,
+                  "problem": None}
+        if one("confirm") != "yes":
+            values["nodes"] = [pages.parse_row_key(k) for k in chosen]
+            return render("bulk.html", request, caller, **values)
+        try:
+            values |= await run_bulk(caller, verb, chosen, reason=one("reason") or None, active=active)
+        except (PermissionDenied, CommandFailed) as exc:
+            values["problem"] = str(exc)
+        return render("bulk.html", request, caller, **values)
+
+    async def run_bulk(caller: auth.Caller | None, verb: str, keys: list[str], *, reason: str | None,
+                       active: bool) -> dict[str, Any]:
+        """One command per node, sent as the caller in one batch; each node's outcome."""
+        if caller is None or caller.client is None:
+            raise PermissionDenied("permission denied: this API runs on an open bus (up --insecure) and takes no "
+                                   "commands: nobody could say who sent them; use the CLI")
+        who = Identity(caller.role, caller.name)
+        commands.check(verb, node="(selected)", reason=reason)
+        batch = str(uuid.uuid4()) if len(keys) > 1 else None
+        sent: list[wire.Command] = []
+        outcomes: list[dict[str, Any]] = []
+        for key in keys:
+            cluster, node_id = pages.parse_row_key(key) or ("", "")
+            if fold.key_of(cluster, node_id) not in backend.feed.index.rows:
+                outcomes.append({"nodeId": node_id, "cluster": cluster, "result": "refused",
+                                 "message": f"node {node_id} not found"})
+                continue
+            sent.append(commands.command(commands.verb_of(verb), node_id, cluster, who, reason=reason,
+                                         active=active and verb == "drain", batch_id=batch))
+        answered = await commands.send_and_wait(caller.client, who, sent, COMMAND_TIMEOUT_S) if sent else {}
+        for command in sent:
+            outcome = answered.get(command.id)
+            result: str = outcome.result if outcome else "pending"
+            if outcome is not None and outcome.result == "applied" and outcome.passed is False:
+                result = "failed"  # a validation that ran and failed: applied, and bad news
+            COMMANDS.labels(verb=verb, result=outcome.result if outcome else "pending").inc()
+            outcomes.append({"nodeId": command.node_id, "cluster": command.cluster, "result": result,
+                             "message": outcome.message if outcome else
+                             (f"{verb} {command.node_id}: command {command.id} accepted; eviction has not answered "
+                              "yet, it will act on it when it runs (pending)")})
+        backend.log.info("bulk command", actor=caller.name, verb=verb, nodes=len(keys), batch_id=batch,
+                         results={r: sum(1 for o in outcomes if o["result"] == r)
+                                  for r in sorted({o["result"] for o in outcomes})})
+        return {"outcomes": outcomes, "summary": pages.bulk_summary(verb, outcomes, active)}
+
+    async def federation_page(request: Request, caller: auth.Caller | None) -> Response:
+        """UI-5: the hub's members, each with its reachability history and lag trend."""
+        found = await member_history()
+        if found is None or backend.members is None:
+            return render("missing.html", request, caller, 404,
+                          message="this api is not a federation hub: it has no member clusters")
+        kept = backend.members.history.members
+        lines: dict[str, dict[str, Any]] = {m["cluster"]: members.sparkline(kept[m["cluster"]].lag) if m["cluster"] in kept
+                 else members.sparkline([]) for m in found["members"]}
+        return render("federation.html", request, caller, found=found, lines=lines)
 
     async def node_page(request: Request, caller: auth.Caller | None) -> Response:
         node_id = request.path_params["node_id"]
         cluster = request.query_params.get("cluster")
+        nothing: dict[str, Any] = {"timeline": [], "attributions": [], "grafana": [], "suites": [],
+                                   "default_suite": None, "failed_jobs": []}
         if not backend.feed.readable:
             return render("node.html", request, caller, view=None, node_id=node_id, history=[], trend=None,
-                          automation=None, stale=None, verbs=VERBS)
+                          automation=None, stale=None, verbs=VERBS, **nothing)
         view = await find_node(backend.nc, backend.js, node_id, cluster)
         history = await _history(backend.nc, backend.js, view)
         scores = await reads.event_page(backend.nc, backend.js, view.node_id, view.cluster, types=["SCORE_CHANGED"],
                                         latest=True, page_size=TREND_EVENTS)
+        # UI-4: remediation and validation as a timeline, and the failures put down to this node.
+        recorded = await reads.event_page(backend.nc, backend.js, view.node_id, view.cluster,
+                                          types=[*pages.TIMELINE_EVENTS, *pages.ATTRIBUTION_EVENTS], latest=True,
+                                          page_size=NODE_PAGE_EVENTS)
+        shown = {**nothing, "timeline": pages.timeline(recorded.events),
+                 "attributions": pages.attributions(recorded.events),
+                 "grafana": pages.grafana_links(backend.grafana_url, view.cluster, view.node_id)}
+        if may_command(caller):
+            shown |= await command_choices(view)
         now = datetime.now(UTC)
         return render("node.html", request, caller, view=view, node_id=view.node_id, history=history,
                       trend=pages.trend(scores.events, now), automation=await reads.automation_status(backend.js, view, now),
-                      stale=reads.staleness(view, datetime.now(UTC)), verbs=VERBS)
+                      stale=reads.staleness(view, datetime.now(UTC)), verbs=VERBS, **shown)
+
+    async def command_choices(view: wire.NodeView) -> dict[str, Any]:
+        """What the node page offers an admin to validate with (the config's suites) and to
+        isolate (the node's newest failed multi-node jobs, JOB-1)."""
+        applied = (await configstore.read(backend.js)).in_force
+        validation = applied.config.validation if applied is not None else None
+        outcomes = await jobs.node_outcomes(backend.nc, backend.js, view.cluster, view.node_id)
+        failed = {o.job_id: o for o in reversed(outcomes) if o.outcome in joboutcomes.FAILURES and o.size > 1}
+        return {"suites": sorted(validation.suites) if validation else [],
+                "default_suite": validation.default_suite if validation else None,
+                "failed_jobs": sorted(failed.values(), key=lambda o: o.ended_at, reverse=True)}
 
     async def node_form(request: Request) -> Response:
         """A command from the node page: a form with the page's CSRF value, from this origin."""
@@ -388,10 +614,13 @@ def build(backend: Backend) -> Starlette:
         if not _same_origin(request) or not backend.callers.csrf_ok(caller, form.get("csrf")):
             return _error(403, "this form did not come from this page (CSRF check failed); reload the page")
         fields = {"reason": form.get("reason") or None, "active": _bool(form.get("active")),
-                  "evict": _bool(form.get("evict")), "force": _bool(form.get("force"))}
+                  "evict": _bool(form.get("evict")), "force": _bool(form.get("force")),
+                  "suite": form.get("suite") or None, "job": (form.get("job") or "").strip() or None}
+        if verb not in VERBS:
+            return RedirectResponse(f"{back}?{urlencode({'failed': f'no command {verb!r}'})}", 303)
         try:
             answer, status = await run_command(caller, node_id, verb, fields)
-        except CommandFailed as exc:
+        except (CommandFailed, BadRequest) as exc:
             return RedirectResponse(f"{back}?{urlencode({'failed': str(exc)})}", 303)
         message = answer.get("error") or answer.get("message") or f"{verb} {node_id}: pending"
         key = "notice" if status < 300 else "failed"
@@ -435,14 +664,20 @@ def build(backend: Backend) -> Starlette:
         Route("/api/openapi.json", openapi_document),
         Route("/api/v1/nodes", api(nodes)),
         Route("/api/v1/summary", api(summary)),
+        Route("/api/v1/dashboard", api(dashboard_figures)),
         Route("/api/v1/breakfix", api(breakfix_figures)),
         Route("/api/v1/config", api(config)),
         Route("/api/v1/events/stream", api(event_stream)),
+        Route("/api/v1/federation/members", api(federation_members)),
         NodeRoute("/api/v1/nodes/{node_id:node_id}/events", api(events)),
         NodeRoute("/api/v1/nodes/{node_id:node_id}/{verb}", api(command), methods=["POST"]),
         NodeRoute("/api/v1/nodes/{node_id:node_id}", api(node)),
         Route("/", page(dashboard)),
         Route("/nodes", page(nodes_page)),
+        # Before the node routes: a POST here is the table's; a GET of /nodes/rows is node "rows".
+        Route("/nodes/rows", nodes_rows, methods=["POST"]),
+        Route("/nodes/command", nodes_command, methods=["POST"]),
+        Route("/federation", page(federation_page)),
         NodeRoute("/nodes/{node_id:node_id}/{verb}", node_form, methods=["POST"]),
         NodeRoute("/nodes/{node_id:node_id}", page(node_page)),
         Route("/login", login, methods=["GET", "POST"]),

@@ -6,27 +6,49 @@ new one), the only reader; each open page holds a bounded queue of change notice
 loses notices, not memory: one "changed" is as good as many, it re-reads its part.
 Whether the data can be read is a fact kept here too (reference 000: a cluster that cannot
 be read reports no health): the connection's state.
+
+The dashboard (UI-2) has three more inputs, each read here and folded by a pure core:
+``Recent`` follows the node events of the last 24 hours into ``timeline``, ``Plane`` asks
+JetStream about the control plane's own health and the config in force (at most every
+READ_EVERY_S, cached), and ``Dashboards`` computes the page's figures from the index
+(``dashboard.tally``: one pass) at most once per change and per second, however many ask.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
-from datetime import UTC, datetime
+import time
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
+from nats.js.errors import NotFoundError
 
-from healthplane.contracts import subjects, wire
-from healthplane.runtime.replay import StoredMsg, follow
+from healthplane.client import reads
+from healthplane.contracts import streams, subjects, wire
+from healthplane.contracts.config import ClusterConfig
+from healthplane.runtime import configstore
+from healthplane.runtime.replay import StoredMsg, follow, read_all
+from healthplane_api import dashboard, plane, timeline
 from healthplane_api.fold import ViewIndex, key_of
 
 QUEUE_NOTICES: Final = 64
 FOLLOW_EVERY_S: Final = 0.25  # how stale a page may be: a quarter second behind the views
 DECOMMISSIONED: Final = ("NODE_DEPROVISIONED", "NODE_REPLACED")
 ALL: Final = "*"  # a notice every page wants: the fleet changed shape, or readability did
+DASHBOARD: Final = "#dashboard"  # a notice for the dashboard (and the table): an event it counts
+EVENTS_EVERY_S: Final = 2.0  # how far behind the events the timeline may be
+TRIM_EVERY_S: Final = 60.0
+READ_EVERY_S: Final = 5.0  # consumer, stream and config info: at most this often, whoever asks
+READ_TIMEOUT_S: Final = 5.0
+BREAKER_RESET_CLUSTERS: Final = 100  # clusters whose breaker reset is looked up, at most
+BOARD_EVERY_S: Final = 1.0  # the figures are computed at most this often, however much changes
+BOARD_SHARE: Final = 0.2  # and at most this share of the loop's time: a pass over 100,000 rows is 0.1-0.3 s
+BOARD_MAX_AGE_S: Final = 5.0  # and at least this often while asked for: time passing makes views stale
 
 
 class Feed:
@@ -38,6 +60,7 @@ class Feed:
         self.unreadable_since: datetime | None = datetime.now(UTC)
         self.unreadable_reason = "not read yet"
         self._subscriptions: list[Any] = []
+        self.generation = 0  # moves on every notice: what the dashboard's figures were computed from
 
     # -- readability
 
@@ -106,7 +129,11 @@ class Feed:
 
     # -- pages
 
+    def notify(self, key: str) -> None:
+        self._notify(key)
+
     def _notify(self, key: str) -> None:
+        self.generation += 1
         for queue in list(self._pages):
             if queue.full():
                 continue  # it has notices enough to re-read: one more adds nothing
@@ -120,3 +147,207 @@ class Feed:
             yield queue
         finally:
             self._pages.discard(queue)
+
+
+# ---------------------------------------------------------------------------- the dashboard's inputs (UI-2)
+
+
+class Recent:
+    """The node events of the last 24 hours, folded into ``timeline.Timeline``: replayed from 24
+    hours ago at start, then followed. One tail per event type the fold reads (the stream
+    filters: the frequent types, scores and conditions, are never sent here), by direct gets
+    like the views (no consumer: the api's identity reads every stream, SEC-8)."""
+
+    def __init__(self, log: Any, feed: Feed) -> None:
+        self.state = timeline.Timeline()
+        self._log = log
+        self._feed = feed
+        self._caught_up: set[str] = set()
+
+    @property
+    def complete(self) -> bool:
+        """Every tail has read what was stored when it began: the 24 h are all counted."""
+        return len(self._caught_up) == len(timeline.WANTED)
+
+    async def run(self, nc: NATS, js: JetStreamContext, stopping: asyncio.Event) -> None:
+        start = None
+        while start is None:
+            try:
+                start = await _first_since(nc, js, datetime.now(UTC) - timedelta(hours=timeline.WINDOW_HOURS))
+            except Exception as exc:  # the bus is away at start: the timeline waits for it, the rest goes on
+                self._log.debug("node events not read yet; trying again", error=str(exc) or type(exc).__name__)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stopping.wait(), EVENTS_EVERY_S)
+                if stopping.is_set():
+                    return
+
+        def folding(kind: str) -> Any:
+            def on_batch(batch: list[StoredMsg], caught_up: bool) -> None:
+                changed = False
+                for stored in batch:
+                    try:
+                        event = wire.decode(wire.NodeEvent, stored.data)
+                    except wire.WireError:
+                        self.state.skipped += 1
+                        continue
+                    if event.type == kind:  # the subject's type is its writer's permission: trust no other
+                        changed = timeline.apply(self.state, event, stored.seq) or changed
+                if caught_up:
+                    self._caught_up.add(kind)
+                if changed:
+                    self._feed.notify(DASHBOARD)
+            return on_batch
+
+        def on_error(exc: Exception) -> None:
+            self._log.debug("following node events failed; trying again", error=str(exc) or type(exc).__name__)
+
+        tails = [asyncio.create_task(follow(nc, "HP_NODE_EVENTS", f"{subjects.PREFIX}.event.*.*.{kind}",
+                                            folding(kind), start_seq=start, stopping=stopping,
+                                            every_s=EVENTS_EVERY_S, on_error=on_error))
+                 for kind in timeline.WANTED]
+        try:
+            while not stopping.is_set():
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stopping.wait(), TRIM_EVERY_S)
+                timeline.trim(self.state, datetime.now(UTC), caught_up=self.complete)
+        finally:
+            for tail in tails:
+                tail.cancel()
+            await asyncio.gather(*tails, return_exceptions=True)
+
+
+async def _first_since(nc: NATS, js: JetStreamContext, since: datetime) -> int:
+    """The sequence of the first node event stored at or after ``since`` (the next one to be
+    stored when there is none): where the 24 h replay begins."""
+    first = await read_all(nc, js, "HP_NODE_EVENTS", f"{subjects.PREFIX}.event.>", start_time=since, limit=1)
+    if first:
+        return first[0].seq
+    try:
+        return (await js.stream_info("HP_NODE_EVENTS")).state.last_seq + 1
+    except NotFoundError:
+        return 1
+
+
+@dataclass(frozen=True, slots=True)
+class PlaneRead:
+    """What JetStream said last: the control plane's problems (each with when it was first
+    seen), the config in force, each cluster's latest breaker reset."""
+
+    problems: list[tuple[plane.Problem, datetime]] = field(default_factory=list)
+    config: ClusterConfig | None = None
+    breaker_resets: dict[str, datetime] = field(default_factory=dict)
+    version: int = 0
+
+
+class Plane:
+    """Consumer and stream info, the config in force and the breaker's resets, read at most
+    every READ_EVERY_S however many pages ask (bounded reads of a peer we do not pace), each
+    read bounded by READ_TIMEOUT_S; a read that fails keeps the last answer and says so."""
+
+    def __init__(self, log: Any) -> None:
+        self._log = log
+        self._lock = asyncio.Lock()
+        self._last = PlaneRead()
+        self._read_at: float | None = None
+        self._first_seen: dict[str, datetime] = {}
+
+    async def read(self, js: JetStreamContext, clusters: Sequence[str], fleet: int) -> PlaneRead:
+        loop = asyncio.get_running_loop()
+        if self._read_at is not None and loop.time() - self._read_at < READ_EVERY_S:
+            return self._last
+        async with self._lock:
+            if self._read_at is not None and loop.time() - self._read_at < READ_EVERY_S:
+                return self._last
+            try:
+                found, config, resets = await asyncio.wait_for(self._ask(js, clusters, fleet), READ_TIMEOUT_S)
+            except Exception as exc:  # the bus is away, a permission is missing: say so, keep the rest
+                self._log.debug("control plane state not read", error=str(exc) or type(exc).__name__)
+                found = [plane.Problem("plane-unreadable", "plane-unreadable",
+                                       f"the control plane's own state cannot be read: {exc or type(exc).__name__}",
+                                       "check the api's connection to NATS and its permissions (docs/permissions.md)")]
+                config, resets = self._last.config, self._last.breaker_resets
+            now = datetime.now(UTC)
+            self._first_seen = {p.key: self._first_seen.get(p.key, now) for p in found}
+            self._last = PlaneRead([(p, self._first_seen[p.key]) for p in found], config, resets,
+                                   self._last.version + 1)
+            self._read_at = loop.time()
+            return self._last
+
+    async def _ask(self, js: JetStreamContext, clusters: Sequence[str],
+                   fleet: int) -> tuple[list[plane.Problem], ClusterConfig | None, dict[str, datetime]]:
+        consumers: list[plane.Consumer] = []
+        for stream in streams.STREAMS:
+            if not stream.durable:
+                continue
+            try:
+                # One page (256 consumers): the most a stream has is 64 webhook slots and a few services.
+                infos = await js.consumers_info(stream.name)
+            except NotFoundError:
+                continue
+            consumers += [plane.Consumer(stream.name, info.name or "?", info.num_pending or 0) for info in infos]
+        bucket = None
+        with contextlib.suppress(NotFoundError):
+            info = await js.stream_info(plane.NODES_BUCKET_STREAM)
+            bucket = plane.Bucket(info.state.bytes or 0, info.config.max_bytes or 0)
+        dead = 0
+        with contextlib.suppress(NotFoundError):
+            dead = (await js.stream_info(plane.DEAD_LETTERS)).state.messages or 0
+        applied = (await configstore.read(js)).in_force
+        resets: dict[str, datetime] = {}
+        for cluster in list(clusters)[:BREAKER_RESET_CLUSTERS]:
+            try:
+                # Any actor's: the last token is the sender (subjects.policy_command).
+                raw = await js.get_last_msg("HP_COMMANDS", f"{subjects.PREFIX}.policy.{subjects.encode_token(cluster)}"
+                                                           ".breaker-reset.*")
+                resets[cluster] = wire.decode(wire.PolicyCommand, raw.data or b"").issued_at
+            except (NotFoundError, wire.WireError):
+                continue
+        return plane.judge(consumers, bucket, dead, fleet), applied.config if applied else None, resets
+
+
+class Dashboards:
+    """UI-2's figures for every page and the API: the rows' one-pass tally computed at most once
+    per change (the feed's and the timeline's generations, the plane's read) and at most once
+    per BOARD_EVERY_S (longer where a pass takes long: never more than BOARD_SHARE of the event
+    loop), and at least every BOARD_MAX_AGE_S while asked for (views go stale by time alone);
+    each scope's figures kept with it."""
+
+    def __init__(self, feed: Feed, recent: Recent, plane_: Plane) -> None:
+        self.feed, self.recent, self.plane = feed, recent, plane_
+        self._key: tuple[int, int, int] | None = None
+        self._at = 0.0
+        self._tally: dashboard.Tally | None = None
+        self._took = 0.0  # seconds the last pass took
+        self._boards: dict[str | None, dict[str, Any]] = {}
+
+    async def board(self, js: JetStreamContext, cluster: str | None) -> dict[str, Any]:
+        feed = self.feed
+        now = datetime.now(UTC)
+        if not feed.readable and feed.unreadable_since is not None:
+            # Reference 000: a cluster that cannot be read reports no health, never its last answer.
+            found = reads.unreadable(feed.index.clusters() or ["default"], feed.unreadable_reason,
+                                     feed.unreadable_since)
+            return {"asOf": wire.rfc3339(now), "readable": False,
+                    "unreadable": {"since": wire.rfc3339(feed.unreadable_since), "reason": feed.unreadable_reason},
+                    "scope": cluster, "clusters": found["clusters"]}
+        read = await self.plane.read(js, feed.index.clusters(), len(feed.index.rows))
+        key = (feed.generation, self.recent.state.generation, read.version)
+        loop_now = asyncio.get_running_loop().time()
+        age = loop_now - self._at
+        every = max(BOARD_EVERY_S, self._took / BOARD_SHARE)
+        if self._tally is None or (key != self._key and age >= every) or age >= max(BOARD_MAX_AGE_S, every):
+            started = time.perf_counter()
+            self._tally = dashboard.tally(feed.index.rows.values(), now)
+            self._took = time.perf_counter() - started
+            self._key, self._at, self._boards = key, loop_now, {}
+        found_board = self._boards.get(cluster)
+        if found_board is None:
+            rows = feed.index.rows
+            inputs = dashboard.Inputs(self.recent.state, self.recent.complete,
+                                      lambda c, n: rows.get(key_of(c, n)), read.problems, read.config,
+                                      read.breaker_resets)
+            found_board = {"asOf": wire.rfc3339(now), "readable": True, "unreadable": None,
+                           **dashboard.board(self._tally, inputs, now, cluster)}
+            if cluster is None or cluster in self._tally.clusters:  # kept only for scopes that exist
+                self._boards[cluster] = found_board
+        return found_board

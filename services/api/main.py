@@ -14,7 +14,15 @@ from healthplane.runtime.connect import default_creds
 from healthplane.runtime.lifecycle import ServiceContext, run_service
 from healthplane_api import auth, live
 from healthplane_api.app import Backend, build
-from healthplane_api.server import SERVICE, Settings, _Embedded, _listen, _sweep, _watch_members
+from healthplane_api.server import (
+    SERVICE,
+    MembersWatched,
+    Settings,
+    _Embedded,
+    _listen,
+    _sweep,
+    _watch_members,
+)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -35,7 +43,12 @@ def main(args: argparse.Namespace) -> int:
         # /readyz: ready once every node's latest view is in the index (the first full read).
         metrics.readiness(SERVICE, lambda: (True, "node views read") if feed.loaded.is_set() and feed.readable
                           else (False, feed.unreadable_reason if feed.loaded.is_set() else "reading node views"))
-        backend = Backend(ctx.nc, ctx.js, feed, callers, ctx.log, hub=settings.federation_hub, stopping=ctx.stopping)
+        watched = MembersWatched() if settings.federation_hub else None
+        # UI-2: the dashboard's 24 h of node events, the control plane's own state, the figures.
+        recent = live.Recent(ctx.log, feed)
+        boards = live.Dashboards(feed, recent, live.Plane(ctx.log))
+        backend = Backend(ctx.nc, ctx.js, feed, callers, ctx.log, hub=settings.federation_hub, stopping=ctx.stopping,
+                          grafana_url=settings.grafana_url, members=watched, boards=boards)
         server = _Embedded(uvicorn.Config(build(backend), host=settings.host, port=settings.port, http="h11",
                                           ws="none", lifespan="off", log_config=None, access_log=False,
                                           timeout_keep_alive=5, timeout_graceful_shutdown=1,
@@ -46,9 +59,10 @@ def main(args: argparse.Namespace) -> int:
             ctx.log.error("api cannot listen", host=settings.host, port=settings.port, error=str(exc))
             raise SystemExit(1) from None
         folding = asyncio.create_task(feed.run(ctx.nc, ctx.js, ctx.stopping))
+        recalling = asyncio.create_task(recent.run(ctx.nc, ctx.js, ctx.stopping)) if not settings.federation_hub else None
         serving = asyncio.create_task(server.serve(sockets=[listening]))
         sweeping = asyncio.create_task(_sweep(callers, ctx.stopping))
-        watching = asyncio.create_task(_watch_members(ctx, threshold)) if settings.federation_hub else None
+        watching = asyncio.create_task(_watch_members(ctx, threshold, watched)) if settings.federation_hub else None
         port = listening.getsockname()[1]
         ctx.log.info("api listening", url=f"http://{settings.host}:{port}/", insecure=callers.open)
         if own_creds and signers is None:
@@ -57,7 +71,8 @@ def main(args: argparse.Namespace) -> int:
                             "has not re-signed, or the file is damaged)")
         await ctx.stopping.wait()
         server.should_exit = True
-        await asyncio.gather(serving, folding, sweeping, *([watching] if watching else []), return_exceptions=True)
+        await asyncio.gather(serving, folding, sweeping, *[t for t in (watching, recalling) if t is not None],
+                             return_exceptions=True)
         await callers.close()
 
     return run_service(SERVICE, serve, nats_url=args.nats_url, creds=args.creds, metrics_port=args.metrics_port,

@@ -19,7 +19,7 @@ import uvicorn
 from healthplane.client import federation
 from healthplane.runtime.lifecycle import ServiceContext
 from healthplane.runtime.settings import EnvSettings
-from healthplane_api import auth
+from healthplane_api import auth, members
 from healthplane_api.metrics import FEDERATION_DATA_AGE, FEDERATION_LAG, FEDERATION_REACHABLE
 
 SERVICE = "api"
@@ -29,6 +29,16 @@ class Settings(EnvSettings):
     host: str = pydantic.Field("127.0.0.1", alias="API_HOST")
     port: int = pydantic.Field(8780, ge=0, le=65535, alias="API_PORT")
     federation_hub: bool = pydantic.Field(False, alias="FEDERATION_HUB")  # `up --federation-hub` sets it
+    # UI-4: Grafana's base URL (e.g. https://grafana.example/); the node page links to the
+    # node's panels of the Node Reliability dashboard there. Unset: no links.
+    grafana_url: str | None = pydantic.Field(None, alias="API_GRAFANA_URL")
+
+    @pydantic.field_validator("grafana_url")
+    @classmethod
+    def _http(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith(("http://", "https://")):
+            raise ValueError("an http:// or https:// URL")
+        return value
 
 
 class _Embedded(uvicorn.Server):
@@ -60,8 +70,16 @@ async def _sweep(callers: auth.Callers, stopping: asyncio.Event) -> None:
 MEMBERS_EVERY_S = 2.0
 
 
-async def _watch_members(ctx: ServiceContext, threshold: float) -> None:
-    """A hub's view of its members, as series and as a log line when one comes or goes (FED-2)."""
+class MembersWatched:
+    """The hub's member history (UI-5) as the last look left it (the watch's or a reader's)."""
+
+    def __init__(self) -> None:
+        self.history = members.History()
+
+
+async def _watch_members(ctx: ServiceContext, threshold: float, watched: MembersWatched | None = None) -> None:
+    """A hub's view of its members, as series, as a log line when one comes or goes (FED-2),
+    and as each member's reachability history (UI-5)."""
     reachable: dict[str, bool] = {}
     while not ctx.stopping.is_set():
         try:
@@ -71,6 +89,8 @@ async def _watch_members(ctx: ServiceContext, threshold: float) -> None:
             found = None
         if found is not None:
             now = datetime.now(UTC)
+            if watched is not None:
+                watched.history = members.observe(watched.history, found, now, threshold)
             for gone in set(reachable) - {m.name for m in found}:
                 for gauge in (FEDERATION_REACHABLE, FEDERATION_DATA_AGE, FEDERATION_LAG):
                     gauge.remove(gone)

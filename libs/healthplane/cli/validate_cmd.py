@@ -17,12 +17,10 @@ import uuid
 from typing import Any
 
 from healthplane.cli.common import connection_flags, fail, nats_client, one_of, who
-from healthplane.client import commands
-from healthplane.client.connection import decoded
+from healthplane.client import commands, jobs
 from healthplane.client.errors import EXIT_OK, EXIT_REFUSED, EXIT_RETRY, CommandFailed
 from healthplane.client.nodes import target
-from healthplane.contracts import subjects, wire
-from healthplane.runtime.replay import read_all
+from healthplane.contracts import wire
 
 DEFAULT_TIMEOUT_S = 3600.0
 
@@ -99,12 +97,9 @@ async def _isolate(args: argparse.Namespace) -> int:
     async with nats_client(args) as nc:
         js = nc.jetstream()
         # The command travels on one of the job's nodes' subjects; eviction knows the rest.
-        token = subjects.encode_token(cluster)
-        msgs = await read_all(nc, js, "HP_ALLOCATIONS", f"{subjects.PREFIX}.alloc.{token}.*.*", last_per_subject=True)
-        nodes = sorted({a.node_id for _, a in decoded(wire.Allocation, msgs) if a.job_id == args.job})
+        nodes = await jobs.job_nodes(nc, js, cluster, args.job)
         if not nodes:
-            raise CommandFailed(f"isolate {args.job}: no allocations of job {args.job} in cluster {cluster}",
-                                EXIT_REFUSED)
+            raise jobs.no_allocations(cluster, args.job)
         command = _command(args, "isolate", nodes[0], cluster, job_id=args.job)
         outcomes = await commands.send_and_wait(nc, who(args), [command], args.timeout)
     outcome = outcomes.get(command.id)

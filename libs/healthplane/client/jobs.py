@@ -17,8 +17,10 @@ from typing import Any
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 
+from healthplane.client.connection import decoded
+from healthplane.client.errors import EXIT_REFUSED, CommandFailed
 from healthplane.contracts import joboutcomes, subjects, wire
-from healthplane.runtime.replay import read_all
+from healthplane.runtime.replay import read_all, start_of_last
 
 CONDITION_EVENTS = frozenset({"CONDITION_RAISED", "CONDITION_CLEARED"})
 
@@ -98,3 +100,31 @@ async def _condition_events(nc: NATS, js: JetStreamContext, cluster: str, node_i
         except wire.WireError:
             out.skipped += 1
     return events
+
+
+async def node_outcomes(nc: NATS, js: JetStreamContext, cluster: str, node_id: str,
+                        count: int = 20) -> list[wire.JobOutcome]:
+    """The node's newest ``count`` job outcomes (JOB-1), newest first: what the node page
+    offers to isolate (a failed multi-node job). Records that do not decode are passed over."""
+    wanted = [f"{subjects.PREFIX}.jobend.{subjects.encode_token(cluster)}.{subjects.encode_token(node_id)}.*"]
+    start = await start_of_last(js, joboutcomes.STREAM, wanted, count)
+    found = []
+    for stored in await read_all(nc, js, joboutcomes.STREAM, wanted, start_seq=start, limit=count):
+        try:
+            found.append(wire.decode(wire.JobOutcome, stored.data))
+        except wire.WireError:
+            continue
+    return sorted(found, key=lambda o: o.ended_at, reverse=True)
+
+
+async def job_nodes(nc: NATS, js: JetStreamContext, cluster: str, job_id: str) -> list[str]:
+    """The nodes the scheduler placed ``job_id``'s allocations on in ``cluster`` (VAL-3's
+    suspects), sorted; none: the job is not known there. ``healthplane isolate`` and the API's
+    isolate route send the command on one of them, and refuse a job with none in the same words."""
+    token = subjects.encode_token(cluster)
+    msgs = await read_all(nc, js, "HP_ALLOCATIONS", f"{subjects.PREFIX}.alloc.{token}.*.*", last_per_subject=True)
+    return sorted({a.node_id for _, a in decoded(wire.Allocation, msgs) if a.job_id == job_id})
+
+
+def no_allocations(cluster: str, job_id: str) -> CommandFailed:
+    return CommandFailed(f"isolate {job_id}: no allocations of job {job_id} in cluster {cluster}", EXIT_REFUSED)

@@ -26,7 +26,7 @@ from healthplane.client.errors import EXIT_USAGE, CommandFailed
 from healthplane.client.nodes import find_node, is_view
 from healthplane.contracts import automation, streams, subjects, wire
 from healthplane.contracts.config import NodeHealth
-from healthplane.contracts.views import STALE_AFTER_INTERVALS, ListRow, decode_row
+from healthplane.contracts.views import STALE_AFTER_INTERVALS, ListRow, cluster_label, decode_row
 from healthplane.runtime import configstore
 from healthplane.runtime.replay import read_all, read_payloads, start_of_last
 
@@ -122,19 +122,6 @@ def shown_health(row: ListRow, now: datetime) -> str:
 
 
 # ---------------------------------------------------------------------------- summary
-
-
-def cluster_label(counts: dict[str, int], worst: int | None) -> str:
-    """The dashboard's words for one cluster (reference 000): "All healthy", "2 degraded,
-    worst 40", "1 unknown"; the worse state first when both are present."""
-    parts = []
-    if counts.get("unknown"):
-        parts.append(f"{counts['unknown']} unknown")
-    if counts.get("degraded"):
-        parts.append(f"{counts['degraded']} degraded" + (f", worst {worst}" if worst is not None else ""))
-    if not parts:
-        return "All healthy" if counts.get("healthy") else "No nodes"
-    return "; ".join(parts)
 
 
 def summarize(rows: Iterable[ListRow], now: datetime) -> dict[str, Any]:

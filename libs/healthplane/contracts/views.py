@@ -4,7 +4,7 @@ the api's read model, which folds them, share it with the client's reads."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 
 import msgspec
@@ -13,11 +13,17 @@ import msgspec
 class ConditionRow(msgspec.Struct, rename="camel"):
     type: str
     severity: str
+    reason: str = ""  # UI-2: a collector failure its GPU's own fault explains is not blindness (XID-2)
 
 
 class HoldRow(msgspec.Struct, rename="camel"):
     effect: str
     actor: str
+
+
+class NeedsAttentionRow(msgspec.Struct, rename="camel"):
+    since: datetime
+    reason: str
 
 
 class ListRow(msgspec.Struct, rename="camel"):
@@ -35,6 +41,11 @@ class ListRow(msgspec.Struct, rename="camel"):
     last_reported_at: datetime | None = None
     report_interval_seconds: int | None = None
     domains: dict[str, str] = {}  # DOM-1: what `node list --domain K=V` and ?domain= select on
+    # UI-2: the dashboard's guardrails count out-of-service nodes per definition (as the policy's
+    # maxUnavailablePercent does), and its queue lists every node stopped at NODE_NEEDS_ATTENTION
+    # however long ago (the view keeps it until a service record; no replay window loses it).
+    definition: str | None = None
+    needs_attention: NeedsAttentionRow | None = None
 
 
 decode_row = msgspec.json.Decoder(ListRow).decode
@@ -60,3 +71,16 @@ VIEW_REFRESH_INTERVALS = 2.5
 # has folded its reports: health-ingest's heartbeat rule (3 intervals) would otherwise have made
 # it OFFLINE, and the scorer's refresh (above) would have rewritten it.
 STALE_AFTER_INTERVALS = 4
+
+
+def cluster_label(counts: Mapping[str, int], worst: int | None) -> str:
+    """The dashboard's words for one cluster (reference 000): "All healthy", "2 degraded,
+    worst 40", "1 unknown"; the worse state first when both are present."""
+    parts = []
+    if counts.get("unknown"):
+        parts.append(f"{counts['unknown']} unknown")
+    if counts.get("degraded"):
+        parts.append(f"{counts['degraded']} degraded" + (f", worst {worst}" if worst is not None else ""))
+    if not parts:
+        return "All healthy" if counts.get("healthy") else "No nodes"
+    return "; ".join(parts)

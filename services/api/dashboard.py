@@ -1,0 +1,576 @@
+"""The fleet dashboard (UI-2), pure: one pass over every node's listing row (``tally``), then
+the page's figures for the fleet or one cluster (``board``), each count with the link to the
+nodes table filtered to exactly (or, where the table has no such filter, nearest to) the nodes
+it counts.
+
+What comes from where (docs/api.md, "The dashboard"):
+
+* counts by health and status, the score histogram, the top conditions, draining and
+  replacing, out of service, the domain heatmap, blind nodes and nodes needing attention: the
+  rows (``views.ListRow``, the scorer's views);
+* validating, remediating, policy halts, degraded domains, the breaker's trips, its recent
+  automated cordons and the replacements of the last hour: the node events of the last 24 h
+  (``timeline``);
+* the guardrails' limits: the config in force. The policy publishes no current state of its
+  guardrails or breaker (only its Prometheus series, which no service reads, and its private
+  snapshot), so their headroom is computed here, as the policy computes it
+  (services/policy/rules.py ``_guardrail``, breaker.py, domains.py), from the config in force
+  and what the rows and the events say now; a test holds the two arithmetics together;
+* the control plane's own problems: ``plane.judge`` over JetStream's consumer and stream info.
+
+Pure: no I/O, no clock; ``now`` and everything read come as arguments.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any, Final
+from urllib.parse import urlencode
+
+from healthplane.contracts import automation, subjects, wire
+from healthplane.contracts.config import ClusterConfig, NodeHealth
+from healthplane.contracts.views import STALE_AFTER_INTERVALS, ListRow, cluster_label
+from healthplane_api import plane, timeline
+from healthplane_api.pages import node_path
+
+HEALTHS: Final = ("HEALTHY", "DEGRADED", "UNKNOWN")
+STATUSES: Final = ("READY", "CORDONED", "NOT_READY", "OFFLINE")
+BINS: Final = tuple((low, low + 9 if low < 90 else 100) for low in range(0, 100, 10))  # 90-100: the top bin
+AUTOMATION_KINDS: Final = ("draining", "remediating", "validating", "replacing")
+TOP_CONDITIONS: Final = 10
+CELLS_PER_KIND: Final = 200  # a heatmap of 100,000 nodes in racks of 32 is 3,125 cells: the worst are shown
+QUEUE_SHOWN: Final = 50
+DOMAINS_PER_LIMIT: Final = 10  # per limited domain kind: the domains with the least headroom
+# A member's state in the heatmap, worst first: a cell takes its worst member's.
+MEMBER_STATES: Final = ("unknown", "degraded", "out", "healthy")
+_UNKNOWN, _DEGRADED, _OUT, _HEALTHY = range(4)
+NODES: Final = "/nodes"
+
+
+# ---------------------------------------------------------------------------- percentages
+
+
+def percent(part: int, whole: int) -> str | None:
+    """``part`` of ``whole`` as a percentage that never rounds a node away: as many decimals
+    as it takes for anything short of all to read below 100 % and anything above none to read
+    above 0 % (99,997 of 100,000 is "99.997 %", never "100.0 %"); one decimal at least,
+    none for exactly all or none. ``None`` of nothing."""
+    if whole <= 0:
+        return None
+    if part >= whole:
+        return "100 %"
+    if part <= 0:
+        return "0 %"
+    decimals = 1
+    while True:
+        scale = 10 ** decimals
+        rounded = (2 * 100 * part * scale + whole) // (2 * whole)  # half up, in integers
+        if 0 < rounded < 100 * scale:
+            return f"{rounded // scale}.{rounded % scale:0{decimals}d} %"
+        decimals += 1
+
+
+# ---------------------------------------------------------------------------- the pass over the rows
+
+
+@dataclass(slots=True)
+class ScopeTally:
+    """One cluster's counts (the fleet's are their sum)."""
+
+    nodes: int = 0
+    health: dict[str, int] = field(default_factory=dict)  # the health shown: a stale view counts UNKNOWN
+    stale: int = 0
+    status: dict[str, int] = field(default_factory=dict)
+    bins: list[int] = field(default_factory=lambda: [0] * len(BINS))
+    unscored: int = 0
+    worst: int | None = None  # the lowest score among the degraded (the summary's label)
+    conditions: dict[str, int] = field(default_factory=dict)  # type -> nodes carrying it
+    out_of_service: int = 0  # any hold, whoever placed it
+    automated: int = 0  # held by automation (the breaker's standing count)
+    draining: int = 0  # held, with work still running on it
+    replacing: int = 0  # a deprovision hold: to be torn down (and replaced)
+    # domain kind -> value -> [members by MEMBER_STATES..., out of service]
+    cells: dict[str, dict[str, list[int]]] = field(default_factory=dict)
+
+    def add(self, other: ScopeTally) -> None:
+        self.nodes += other.nodes
+        self.stale += other.stale
+        self.unscored += other.unscored
+        self.out_of_service += other.out_of_service
+        self.automated += other.automated
+        self.draining += other.draining
+        self.replacing += other.replacing
+        for mine, theirs in ((self.health, other.health), (self.status, other.status),
+                             (self.conditions, other.conditions)):
+            for key, count in theirs.items():
+                mine[key] = mine.get(key, 0) + count
+        self.bins = [a + b for a, b in zip(self.bins, other.bins, strict=True)]
+        if other.worst is not None and (self.worst is None or other.worst < self.worst):
+            self.worst = other.worst
+
+
+@dataclass(slots=True)
+class Pool:
+    """A provisioner definition's nodes in one cluster (maxUnavailablePercent and
+    maxReplacementsPerHour are per definition, as the policy keeps them)."""
+
+    members: int = 0
+    unavailable: int = 0
+    replacing: int = 0  # automation's deprovision holds: replacements in flight
+
+
+@dataclass(frozen=True, slots=True)
+class Flagged:
+    """A node the queue may list: blind (or unknown), or stopped at NODE_NEEDS_ATTENTION."""
+
+    since: datetime | None
+    row: ListRow
+    why: str
+
+
+@dataclass(slots=True)
+class Tally:
+    clusters: dict[str, ScopeTally] = field(default_factory=dict)
+    pools: dict[tuple[str, str | None], Pool] = field(default_factory=dict)
+    blind: list[Flagged] = field(default_factory=list)
+    attention: list[Flagged] = field(default_factory=list)
+
+
+def tally(rows: Iterable[ListRow], now: datetime) -> Tally:
+    """Everything the dashboard counts, in one pass over the rows."""
+    out = Tally()
+    clusters, pools = out.clusters, out.pools
+    blind_types, explained = automation.BLIND, automation.EXPLAINED
+    policy_actors = automation.AUTOMATION
+    cutoffs: dict[int, datetime] = {}
+    for row in rows:
+        cluster = row.cluster
+        scope = clusters.get(cluster)
+        if scope is None:
+            scope = clusters[cluster] = ScopeTally()
+        scope.nodes += 1
+        health, status = row.health, row.status
+        last = row.last_reported_at
+        stale = False
+        if last is not None and status != "OFFLINE":
+            interval = row.report_interval_seconds or 30
+            cutoff = cutoffs.get(interval)
+            if cutoff is None:  # reads.stale_for, once per interval instead of once per row
+                cutoff = cutoffs[interval] = now - timedelta(seconds=max(15, STALE_AFTER_INTERVALS * interval))
+            if last < cutoff:
+                stale, health = True, "UNKNOWN"
+                scope.stale += 1
+        scope.health[health] = scope.health.get(health, 0) + 1
+        scope.status[status] = scope.status.get(status, 0) + 1
+        score = row.score
+        if score is None:
+            scope.unscored += 1
+        else:
+            scope.bins[min(max(score, 0) // 10, 9)] += 1
+            if health == "DEGRADED" and (scope.worst is None or score < scope.worst):
+                scope.worst = score
+        blind_by = None
+        if row.conditions:
+            kinds = [c.type for c in row.conditions]
+            for kind in (set(kinds) if len(kinds) > 1 else kinds):
+                scope.conditions[kind] = scope.conditions.get(kind, 0) + 1
+            for condition in row.conditions:  # automation.blinding, without a list per row
+                kind = condition.type
+                if kind in blind_types and condition.reason != explained and (blind_by is None or kind < blind_by):
+                    blind_by = kind
+        holds = row.holds
+        pool = pools.get((cluster, row.definition))
+        if pool is None:
+            pool = pools[(cluster, row.definition)] = Pool()
+        pool.members += 1
+        if holds:
+            scope.out_of_service += 1
+            pool.unavailable += 1
+            if any(h.actor in policy_actors for h in holds):
+                scope.automated += 1
+            teardown = [h for h in holds if h.effect == "deprovision"]
+            if teardown:
+                scope.replacing += 1
+                if any(h.actor in policy_actors for h in teardown):
+                    pool.replacing += 1
+            elif row.jobs:
+                scope.draining += 1
+        if row.domains:
+            state = (_UNKNOWN if health == "UNKNOWN" or status == "OFFLINE" or blind_by is not None
+                     else _DEGRADED if health == "DEGRADED" else _OUT if holds else _HEALTHY)
+            cells = scope.cells
+            for kind, value in row.domains.items():
+                of_kind = cells.get(kind)
+                if of_kind is None:
+                    of_kind = cells[kind] = {}
+                cell = of_kind.get(value)
+                if cell is None:
+                    cell = of_kind[value] = [0, 0, 0, 0, 0]
+                cell[state] += 1
+                if holds:
+                    cell[4] += 1
+        if blind_by is not None or health == "UNKNOWN" or status == "OFFLINE":
+            why = (f"blind: {wire.condition_title(blind_by)}" if blind_by is not None
+                   else "view stale: nothing has folded its reports for several intervals" if stale
+                   else "offline: its heartbeat is missed" if status == "OFFLINE"
+                   else "unknown health: it has not reported yet" if last is None else "unknown health")
+            out.blind.append(Flagged(last, row, why))
+        if row.needs_attention is not None:
+            out.attention.append(Flagged(row.needs_attention.since, row, row.needs_attention.reason))
+    return out
+
+
+# ---------------------------------------------------------------------------- links
+
+
+def link(cluster: str | None, **filters: str | int) -> str:
+    """The nodes table with these filters (the names the table takes: ``health``, ``status``,
+    ``condition``, ``hold``, ``domain``, ``scoreMin``, ``scoreMax``, ``sort``)."""
+    pairs = ([("cluster", cluster)] if cluster else []) + [(k, str(v)) for k, v in filters.items()]
+    return f"{NODES}?{urlencode(pairs)}" if pairs else NODES
+
+
+def node_link(cluster: str, node_id: str) -> str:
+    return f"{node_path(node_id)}?{urlencode([('cluster', cluster)])}"
+
+
+# ---------------------------------------------------------------------------- the page's figures
+
+
+@dataclass(frozen=True, slots=True)
+class Inputs:
+    """What the dashboard shows besides the rows: the events' fold, the control plane's
+    problems (each with when it was first seen), the config in force, the breaker's resets."""
+
+    timeline: timeline.Timeline
+    timeline_complete: bool = False  # the 24 h replay has caught up
+    # The row of a node now (the index), for what the events say of nodes: gone ones are left out.
+    row_of: Callable[[str, str], ListRow | None] = field(default=lambda cluster, node_id: None)
+    problems: Sequence[tuple[plane.Problem, datetime]] = ()
+    config: ClusterConfig | None = None
+    breaker_resets: Mapping[str, datetime] = field(default_factory=dict)
+
+
+def board(counted: Tally, inputs: Inputs, now: datetime, cluster: str | None = None) -> dict[str, Any]:
+    """The dashboard of the fleet (``cluster`` None) or of one cluster: the JSON of
+    ``GET /api/v1/dashboard`` and what the page renders."""
+    names = sorted(counted.clusters)
+    chosen = [cluster] if cluster is not None else names
+    scope = ScopeTally()
+    for name in chosen:
+        found = counted.clusters.get(name)
+        if found is not None:
+            scope.add(found)
+    health = inputs.config.node_health if inputs.config is not None else NodeHealth()
+    return {
+        "scope": cluster,
+        "nodes": scope.nodes,
+        "link": link(cluster),
+        "healthyPercent": percent(scope.health.get("HEALTHY", 0), scope.nodes),
+        "health": [{"health": h, "count": scope.health.get(h, 0), "percent": percent(scope.health.get(h, 0),
+                                                                                    scope.nodes),
+                    "link": link(cluster, health=h)} for h in HEALTHS],
+        "stale": scope.stale,
+        "status": [{"status": s, "count": scope.status.get(s, 0), "percent": percent(scope.status.get(s, 0),
+                                                                                    scope.nodes),
+                    "link": link(cluster, status=s)} for s in STATUSES],
+        "outOfService": {"count": scope.out_of_service, "percent": percent(scope.out_of_service, scope.nodes),
+                         "link": link(cluster, hold="any")},
+        "scores": _histogram(scope, cluster),
+        "conditions": _conditions(scope, cluster),
+        "automation": _automation(scope, inputs, cluster),
+        "mode": {"mode": health.mode, "cordonBelow": health.cordon_below, "drainBelow": health.drain_below},
+        "guardrails": [g for name in chosen for g in guardrails(name, counted, inputs, now)],
+        "needsAttention": needs_attention(counted, inputs, now, cluster),
+        "timeline": _timeline(inputs, now, cluster),
+        "domains": heatmap(counted, cluster),
+        "clusters": [_cluster_row(name, counted.clusters[name]) for name in names],
+    }
+
+
+def _cluster_row(name: str, scope: ScopeTally) -> dict[str, Any]:
+    counts = {h.lower(): scope.health.get(h, 0) for h in HEALTHS}
+    return {"cluster": name, "nodes": scope.nodes, "health": counts,
+            "healthyPercent": percent(counts["healthy"], scope.nodes),
+            "label": cluster_label(counts, scope.worst), "outOfService": scope.out_of_service,
+            "link": link(name), "dashboard": f"/?{urlencode([('cluster', name)])}"}
+
+
+def _histogram(scope: ScopeTally, cluster: str | None) -> list[dict[str, Any]]:
+    bins: list[dict[str, Any]] = [
+        {"bin": f"{low}-{high}", "min": low, "max": high, "count": count,
+         "link": link(cluster, scoreMin=low, scoreMax=high, sort="score")}
+        for (low, high), count in zip(BINS, scope.bins, strict=True)]
+    # No score filter selects "no score": the table sorted highest first lists the unscored first.
+    bins.append({"bin": "unscored", "min": None, "max": None, "count": scope.unscored,
+                 "link": link(cluster, sort="-score")})
+    return bins
+
+
+def _conditions(scope: ScopeTally, cluster: str | None) -> dict[str, Any]:
+    ranked = sorted(scope.conditions.items(), key=lambda item: (-item[1], item[0]))
+    return {"top": [{"type": kind, "title": wire.condition_title(kind), "nodes": count,
+                     "link": link(cluster, condition=kind)} for kind, count in ranked[:TOP_CONDITIONS]],
+            "more": max(0, len(ranked) - TOP_CONDITIONS)}
+
+
+def _in_scope(cluster: str | None, inputs: Inputs) -> Callable[[str, str], bool]:
+    return lambda c, n: (cluster is None or c == cluster) and inputs.row_of(c, n) is not None
+
+
+def _automation(scope: ScopeTally, inputs: Inputs, cluster: str | None) -> list[dict[str, Any]]:
+    wanted = _in_scope(cluster, inputs)
+    running = {group: sum(1 for m in timeline.open_marks(inputs.timeline, group) if wanted(m.cluster, m.node_id))
+               for group in ("validating", "remediating")}
+    # Validation and remediation hold the node with a cordon: the table's nearest filter is that
+    # hold; a drain is a held node with work on it, so held nodes with the most jobs first.
+    return [
+        {"kind": "draining", "count": scope.draining, "link": link(cluster, hold="cordon", sort="-jobs"),
+         "words": "held, with work still running on it"},
+        {"kind": "remediating", "count": running["remediating"], "link": link(cluster, hold="cordon"),
+         "words": "a remediation ladder running (REM)"},
+        {"kind": "validating", "count": running["validating"], "link": link(cluster, hold="cordon"),
+         "words": "a validation run in progress (VAL)"},
+        {"kind": "replacing", "count": scope.replacing, "link": link(cluster, hold="deprovision"),
+         "words": "a deprovision hold: torn down once empty, then replaced"},
+    ]
+
+
+# ---------------------------------------------------------------------------- guardrails and the breaker
+
+
+def share_of(percent_: int, fleet: int) -> int:
+    """``percent_`` of ``fleet`` rounded up (the breaker's rounding, reference 004)."""
+    return -(-percent_ * fleet // 100)
+
+
+def window_bound(percentage: int, max_nodes: int, fleet: int) -> tuple[int, str] | None:
+    """The breaker's window threshold (services/policy/breaker.py ``window_threshold``): the
+    lower of ``percentage`` (rounded up) and ``maxNodes``, clamped to the fleet."""
+    candidates = ([(share_of(percentage, fleet), f"percentage {percentage} % of {fleet}")] if percentage > 0 else []) \
+        + ([(max_nodes, f"maxNodes {max_nodes}")] if max_nodes > 0 else [])
+    if not candidates:
+        return None
+    nodes, words = min(candidates, key=lambda c: c[0])
+    return (fleet, f"fleetSize {fleet}") if nodes > fleet else (nodes, words)
+
+
+def standing_bound(max_cordoned_nodes: int, max_cordoned_percentage: int, fleet: int) -> tuple[int, str] | None:
+    """The breaker's standing threshold (``standing_threshold``): never clamped."""
+    candidates = ([(max_cordoned_nodes, f"maxCordonedNodes {max_cordoned_nodes}")] if max_cordoned_nodes > 0
+                  else []) + ([(share_of(max_cordoned_percentage, fleet),
+                                f"maxCordonedPercentage {max_cordoned_percentage} % of {fleet}")]
+                              if max_cordoned_percentage > 0 else [])
+    return min(candidates, key=lambda c: c[0]) if candidates else None
+
+
+def ceiling(percent_: int, members: int) -> int:
+    """Nodes of a pool that may be out of service at once under maxUnavailablePercent: the
+    policy halts when ``(unavailable + 1) * 100 > percent * members``."""
+    return percent_ * members // 100
+
+
+def domain_budget(max_unavailable: int | None, max_unavailable_percent: int | None,
+                  members: int) -> tuple[int, str] | None:
+    """A domain's budget (services/policy/domains.py ``budget``): the lower of the two, the
+    percentage rounded down."""
+    candidates = ([(max_unavailable, f"maxUnavailable {max_unavailable}")] if max_unavailable is not None else []) \
+        + ([(max_unavailable_percent * members // 100, f"maxUnavailablePercent {max_unavailable_percent} % of "
+             f"{members}")] if max_unavailable_percent is not None else [])
+    return min(candidates, key=lambda c: c[0]) if candidates else None
+
+
+def _guard(cluster: str, name: str, scope: str, limit: int, used: int, words: str,
+           state: str | None = None) -> dict[str, Any]:
+    headroom = limit - used
+    return {"cluster": cluster, "name": name, "scope": scope, "limit": limit, "used": used,
+            "headroom": max(0, headroom), "state": state or ("full" if headroom <= 0 else "ok"),
+            "words": words + (f"; room for {headroom} more" if headroom > 0 else "; no room: automation halts")}
+
+
+def guardrails(cluster: str, counted: Tally, inputs: Inputs, now: datetime) -> list[dict[str, Any]]:
+    """Each guardrail of ``cluster`` with its numbers and headroom: the breaker (tripped or not;
+    its window and standing bounds), maxUnavailablePercent and maxReplacementsPerHour per
+    definition, and each limited domain kind's tightest domains (DOM-2)."""
+    config = inputs.config
+    health = config.node_health if config is not None else NodeHealth()
+    scope = counted.clusters.get(cluster, ScopeTally())
+    fleet = scope.nodes
+    out: list[dict[str, Any]] = []
+    breaker = health.circuit_breaker
+    if not breaker.enabled:
+        out.append({"cluster": cluster, "name": "circuit breaker", "scope": f"cluster {cluster}", "limit": None,
+                    "used": None, "headroom": None, "state": "off", "words": "disabled (circuitBreaker.enabled: false)"})
+    else:
+        tripped = inputs.timeline.breaker_halts.get(cluster)
+        reset = inputs.breaker_resets.get(cluster)
+        if tripped is not None and (reset is None or reset < tripped):
+            out.append({"cluster": cluster, "name": "circuit breaker", "scope": f"cluster {cluster}", "limit": None,
+                        "used": None, "headroom": 0, "state": "tripped",
+                        "words": f"TRIPPED (a halt at {wire.rfc3339(tripped)}): automation cordons nothing until "
+                                 f"`healthplane policy breaker reset --cluster {cluster}`"})
+        window = window_bound(breaker.percentage, breaker.max_nodes, fleet)
+        if window is not None:
+            duration = timedelta(seconds=breaker.duration_seconds)
+            used = timeline.automated_since(inputs.timeline, cluster, now - duration)
+            out.append(_guard(cluster, "circuit breaker window", f"cluster {cluster}", window[0], used,
+                              f"{used} automated cordon(s) in the last {breaker.duration} against {window[1]} = "
+                              f"{window[0]}"))
+        standing = standing_bound(breaker.max_cordoned_nodes, breaker.max_cordoned_percentage, fleet)
+        if standing is not None:
+            out.append(_guard(cluster, "circuit breaker standing", f"cluster {cluster}", standing[0], scope.automated,
+                              f"{scope.automated} node(s) held by automation against {standing[1]} = {standing[0]}"))
+    hour_ago = now - timedelta(hours=1)
+    for (name, definition), pool in sorted(counted.pools.items(), key=lambda item: (item[0][0], item[0][1] or "")):
+        if name != cluster:
+            continue
+        settings = config.node_health_for(definition) if config is not None else health
+        where = f"definition {definition}" if definition else f"cluster {cluster} (no definition)"
+        allowed = ceiling(settings.max_unavailable_percent, pool.members)
+        out.append(_guard(cluster, "maxUnavailablePercent", where, allowed, pool.unavailable,
+                          f"{pool.unavailable} of {pool.members} out of service; {settings.max_unavailable_percent} % "
+                          f"allows {allowed}"))
+        if settings.mode == "replace" or pool.replacing:
+            used = timeline.replaced_since(inputs.timeline, cluster, definition, hour_ago) + pool.replacing
+            out.append(_guard(cluster, "maxReplacementsPerHour", where, settings.max_replacements_per_hour, used,
+                              f"{used} replacement(s) in the last hour or in flight"))
+    for limit in health.domain_limits:
+        budgets = []
+        for value, cell in scope.cells.get(limit.kind, {}).items():
+            members, unavailable = sum(cell[:4]), cell[4]
+            found = domain_budget(limit.max_unavailable, limit.max_unavailable_percent, members)
+            if found is not None:
+                budgets.append((found[0] - unavailable, value, found, members, unavailable))
+        budgets.sort(key=lambda b: (b[0], b[1]))
+        for _, value, (allowed, words), members, unavailable in budgets[:DOMAINS_PER_LIMIT]:
+            guard = _guard(cluster, f"domainLimits {limit.kind}", f"{limit.kind}={value}", allowed, unavailable,
+                           f"{unavailable} of {members} out of service; {words} = {allowed}")
+            guard["link"] = link(cluster, domain=f"{limit.kind}={value}", hold="any")
+            out.append(guard)
+        full = sum(1 for b in budgets if b[0] <= 0)
+        if len(budgets) > DOMAINS_PER_LIMIT:
+            out.append({"cluster": cluster, "name": f"domainLimits {limit.kind}", "scope": f"{limit.kind}=…",
+                        "limit": None, "used": None, "headroom": None, "state": "full" if full else "ok",
+                        "words": f"{len(budgets) - DOMAINS_PER_LIMIT} more {limit.kind} domain(s) not shown; "
+                                 f"{full} of all {len(budgets)} have no room"})
+    return out
+
+
+# ---------------------------------------------------------------------------- needs attention
+
+
+def needs_attention(counted: Tally, inputs: Inputs, now: datetime, cluster: str | None) -> dict[str, Any]:
+    """The queue, oldest first (an item of unknown age first): nodes stopped at
+    NODE_NEEDS_ATTENTION, blind nodes, policy halts still in force, degraded domains and the
+    control plane's own problems, each with its fix. The QUEUE_SHOWN oldest; counts of all."""
+    config = inputs.config
+    wanted = _in_scope(cluster, inputs)
+    # (since, order, kind, the item or the flagged row it is made of): a whole rack gone blind
+    # is thousands of candidates, and only the QUEUE_SHOWN oldest become items.
+    items: list[tuple[datetime | None, int, str, dict[str, Any] | Flagged]] = []
+    by_kind: dict[str, int] = {}
+
+    def add(kind: str, since: datetime | None, item: dict[str, Any] | Flagged) -> None:
+        by_kind[kind] = by_kind.get(kind, 0) + 1
+        items.append((since, len(items), kind, item))
+
+    for kind, flagged_rows in (("needs-attention", counted.attention), ("blind", counted.blind)):
+        for flagged in flagged_rows:
+            if cluster is None or flagged.row.cluster == cluster:
+                add(kind, flagged.since, flagged)
+    for mark in timeline.open_marks(inputs.timeline, "halted"):
+        if not wanted(mark.cluster, mark.node_id) or not _still_halted(inputs, config, mark):
+            continue
+        breaker = timeline.BREAKER_MARK in mark.message
+        add("policy-halted", mark.at, {
+            "cluster": mark.cluster, "nodeId": mark.node_id, "message": f"POLICY_HALTED: {mark.message}",
+            "fix": (f"find why automation cordoned so many, then `healthplane policy breaker reset --cluster "
+                    f"{mark.cluster}`" if breaker else
+                    "bring nodes back into service, or raise the guardrail it names in the cluster config"),
+            "link": node_link(mark.cluster, mark.node_id)})
+    for mark in timeline.open_marks(inputs.timeline, "degraded"):
+        if cluster is not None and mark.cluster != cluster:
+            continue
+        domain = subjects.domain_of_node_id(mark.node_id)
+        where = f"{domain[0]}={domain[1]}" if domain else mark.node_id
+        add("domain-degraded", mark.at, {
+            "cluster": mark.cluster, "nodeId": None, "domain": where, "message": f"DOMAIN_DEGRADED: {mark.message}",
+            "fix": "its members fail as one: check what they share (power, switch, fabric); per-node automation "
+                   "on them waits for DOMAIN_RECOVERED (DOM-3)",
+            "link": link(mark.cluster, domain=where) if domain else None})
+    for problem, since in inputs.problems:
+        add(problem.kind, since, {"cluster": None, "nodeId": None, "message": problem.message, "fix": problem.fix,
+                                  "link": None})
+    # Oldest first; an item whose age is unknown (a node that never reported) ahead of all.
+    shown = heapq.nsmallest(QUEUE_SHOWN, items, key=lambda i: (i[0] is not None, i[0] or now, i[1]))
+    return {"items": [{"kind": kind, "since": wire.rfc3339(since) if since else None,
+                       **(_node_item(kind, item) if isinstance(item, Flagged) else item)}
+                      for since, _, kind, item in shown],
+            "total": len(items), "byKind": by_kind}
+
+
+def _node_item(kind: str, flagged: Flagged) -> dict[str, Any]:
+    row = flagged.row
+    if kind == "needs-attention":
+        return {"cluster": row.cluster, "nodeId": row.node_id, "message": f"needs attention: {flagged.why}",
+                "fix": f"repair it, then `healthplane node service {row.node_id} --reason …`: automation leaves it "
+                       "alone until then (REM-1)", "link": node_link(row.cluster, row.node_id)}
+    return {"cluster": row.cluster, "nodeId": row.node_id, "message": flagged.why,
+            "fix": "check the node's agent (the collector) and its network; automation takes no action on a node "
+                   "it cannot fully see (POL-3)", "link": node_link(row.cluster, row.node_id)}
+
+
+def _still_halted(inputs: Inputs, config: ClusterConfig | None, mark: timeline.Mark) -> bool:
+    """A halt stands until the policy's next conclusion on the node (the timeline closes it), or
+    until the node no longer scores below any cordonBelow in force: a recovered node ends its
+    episode without an event (POL-2)."""
+    row = inputs.row_of(mark.cluster, mark.node_id)
+    score = row.score if row is not None else None
+    if score is None:
+        return True
+    bars = [config.node_health.cordon_below, *(config.node_health_for(d).cordon_below
+                                               for d in config.provisioner_definitions)] if config else [60]
+    return score < max(bars)
+
+
+# ---------------------------------------------------------------------------- the timeline and the heatmap
+
+
+def _timeline(inputs: Inputs, now: datetime, cluster: str | None) -> dict[str, Any]:
+    found = timeline.hourly(inputs.timeline, now, cluster)
+    totals = {action: sum(counts) for action, counts in found.counts.items()}
+    return {"hours": [wire.rfc3339(h) for h in found.hours], "actions": found.counts, "totals": totals,
+            "active": [action for action, total in totals.items() if total],
+            "peak": max((c for counts in found.counts.values() for c in counts), default=0),
+            "complete": inputs.timeline_complete}
+
+
+def heatmap(counted: Tally, cluster: str | None) -> list[dict[str, Any]]:
+    """Per domain kind, its domains coloured by their worst member (unknown, degraded, out of
+    service, healthy), the worst CELLS_PER_KIND of them with a count of the rest: the page
+    stays small at any fleet size."""
+    by_kind: dict[str, list[tuple[int, int, str, str]]] = {}
+    for name, scope in counted.clusters.items():
+        if cluster is not None and name != cluster:
+            continue
+        for kind, values in scope.cells.items():
+            ranked = by_kind.setdefault(kind, [])
+            for value, cell in values.items():
+                worst = (_UNKNOWN if cell[_UNKNOWN] else _DEGRADED if cell[_DEGRADED] else _OUT if cell[_OUT]
+                         else _HEALTHY)
+                ranked.append((worst, cell[_HEALTHY] - sum(cell[:4]), name, value))
+    out = []
+    for kind in sorted(by_kind):
+        ranked = by_kind[kind]
+        shown = heapq.nsmallest(CELLS_PER_KIND, ranked)
+        cells = []
+        for worst, _, name, value in shown:
+            cell = counted.clusters[name].cells[kind][value]
+            cells.append({"cluster": name, "value": value, "nodes": sum(cell[:4]), "worst": MEMBER_STATES[worst],
+                          **{state: cell[i] for i, state in enumerate(MEMBER_STATES)}, "outOfService": cell[4],
+                          "link": link(name, domain=f"{kind}={value}")})
+        out.append({"kind": kind, "cells": cells, "total": len(ranked), "more": len(ranked) - len(shown)})
+    return out
