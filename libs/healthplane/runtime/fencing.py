@@ -9,11 +9,12 @@ its records carries ``Nats-Expected-Last-Subject-Sequence-Subject`` = that subje
 ``Nats-Expected-Last-Subject-Sequence`` = its mark's sequence: nats-server stores the record
 only while the holder's mark is still the last one there (err 10071 otherwise). On a cluster
 the server serialises writes that carry an expectation on the same subject, so a holder's
-records go as atomic batches (``Publisher.store_runs``, streams with ``allow_atomic``),
-the expectation on each batch's first record: checked once, stored whole or not at all. A
-single server checks expectations in order without serialising, and stages each atomic
-batch of a file stream on disk (milliseconds a batch): there every record carries the
-expectation and goes plain (``Processor._store``).
+records go as atomic batches (``Publisher.store_runs``, streams with ``allow_atomic``), one
+per output stream and write, the streams' batches in flight together, the expectation on
+each batch's first record: checked once, stored whole or not at all (HA-6). A single server
+checks expectations in order without serialising, and stages each atomic batch of a file
+stream on disk (milliseconds a batch): there every record carries the expectation and goes
+plain (``Processor._store``).
 
 Marks are ordered by lease revision (the KV bucket's sequence, higher for every new holder):
 a claim reads the last mark and appends its own only when that mark's revision is not

@@ -14,7 +14,9 @@ A service supplies a :class:`Core` — ``initial_state()`` and a pure
 4. **Emit.** Each output carries ``Hp-Producer``, ``Hp-Causation`` (input stream and sequence)
    and a deterministic ``Nats-Msg-Id``. Outputs of inputs already reflected in the streams are
    not emitted again (REL-1), whatever the de-duplication window says. A batch's outputs go
-   out as one write and their acks are read together (``Publisher.store_all``), in order.
+   out as one write and their acks are read together (``Publisher.store_all``), in order
+   within each output stream (a lease holder's on a cluster: one atomic batch per stream,
+   ``Processor._store``).
 5. **Ack.** Inputs are acked only after every output of their batch is stored (the batch's
    acks, too, go out as one write).
 6. **Snapshot** every ``snapshot_every`` inputs or seconds, and on a clean stop; never so
@@ -138,78 +140,137 @@ def message_id(producer: str, stream: str, seq: int, index: int) -> str:
 
 class EmittedBefore:
     """The inputs whose outputs a restart found already in the output streams (REL-1): those
-    are refolded without emitting again.
+    are refolded without emitting again. Read per output stream.
 
-    Outputs are stored in input order, a batch's records in one write, and an input is acked
-    only after its outputs are stored. An output stream that keeps every record shows each
-    input's outputs (``inputs``). One with a limit may have dropped some: those that later
-    ones replaced (the latest assessment, the latest view of a node) or that aged out (the
-    7-day commands and directives, the 90-day events), so what it shows is a high-water
-    mark: every input of that stream up to the latest one seen there (``through``) had its
-    outputs stored. Re-emitting a replaced output would put an older record back on top of
-    its subject (a node's latest assessment gone stale); re-emitting an aged-out one would
+    Outputs are stored in input order within each output stream, and an input is acked only
+    after all its outputs are stored. A lease holder on a cluster writes a batch's records as
+    one atomic batch per output stream, the streams' batches in flight together
+    (``Processor._store``), so a crash leaves each output stream a prefix of *its* records,
+    not of all of them: an input may have its SCORE_CHANGED stored and not its view. So what
+    is known is known per output stream (and input stream):
+
+    An output stream that keeps every record shows each input's outputs there (``inputs``).
+    One with a limit may have dropped some: those that later ones replaced (the latest
+    assessment, the latest view of a node) or that aged out (the 7-day commands and
+    directives, the 90-day events), so what it shows is a high-water mark: every input of
+    that input stream up to the latest one seen there (``through``) had its outputs there
+    stored. Re-emitting a replaced output would put an older record back on top of its
+    subject (a node's latest assessment gone stale); re-emitting an aged-out one would
     replay an old command or directive after a restart without a snapshot.
 
-    A crash can cut a batch's write short: the server then holds a prefix of it, and the one
-    input whose outputs straddle the cut is the latest input found. That input (``last``,
-    with the ids of its outputs found) is refolded with its outputs built, and those after
-    the last one found are emitted.
+    A crash can cut a stream's write short (a batch longer than the server's largest is
+    several, in order; a single server's records go plain): the stream then holds a prefix,
+    and the one input whose outputs there straddle the cut is the latest input found there.
+    That input (``last``, with the ids of its outputs found there) has the outputs after the
+    last one found emitted on that stream.
 
-    Not covered: a record the server refused while later records of the same batch were
-    stored (one stream unavailable, the others not), when the process dies before the retry
-    that follows stores it; the input is then taken as emitted. And a producer none of whose
-    outputs is left in any of its streams (all aged out) has no mark: a restart without a
-    snapshot then emits again what its old inputs cause.
+    On a refold an input's outputs are built unless every output stream holds them all
+    (``in``), and each one found already stored is dropped (``stored``); its notes are told
+    only when no output stream holds any of its outputs (``touched``: a life before this one
+    got as far as writing, so it told them).
+
+    Not covered: a record the server refused while later records of the same stream were
+    stored (an output waiting, ``Emit.may_wait``, on a stream with limits), when the
+    process dies before the retry that follows stores it; the input is then taken as
+    emitted there. And a producer none of whose outputs is left in a stream (all aged out)
+    has no mark there: a restart without a snapshot then emits again what its old inputs
+    caused there. Nor an output replaced by one that an input of another input stream caused
+    (a node's view from an assessment, replaced by its view from a resource report) when no
+    later input of the first stream left an output there: the high-water marks are per input
+    stream, so that output is written again on the refold, on top, until the node's next
+    input (as before HA-6; tests/unit/test_emitted_before.py keeps subjects per input stream).
     """
 
-    def __init__(self) -> None:
-        self.inputs: set[tuple[str, int]] = set()
-        self.through: dict[str, int] = {}
-        self.last: dict[str, tuple[int, set[str]]] = {}
+    def __init__(self, outputs: Sequence[str]) -> None:
+        self.outputs = tuple(outputs)
+        self.inputs: dict[str, set[tuple[str, int]]] = {}  # by output stream: inputs found
+        self.through: dict[tuple[str, str], int] = {}  # by output and input stream
+        self.last: dict[tuple[str, str], tuple[int, set[str]]] = {}  # by output and input stream
 
-    def add(self, stream: str, seq: int, msg_id: str, *, superseding: bool) -> None:
+    def add(self, output: str, stream: str, seq: int, msg_id: str, *, superseding: bool) -> None:
+        """An output of input ``seq`` of ``stream``, found on ``output``."""
+        key = (output, stream)
         if superseding:
-            if seq > self.through.get(stream, 0):
-                self.through[stream] = seq
+            if seq > self.through.get(key, 0):
+                self.through[key] = seq
         else:
-            self.inputs.add((stream, seq))
-        last_seq, ids = self.last.get(stream, (0, set()))
+            self.inputs.setdefault(output, set()).add((stream, seq))
+        last_seq, ids = self.last.get(key, (0, set()))
         if seq > last_seq:
-            self.last[stream] = (seq, {msg_id})
+            self.last[key] = (seq, {msg_id})
         elif seq == last_seq:
             ids.add(msg_id)
 
     def __bool__(self) -> bool:
         return bool(self.inputs) or bool(self.through) or bool(self.last)
 
-    def __contains__(self, key: tuple[str, int]) -> bool:
-        """Every output of this input is stored (the last input found may not be: False)."""
-        stream, seq = key
-        if seq == self.last.get(stream, (0, None))[0]:
-            return False
-        return key in self.inputs or seq <= self.through.get(stream, 0)
+    def held(self, output: str, stream: str, seq: int) -> bool | set[str]:
+        """What ``output`` holds of this input's outputs: True, every one; the ids found when it
+        is the last input found there (a cut write may have stored only some); False, none
+        found (none stored, or none emitted there)."""
+        key = (output, stream)
+        last = self.last.get(key)
+        if last is not None and last[0] == seq:
+            return last[1]
+        if seq <= self.through.get(key, 0):
+            return True
+        found = self.inputs.get(output)
+        return found is not None and (stream, seq) in found
 
-    def stored_of(self, stream: str, seq: int) -> set[str] | None:
-        """The ids found of this input's outputs when it is the last input found."""
-        last_seq, ids = self.last.get(stream, (0, set()))
-        return ids if seq == last_seq else None
+    def __contains__(self, key: tuple[str, int]) -> bool:
+        """Every output of this input is stored, on every output stream: it need not be built."""
+        stream, seq = key
+        return all(self.held(output, stream, seq) is True for output in self.outputs)
+
+    def touched(self, stream: str, seq: int) -> bool:
+        """Some output stream holds some of this input's outputs."""
+        return any(self.held(output, stream, seq) is not False for output in self.outputs)
+
+    def stored(self, stream: str, seq: int, outputs: Sequence[tuple[str | None, str]]) -> set[int]:
+        """Which of this input's outputs (each its output stream, None where none takes it,
+        and its message id), by place, are stored already: on a stream that holds them all,
+        each; on one where it is the last input found, each up to the last one found there
+        (those before it were stored, or replaced by later ones on their subjects)."""
+        places: dict[str, list[int]] = {}
+        for place, (output, _) in enumerate(outputs):
+            if output is not None:
+                places.setdefault(output, []).append(place)
+        stored: set[int] = set()
+        for output, on_output in places.items():
+            held = self.held(output, stream, seq)
+            if held is True:
+                stored.update(on_output)
+            elif held:
+                found = [place for place in on_output if outputs[place][1] in held]
+                if found:
+                    stored.update(place for place in on_output if place <= found[-1])
+        return stored
 
     def behind(self, positions: dict[str, int]) -> EmittedBefore:
         """Only what lies past ``positions`` (a restored snapshot's), which is all a refold
         will ask about."""
-        kept = EmittedBefore()
-        kept.inputs = {(stream, seq) for stream, seq in self.inputs if seq > positions.get(stream, 0)}
-        kept.through = {stream: seq for stream, seq in self.through.items() if seq > positions.get(stream, 0)}
-        kept.last = {stream: last for stream, last in self.last.items() if last[0] > positions.get(stream, 0)}
+        kept = EmittedBefore(self.outputs)
+        for output, found in self.inputs.items():
+            past = {(stream, seq) for stream, seq in found if seq > positions.get(stream, 0)}
+            if past:
+                kept.inputs[output] = past
+        kept.through = {key: seq for key, seq in self.through.items() if seq > positions.get(key[1], 0)}
+        kept.last = {key: last for key, last in self.last.items() if last[0] > positions.get(key[1], 0)}
         return kept
 
     def passed(self, stream: str, seq: int) -> None:
         """The fold has refolded this input: forget what is behind it."""
-        self.inputs.discard((stream, seq))
-        if seq >= self.through.get(stream, seq + 1):
-            del self.through[stream]
-        if seq >= self.last.get(stream, (seq + 1, None))[0]:
-            del self.last[stream]
+        for output in self.outputs:
+            found = self.inputs.get(output)
+            if found is not None:
+                found.discard((stream, seq))
+                if not found:
+                    del self.inputs[output]
+            key = (output, stream)
+            if seq >= self.through.get(key, seq + 1):
+                del self.through[key]
+            if seq >= self.last.get(key, (seq + 1, None))[0]:
+                del self.last[key]
 
 
 def drops_records(config: StreamConfig) -> bool:
@@ -304,7 +365,7 @@ class Processor(Generic[S]):
         self._loops: list[PullLoop] = []
         self.state: S = core.initial_state()
         self.positions: dict[str, int] = {}
-        self._already_emitted = EmittedBefore()
+        self._already_emitted = EmittedBefore(self._outputs)
         self._since_snapshot = 0
         self._last_snapshot_at = time.monotonic()
         self._snapshot_took_s = 0.0  # the last snapshot's wall time: what the next one may cost
@@ -314,7 +375,7 @@ class Processor(Generic[S]):
         self._caught_up: dict[str, bool] = {}
         self.tick_every_s = 1.0
         self._dead: set[tuple[str, int]] = set()
-        self._output_subjects: list[str] = []
+        self._output_subjects: list[tuple[str, str]] = []  # each output stream's subjects: (subject, stream)
         self._rebuilding = False
         self._stopping_requested = False
         self.rebuilds = 0
@@ -341,7 +402,8 @@ class Processor(Generic[S]):
         await self._restore()
         self._dead = await deadletters.skipped_inputs(self._nc, self._js, self.service, self.producer)
         infos = [await self._js.stream_info(stream) for stream in self._outputs]
-        self._output_subjects = [subject for info in infos for subject in info.config.subjects or []]
+        self._output_subjects = [(subject, stream) for stream, info in zip(self._outputs, infos, strict=True)
+                                 for subject in info.config.subjects or []]
         # On a cluster a batch waits for another of its stream (Publisher.store_runs).
         self._replicated_outputs = frozenset(stream for stream, info in zip(self._outputs, infos, strict=True)
                                              if (info.config.num_replicas or 1) > 1)
@@ -396,32 +458,54 @@ class Processor(Generic[S]):
         self._marks = marks
 
     async def _store(self, records: list[Outbound]) -> list[Ack]:
-        """Store ``records`` in order, bound to this holder's marks (runtime.fencing) behind a
-        lease. On a stream kept on several servers each run of consecutive records is an atomic
-        batch, the expectation on its first record; on a single server's stream every record
-        carries the expectation and goes plain. Everything goes out pipelined in emit order,
-        so what a kill leaves stored is a prefix of the emits, which the restart's scan of its
-        own outputs relies on (``EmittedBefore``)."""
+        """Store ``records``, bound to this holder's marks (runtime.fencing) behind a lease.
+
+        On a stream kept on several servers a write with an expectation on the holder's mark
+        waits for the one before it on that mark (the cluster serialises them), so each
+        stream's records go as one atomic batch (cut at the server's largest), in emit order,
+        the expectation on its first record, and the batches of different streams in flight
+        together: one write per call, whatever the number of streams and however they
+        alternate (the scorer's SCORE_CHANGED and view of each assessment). What a kill then
+        leaves stored is, per output stream, a prefix of that stream's records, which the
+        restart's scan of its own outputs reads per stream (``EmittedBefore``).
+
+        On a single server's stream every record carries the expectation and goes plain, in
+        emit order: it checks expectations in order, record by record, for a few µs each,
+        while an atomic batch there costs 3.4 ms however small (it is staged in a file store of
+        its own, created and deleted on disk; docs/benchmarks.md). The acks come back in the
+        order of the records given; a PublishError's index names one of them."""
         marks = self._marks
         if marks is None or not records:
             return await self._publisher.store_all(records)
-        runs: list[Run] = []
-        for record in records:
+        plain: list[int] = []
+        sent = list(records)
+        batched: dict[str, list[int]] = {}  # by stream, in emit order
+        for index, record in enumerate(records):
             stream = marks.stream_of(record[0])
             first = marks.headers(stream) if stream is not None else None
-            if first is not None and stream not in self._replicated_outputs:
-                # A single server checks expectations in order, record by record, for a few µs
-                # each; an atomic batch there costs 3.4 ms however small (it is staged in a
-                # file store of its own, created and deleted on disk), and a scorer's outputs
-                # alternate between two streams, a batch or two per input (docs/benchmarks.md).
-                record = (record[0], record[1], {**(record[2] or {}), **first})
-                first = None
-            key = stream if first is not None else None
-            if runs and runs[-1][2] == key:
-                runs[-1][0].append(record)  # type: ignore[attr-defined]
+            if first is None or stream is None:
+                plain.append(index)
+            elif stream in self._replicated_outputs:
+                batched.setdefault(stream, []).append(index)
             else:
-                runs.append(([record], first, key))
-        return await self._publisher.store_runs(runs, one_per_stream=bool(self._replicated_outputs))
+                sent[index] = (record[0], record[1], {**(record[2] or {}), **first})
+                plain.append(index)
+        if not batched:
+            return await self._publisher.store_all(sent)
+        runs: list[Run] = [([sent[index] for index in plain], None, None)] if plain else []
+        runs += [([sent[index] for index in indices], marks.headers(stream), stream)
+                 for stream, indices in batched.items()]
+        order = plain + [index for indices in batched.values() for index in indices]
+        try:
+            acks = await self._publisher.store_runs(runs, one_per_stream=True)
+        except PublishError as exc:
+            if exc.index is not None and exc.index < len(order):
+                exc.index = order[exc.index]
+            raise
+        in_order: list[Ack | None] = [None] * len(records)
+        for index, ack in zip(order, acks, strict=True):
+            in_order[index] = ack
+        return [ack for ack in in_order if ack is not None]
 
     async def run(self) -> None:
         """Process until :meth:`stop`; then snapshot and return."""
@@ -664,25 +748,27 @@ class Processor(Generic[S]):
         metrics.SNAPSHOT_BYTES.labels(self.service, self.label).set(manifest.size)
 
     async def _scan_emitted(self, from_positions: dict[str, int]) -> EmittedBefore:
-        emitted = EmittedBefore()
+        emitted = EmittedBefore(self._outputs)
         for stream in self._outputs:
             info = await self._js.stream_info(stream)
             superseding = drops_records(info.config)
 
-            def note(msg: StoredMsg, superseding: bool = superseding) -> None:
+            def note(msg: StoredMsg, stream: str = stream, superseding: bool = superseding) -> None:
                 headers = msg.headers or {}
                 if headers.get(PRODUCER_HEADER) != self.producer:
                     return
                 cause_stream, _, cause_seq = headers.get(CAUSATION_HEADER, "").rpartition(":")
                 if cause_seq.isdigit():
-                    emitted.add(cause_stream, int(cause_seq), headers.get(MSG_ID_HEADER, ""),
+                    emitted.add(stream, cause_stream, int(cause_seq), headers.get(MSG_ID_HEADER, ""),
                                 superseding=superseding)
 
             await read_all(self._nc, self._js, stream, list(info.config.subjects or []),
                            start_seq=from_positions.get(stream, 0) + 1, sink=note)
         if emitted and self._log is not None:
-            self._log.info("outputs already in the streams", inputs=len(emitted.inputs), through=emitted.through,
-                           last={stream: seq for stream, (seq, _) in emitted.last.items()})
+            self._log.info("outputs already in the streams",
+                           inputs={output: len(found) for output, found in emitted.inputs.items()},
+                           through={f"{output} {stream}": seq for (output, stream), seq in emitted.through.items()},
+                           last={f"{output} {stream}": seq for (output, stream), (seq, _) in emitted.last.items()})
         return emitted
 
     # ------------------------------------------------------------------ the fold
@@ -750,20 +836,23 @@ class Processor(Generic[S]):
                         already_emitted.passed(stream, seq)
                     metrics.DUPLICATES_SKIPPED.labels(self.service).inc()
                     continue
-                stored = already_emitted.stored_of(stream, seq) if already_emitted else None
-                if stored is not None:
+                stored: set[int] | None = None
+                if already_emitted and already_emitted.touched(stream, seq):
+                    # A life before this one wrote some of its outputs (and told its notes):
+                    # those are not written again, stream by stream.
+                    stored = already_emitted.stored(stream, seq, [
+                        (emit.purge_stream or self._output_of(emit.subject),
+                         emit.msg_id or message_id(producer, stream, seq, index))
+                        for index, emit in enumerate(outputs)])
                     already_emitted.passed(stream, seq)
+                    if stored:
+                        metrics.DUPLICATES_SKIPPED.labels(self.service).inc(len(stored))
                 elif notes:  # live, not a refold of what a life before this one told
                     self._tell(notes, stream=stream, seq=seq)
                 if outputs:
                     causation = f"{stream}:{seq}"
-                    # A cut write stored a prefix: every output up to the last one found is in
-                    # (or was replaced by a later one on its subject).
-                    first = 0 if stored is None else max(
-                        (index + 1 for index, emit in enumerate(outputs)
-                         if (emit.msg_id or message_id(producer, stream, seq, index)) in stored), default=0)
                     for index, emit in enumerate(outputs):  # message_id() inlined: every output passes here
-                        if index >= first:
+                        if stored is None or index not in stored:
                             emits.append((emit, {**emit.headers, CAUSATION_HEADER: causation,
                                                  PRODUCER_HEADER: producer,
                                                  MSG_ID_HEADER: emit.msg_id or f"{producer}:{causation}:{index}"}))
@@ -828,7 +917,14 @@ class Processor(Generic[S]):
         return str(revision)
 
     def _stored_anywhere(self, subject: str) -> bool:
-        return any(subjects.matches(pattern, subject) for pattern in self._output_subjects)
+        return self._output_of(subject) is not None
+
+    def _output_of(self, subject: str) -> str | None:
+        """The output stream that stores ``subject``, if any."""
+        for pattern, stream in self._output_subjects:
+            if subjects.matches(pattern, subject):
+                return stream
+        return None
 
     async def _set_aside(self, refused: Outbound, why: str, emits: list[tuple[Emit, dict[str, str]]],
                          inputs: dict[tuple[str, int], Delivery]) -> list[tuple[Emit, dict[str, str]]]:

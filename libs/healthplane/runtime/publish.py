@@ -234,43 +234,62 @@ class Publisher:
         return acks
 
     async def store_runs(self, runs: Sequence[Run], *, one_per_stream: bool) -> list[Ack]:
-        """Store runs of records in order, each run either plain (every record acked) or, with
-        ``first`` headers, a JetStream atomic batch of one stream (``allow_atomic``): stored
-        whole or not at all, ``first`` (an expectation: a lease holder's fence) on its first
-        record, so the server checks it once for the batch (runtime.fencing). Runs go out
-        pipelined, in order, in one write: whatever a crash leaves stored is a prefix.
+        """Store runs of records and return their acks, in the order of the flattened runs;
+        each run either plain (every record acked) or, with ``first`` headers, a JetStream
+        atomic batch of one stream (``allow_atomic``): stored whole or not at all, ``first``
+        (an expectation: a lease holder's fence) on its first record, so the server checks it
+        once for the batch (runtime.fencing). A run longer than the server's largest batch
+        (``MAX_ATOMIC``) is cut into several, in order.
+
+        Without ``one_per_stream`` everything goes out pipelined, in order, in one write:
+        whatever a crash leaves stored is a prefix of the records.
 
         ``one_per_stream`` (a cluster): a cluster refuses a batch whose expectation is checked
-        while another on the same subject is still being stored (10164), so runs go in segments
-        with at most one batch per stream each, a segment's acks awaited before the next.
+        while another on the same subject is still being stored (10164), so a stream's batches
+        go one at a time: its k-th in the k-th write, beside the k-th of every other stream
+        (the plain runs in the first), each write's acks awaited before the next. The batches
+        of different streams are in flight together; what a crash leaves stored is, per
+        stream, a prefix of that stream's records, not of all of them (a caller that gives
+        each stream one run writes once, whatever the number of streams).
 
         A batch sent again after its ack was lost is answered "duplicate message id" (10201):
         atomic, so it was stored whole, and its records count as duplicates. A PublishError's
         index is the failing record's, or its batch's first, in the flattened runs."""
-        chunked: list[Run] = []
-        for run in runs:  # the server's largest batch
+        chunks: list[tuple[Run, int]] = []  # each with the place of its first record in the flattened runs
+        position = 0
+        for run in runs:
             records, first, stream = run
             if first is None or len(records) <= MAX_ATOMIC:
-                chunked.append(run)
+                chunks.append((run, position))
             else:
-                chunked += [(records[i:i + MAX_ATOMIC], first, stream) for i in range(0, len(records), MAX_ATOMIC)]
-        segments: list[list[Run]] = [[]]
-        streams_in_segment: set[str] = set()
-        for run in chunked:
-            records, first, stream = run
-            if one_per_stream and first is not None and stream in streams_in_segment:
+                chunks += [((records[i:i + MAX_ATOMIC], first, stream), position + i)
+                           for i in range(0, len(records), MAX_ATOMIC)]
+            position += len(records)
+        segments: list[list[tuple[Run, int]]] = [[]]
+        batches_of: dict[str, int] = {}
+        for chunk in chunks:
+            _, first, stream = chunk[0]
+            place = 0
+            if one_per_stream and first is not None and stream is not None:
+                place = batches_of.get(stream, 0)
+                batches_of[stream] = place + 1
+            while len(segments) <= place:
                 segments.append([])
-                streams_in_segment = set()
-            segments[-1].append(run)
-            if first is not None and stream is not None:
-                streams_in_segment.add(stream)
-        acks: list[Ack] = []
+            segments[place].append(chunk)
+        if len(segments) == 1:
+            return await self._store_segment(segments[0]) if segments[0] else []
+        placed: list[Ack | None] = [None] * position
         for segment in segments:
-            if segment:
-                acks += await self._store_segment(segment, len(acks))
-        return acks
+            stored = iter(await self._store_segment(segment))
+            for (records, _, _), start in segment:
+                for index in range(start, start + len(records)):
+                    placed[index] = next(stored)
+        return [ack for ack in placed if ack is not None]  # every place is filled: a write stored all or raised
 
-    async def _store_segment(self, runs: Sequence[Run], offset: int) -> list[Ack]:
+    async def _store_segment(self, runs: Sequence[tuple[Run, int]]) -> list[Ack]:
+        """One write of ``runs`` (each with the place of its first record in the caller's
+        flattened runs, which a PublishError's index names), its acks awaited together; the
+        acks in the order of the runs given."""
         if self._nc.is_closed:
             raise PublishError("connection closed")
         await self._ensure_subscribed()
@@ -281,14 +300,14 @@ class Publisher:
         self._next_batch += 1
         reply_stem = f"{self._prefix}b{batch_id}_"
         framed: list[tuple[str, bytes, Mapping[str, str] | None, str]] = []  # + the reply, "" for none
-        slots: list[tuple[int, int, bool]] = []  # per ack slot: first record index, record count, atomic
-        position = 0
-        for records, first, _ in runs:
+        places: list[int] = []  # per framed record, its place in the caller's runs
+        slots: list[tuple[int, int, bool]] = []  # per ack slot: first framed index, record count, atomic
+        for (records, first, _), start in runs:
+            places += range(start, start + len(records))
             if first is None:
                 for subject, payload, headers in records:
                     framed.append((subject, payload, headers, f"{reply_stem}{len(slots)}"))
-                    slots.append((position, 1, False))
-                    position += 1
+                    slots.append((len(framed) - 1, 1, False))
                 continue
             atomic_id = f"{self._prefix.rstrip('.').rpartition('.')[2]}-{batch_id}-{len(slots)}"
             last = len(records) - 1
@@ -298,8 +317,7 @@ class Publisher:
                 if index == last:
                     marked[BATCH_COMMIT] = "1"
                 framed.append((subject, payload, marked, f"{reply_stem}{len(slots)}" if index == last else ""))
-            slots.append((position, len(records), True))
-            position += len(records)
+            slots.append((len(framed) - len(records), len(records), True))
         batch = _Batch(len(slots), asyncio.get_running_loop().create_future())
         self._batches[batch_id] = batch
         reconnects = self._nc.stats.get("reconnects", 0)
@@ -311,24 +329,24 @@ class Publisher:
                     await self._nc.publish(subject, payload, reply=reply, headers=dict(headers) if headers else None)
             await self._answered(batch.done, reconnects)  # the slots without an ack are reported below
         except PublishError as exc:
-            exc.index = offset + (exc.index or 0)
+            exc.index = places[exc.index or 0]
             raise
         except Exception as exc:
-            raise PublishError(f"{framed[0][0]}: {exc or type(exc).__name__}", index=offset) from exc
+            raise PublishError(f"{framed[0][0]}: {exc or type(exc).__name__}", index=places[0]) from exc
         finally:
             self._batches.pop(batch_id, None)
         acks: list[Ack] = []
         for (start, count, atomic), outcome in zip(slots, batch.outcomes, strict=True):
             subject = framed[start][0]
             if outcome is None:
-                raise PublishError(f"{subject}: no ack within {self.ack_timeout_s:g}s", index=offset + start)
+                raise PublishError(f"{subject}: no ack within {self.ack_timeout_s:g}s", index=places[start])
             if isinstance(outcome, PublishError):
                 if atomic and outcome.err_code == ATOMIC_DUPLICATE:
                     acks += [Ack(outcome.stream, 0, True)] * count
                     continue
                 what = f" (atomic batch of {count})" if atomic else ""
                 raise PublishError(f"{subject}: {outcome}{what}", outcome.code, outcome.err_code,
-                                   permanent=outcome.permanent, index=offset + start) from outcome
+                                   permanent=outcome.permanent, index=places[start]) from outcome
             if atomic:
                 acks += [Ack(outcome.stream, outcome.seq - count + 1 + i, False) for i in range(count)]
             else:
