@@ -105,6 +105,29 @@ def join(index: dict[str, Domain], cluster: str, node_key: str, domains: Mapping
                 domain.silent.add(node_key)
 
 
+def refresh(index: dict[str, Domain], cluster: str, node_key: str, domains: Mapping[str, str],
+            facts: MemberFacts) -> None:
+    """A member's facts as they are now, in each of its ``domains`` (it is a member of each:
+    ``join`` put it there); set operations only, so a view that changed nothing costs little."""
+    for kind, value in domains.items():
+        domain = index.get(domain_key(cluster, kind, value))
+        if domain is None:
+            join(index, cluster, node_key, {kind: value}, facts)
+            continue
+        if facts.out_of_service:
+            domain.unavailable.add(node_key)
+        else:
+            domain.unavailable.discard(node_key)
+        if facts.failing_since is not None:
+            domain.failing[node_key] = facts.failing_since
+        else:
+            domain.failing.pop(node_key, None)
+        if facts.failing_since is not None and facts.silent:
+            domain.silent.add(node_key)
+        else:
+            domain.silent.discard(node_key)
+
+
 def leave(index: dict[str, Domain], cluster: str, node_key: str, domains: Mapping[str, str]) -> None:
     """Take ``node_key`` out of each of its ``domains``. A domain left without members is
     dropped unless it has an episode to remember (its event numbers must never repeat)."""

@@ -245,9 +245,13 @@ def _index(state: PolicyState, node: Node) -> None:
     if _automation_holds(node):
         state.automated.setdefault(node.cluster, set()).add(key)
     if node.domains:
-        domains.join(state.domains, node.cluster, key, node.domains, domains.MemberFacts(
-            out_of_service=_out_of_service(node), failing_since=node.failing_since,
-            silent="heartbeat_missed" in node.conditions))
+        domains.join(state.domains, node.cluster, key, node.domains, _facts(node))
+
+
+def _facts(node: Node) -> domains.MemberFacts:
+    """What a node's domains keep of it (DOM-2's budget, DOM-3's share)."""
+    return domains.MemberFacts(out_of_service=_out_of_service(node), failing_since=node.failing_since,
+                               silent="heartbeat_missed" in node.conditions)
 
 
 # ---------------------------------------------------------------------------- the fold
@@ -801,8 +805,7 @@ def _domain_facts(d: _Decision, node: Node) -> None:
         node.failing_since = d.now if failing else None  # kept without domains: a view may add them
     if not node.domains:
         return
-    _unindex(state, node)
-    _index(state, node)
+    domains.refresh(state.domains, node.cluster, node_key(node.cluster, node.node_id), node.domains, _facts(node))
     for kind, value in node.domains.items():
         settings = state.config.domain_faults.get(kind)
         key = domains.domain_key(node.cluster, kind, value)
