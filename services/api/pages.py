@@ -19,7 +19,12 @@ STATIC: Final = Path(__file__).parent / "static"
 
 
 def quote_id(node_id: str) -> str:
-    """A node id as one path segment: ``/``, ``%``, ``+``, spaces, ``#``, ``?`` and UTF-8 escaped (UI-1)."""
+    """A node id as one path segment: ``/``, ``%``, ``+``, spaces, ``#``, ``?`` and UTF-8 escaped (UI-1).
+    An id of dots alone (``.``, ``..``) would be a dot-segment, which clients fold away
+    (RFC 3986 §5.2.4): its dots go escaped. (WHATWG browsers fold ``%2E`` segments as well,
+    so in a browser such a node is reached through the table's filter, not its own path.)"""
+    if node_id.strip(".") == "":
+        return node_id.replace(".", "%2E")
     return quote(node_id, safe="")
 
 
