@@ -10,6 +10,7 @@ import dataclasses
 import signal
 import socket
 import sys
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Final, Literal
@@ -18,11 +19,12 @@ import msgspec
 import nats.errors
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
+from nats.js import JetStreamContext
 
 from healthplane.contracts import subjects, wire
 from healthplane.contracts.config import CollectorConfig, ConfigError, load_collector_config
 from healthplane.runtime import creds as credentials
-from healthplane.runtime import logs, metrics
+from healthplane.runtime import logs, metrics, telemetry
 from healthplane.runtime.connect import (
     COLLECTOR_PING_INTERVAL_S,
     connect,
@@ -98,12 +100,39 @@ def _creds_mismatch(settings: Settings, path: str | None) -> str | None:
     return None
 
 
+def publisher(js: JetStreamContext) -> Callable[[str, bytes], Awaitable[None]]:
+    """The agent's publish. With OpenTelemetry export on (INT-4), each report starts a trace:
+    the publish runs in its span and the record's headers carry its ``traceparent``, which
+    every service that folds the report, and what follows from it, continues."""
+    exporting = telemetry.active
+
+    async def publish(subject: str, payload: bytes) -> None:
+        await js.publish(subject, payload, timeout=5)
+
+    if exporting is None:
+        return publish
+
+    async def traced(subject: str, payload: bytes) -> None:
+        with exporting.publishing(SERVICE, subject) as headers:
+            await js.publish(subject, payload, timeout=5, headers=headers)
+
+    return traced
+
+
 async def _serve(settings: Settings, nats_url: str | None, creds: str | None, metrics_port: int) -> int:
     log = logs.configure(SERVICE).bind(node_id=settings.node_id, cluster=settings.cluster)
     mismatch = _creds_mismatch(settings, creds or default_creds())
     if mismatch:
         log.error("cannot start", reason=mismatch)
         return 1
+    telemetry.start(SERVICE, log)  # INT-4: nothing unless HEALTHPLANE_OTEL=1
+    try:
+        return await _agent(settings, nats_url, creds, metrics_port, log)
+    finally:
+        await asyncio.to_thread(telemetry.shutdown)
+
+
+async def _agent(settings: Settings, nats_url: str | None, creds: str | None, metrics_port: int, log: Any) -> int:
     endpoint = metrics.serve(metrics_port)
     log.info("metrics endpoint", url=endpoint.url)
     stopping, out_of_band = asyncio.Event(), asyncio.Event()
@@ -127,10 +156,7 @@ async def _serve(settings: Settings, nats_url: str | None, creds: str | None, me
     remediator.settle_pending(inventory.boot_id if inventory else None, datetime.now(UTC))
     nc = await connect(nats_url, name=f"healthplane-collector-{settings.node_id}", creds=creds, log=log,
                        ping_interval_s=COLLECTOR_PING_INTERVAL_S)
-    js = nc.jetstream()
-
-    async def publish(subject: str, payload: bytes) -> None:
-        await js.publish(subject, payload, timeout=5)
+    publish = publisher(nc.jetstream())
 
     async def on_remediation(msg: Msg) -> None:
         remediator.take(msg.data, datetime.now(UTC))

@@ -414,9 +414,11 @@ class Fleet:
             return InjectReply(ok=False, message=str(exc))
 
     async def run(self, nc: Any, stopping: asyncio.Event, log: Any) -> None:
+        from healthplane.runtime import telemetry
         from healthplane.runtime.publish import Publisher
 
         publisher = Publisher(nc, window=8192)
+        exporting = telemetry.active  # INT-4: each simulated report starts a trace, as an agent's does
 
         await serve_injections(nc, self.cluster, self.inject, log)
 
@@ -459,8 +461,13 @@ class Fleet:
             async def publish(subject: str, payload: bytes) -> None:
                 if node.silent:
                     return
-                future = await publisher.submit(subject, payload)
-                await publisher.wait(subject, future)
+                if exporting is None:
+                    future = await publisher.submit(subject, payload)
+                    await publisher.wait(subject, future)
+                    return
+                with exporting.publishing("collector", subject) as headers:
+                    future = await publisher.submit(subject, payload, headers)
+                    await publisher.wait(subject, future)
 
             # Kmsg faults replace node.kmsg on "clear": keep the collector looking at the live one.
             class LiveKmsg:

@@ -75,12 +75,13 @@ def run_cli(args: Any) -> int:
 
     from healthplane.cli.common import fail, nats_client
     from healthplane.client.errors import EXIT_USAGE, CommandFailed
-    from healthplane.runtime import logs, metrics
+    from healthplane.runtime import logs, metrics, telemetry
     from healthplane.runtime.connect import connect
     from healthplane.runtime.lifecycle import let_go
 
     async def run_fleet() -> int:
         log = logs.configure("sim")
+        telemetry.start("sim", log)  # INT-4: nothing unless HEALTHPLANE_OTEL=1
         endpoint = metrics.serve(args.metrics_port)
         log.info("metrics endpoint", url=endpoint.url)
         stopping = asyncio.Event()
@@ -108,6 +109,7 @@ def run_cli(args: Any) -> int:
             await asyncio.gather(running, return_exceptions=True)
         finally:
             await let_go(nc)
+            await asyncio.to_thread(telemetry.shutdown)
         return 0
 
     async def inject() -> int:

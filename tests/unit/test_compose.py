@@ -119,8 +119,10 @@ def test_dockerfile_builds_one_image_with_healthplane_entry_point() -> None:
 # ---------------------------------------------------------------- the image is what CI tested (issue 16.4)
 
 def _runtime_requirements() -> list[Requirement]:
+    """What the image installs: the dependencies, and the optional OpenTelemetry export (the
+    ``otel`` extra, INT-4), which tools/lock locks with them so a deployment can turn it on."""
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    return [Requirement(line) for line in project["dependencies"]]
+    return [Requirement(line) for line in [*project["dependencies"], *project["optional-dependencies"]["otel"]]]
 
 
 def _lock() -> dict[str, tuple[Version, list[str]]]:

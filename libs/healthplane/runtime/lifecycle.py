@@ -30,7 +30,7 @@ from nats.js.errors import APIError, ServiceUnavailableError
 from prometheus_client.registry import Collector
 
 from healthplane.contracts import streams, subjects
-from healthplane.runtime import connect, converge, gzipped, logs, metrics
+from healthplane.runtime import connect, converge, gzipped, logs, metrics, telemetry
 from healthplane.runtime.fold import Core, Input
 from healthplane.runtime.lease import ROUND_TIMEOUT_S, Lease, instance_name, ttl_in_force
 from healthplane.runtime.processor import LeaseLost, Processor
@@ -58,6 +58,7 @@ async def _run(name: str, main: ServiceMain, nats_url: str | None, creds: str | 
     log = logs.configure(name)
     if settings is not None:
         log.info("settings", **settings.model_dump())
+    telemetry.start(name, log)  # INT-4: nothing unless HEALTHPLANE_OTEL=1; before any Processor is built
     # Not ready until the service says what it waits for: /readyz answers from the moment the
     # endpoint listens, before the connection and any replay.
     metrics.readiness(name, lambda: (False, "starting"))
@@ -83,6 +84,7 @@ async def _run(name: str, main: ServiceMain, nats_url: str | None, creds: str | 
         lost.cancel()
         alive.cancel()
         await let_go(nc)
+        await asyncio.to_thread(telemetry.shutdown)  # the last spans and node events, flushed
     if nc.is_closed and lost.done() and not lost.cancelled() and lost.result():
         # The server closed it and nats-py will not reconnect (a revoked identity): exit so
         # the supervisor says so, instead of running on with no bus.

@@ -71,6 +71,7 @@ from healthplane.runtime import (
     lease,
     metrics,
     snapshots,
+    telemetry,
 )
 from healthplane.runtime.backoff import Backoff
 from healthplane.runtime.fold import (
@@ -391,6 +392,14 @@ class Processor(Generic[S]):
         # Inputs whose output waits (``Emit.may_wait``): nak'd, folded again when they return.
         self._waiting: set[tuple[str, int]] = set()
         self.on_wait: Callable[[Outbound, PublishError], None] | None = None
+        # INT-4: what the fold calls per input. With OpenTelemetry export on, the core's step
+        # inside a span per input whose outputs carry its traceparent, and each write followed
+        # by the node events it stored as OTLP logs; off, the core's step and nothing else.
+        self._step: Callable[[S, Inbound], Step[S]] = core.step
+        exporting = telemetry.active
+        if exporting is not None:
+            self._step = exporting.traced_step(service, core.step)
+            self._store = exporting.logging_store(self._store)  # type: ignore[method-assign,assignment]
 
     # ------------------------------------------------------------------ start
 
@@ -782,7 +791,7 @@ class Processor(Generic[S]):
             emits: list[tuple[Emit, dict[str, str]]] = []
             malformed: list[tuple[Delivery, str]] = []
             state = self.state
-            step = self._core.step
+            step = self._step
             positions = self.positions
             already_emitted = self._already_emitted
             producer = self.producer
