@@ -643,9 +643,10 @@ async def test_web4_issue16_1_a_hostile_receiver_fails_alone_and_bounded(
         await hostile.close()
     assert still_trying, "the hostile endpoint was done before the healthy round: nothing was shown"
     # A healthy endpoint the hostile one held up would wait out a 1 s timeout per delivery: 200 s
-    # a round. 3 s of slack is a loaded machine's, not that (red once in a full run on 4 workers
-    # on 2 cores: 2.9 s beside the endless-headers receiver, whose bound the parser spends CPU on).
-    assert beside <= max(3 * alone, alone + 3.0), f"healthy round: {alone:.2f} s alone, {beside:.2f} s beside"
+    # a round. 10 s of slack is a loaded machine's, not that (red in full runs on 4 workers on 2
+    # cores: 2.9 s beside the endless-headers receiver, 3.6 s beside the huge body, whose bounds
+    # the parser spends CPU on).
+    assert beside <= max(3 * alone, alone + 10.0), f"healthy round: {alone:.2f} s alone, {beside:.2f} s beside"
     assert rss.growth_mib < 32, f"RSS grew {rss.growth_mib:.1f} MiB"
     assert hostile.requests == len(events) * attempts
     assert hostile.sent < hostile.requests * (16 << 20)  # a few MiB of loopback buffers per attempt at most
