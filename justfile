@@ -10,7 +10,8 @@ up *ARGS:
     healthplane up {{ARGS}}
 
 # Lint, type-check, then the whole test suite (each test starts its own nats-server;
-# the monitoring tests need promtool and prometheus, installed from Debian when missing).
+# the monitoring tests need promtool and prometheus, installed from Debian when missing;
+# the web UI's, Debian's Chromium and axe-core from npm).
 # Tests mostly wait on real servers and processes, so 4 workers share 2 cores well; a file
 # stays on one worker (its module-scoped stacks are built once). HEALTHPLANE_TEST_WORKERS=0
 # runs them in this process. Prints the slowest 20 tests and the total.
@@ -18,6 +19,7 @@ test *ARGS: lint
     sh tools/ensure-prometheus
     sh tools/ensure-slurm
     sh tools/ensure-chromium
+    sh tools/ensure-axe
     started=$(date +%s); status=0; python -m pytest -q -n "${HEALTHPLANE_TEST_WORKERS:-4}" --dist loadfile {{ARGS}} || status=$?; echo "dev test: pytest took $(( $(date +%s) - started )) s"; exit $status
 
 # Lint and type-check

@@ -2,17 +2,18 @@
 for the module): a small simulated fleet, a GPU fault, a blind collector and an operator's
 cordon; the tiles, the queue, the timeline and the heatmap say so without a reload; each
 tile's link lands on a nodes table that lists as many nodes as the tile counted; the JSON
-route says the same; the page logs no console error."""
+route says the same; the page logs no console error. Every page passes axe-core's check."""
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 from playwright.sync_api import Browser, Page, expect
 
+from tests.support.axe import assert_accessible
 from tests.support.browser import chromium
 from tests.support.stack import Stack, running, wait_for
 
@@ -49,13 +50,24 @@ def _figures(stack: Stack, **params: str) -> dict[str, Any]:
     return found
 
 
-def _lands_on(page: Page, stack: Stack, selector: str, count: int) -> None:
-    """Follow the link at ``selector``: the nodes table it opens lists ``count`` nodes."""
-    page.click(selector)
-    expect(page).to_have_url(re.compile(r"/nodes\?"))
-    expect(page.locator("#total")).to_have_text(str(count))
-    page.go_back()
-    expect(page.locator("#fleet-tile")).to_be_visible()
+def _lands_on(page: Page, stack: Stack, selector: str, count: Callable[[], int]) -> None:
+    """Follow the link at ``selector``: the nodes table it opens lists the ``count`` the tile
+    showed when it was clicked. A simulated node's warning clears with its next quiet report,
+    so a count can move between the tile and the table: then the page is read again (3 tries)."""
+    for attempt in range(3):
+        expected = count()
+        page.click(selector)
+        expect(page).to_have_url(re.compile(r"/nodes\?"))
+        try:
+            expect(page.locator("#total")).to_have_text(str(expected))
+            break
+        except AssertionError:
+            if attempt == 2:
+                raise
+        finally:
+            page.go_back()
+            expect(page.locator("#fleet-tile")).to_be_visible()
+        page.reload()
 
 
 def test_ui2_the_dashboard_counts_live_and_every_tile_opens_the_nodes_it_counts(stack: Stack,
@@ -99,14 +111,44 @@ def test_ui2_the_dashboard_counts_live_and_every_tile_opens_the_nodes_it_counts(
 
     page.reload()  # the page and the JSON from the same moment: the counts below are the page's
     expect(page.locator("#tile-status-cordoned")).to_have_attribute("data-count", "1")
-    degraded = int(page.get_attribute("#tile-health-degraded", "data-count") or "0")
-    assert degraded >= 1
-    _lands_on(page, stack, "#tile-health-degraded", degraded)
-    _lands_on(page, stack, "#tile-status-cordoned", 1)
-    _lands_on(page, stack, "#tile-out", 1)
-    _lands_on(page, stack, "#conditions a[data-condition=gpu_xid_errors]", 1)
-    cell = page.locator(".heatmap[data-kind=nvlink] .cell").first
-    _lands_on(page, stack, ".heatmap[data-kind=nvlink] .cell >> nth=0", int(cell.get_attribute("data-nodes") or "0"))
-    fifties = page.locator("#scores a.bin[data-bin='50-59']")
-    _lands_on(page, stack, "#scores a.bin[data-bin='50-59']", int(fifties.get_attribute("data-count") or "0"))
+    def shown(selector: str, attribute: str = "data-count") -> Callable[[], int]:
+        return lambda: int(page.get_attribute(selector, attribute) or "0")
+
+    assert shown("#tile-health-degraded")() >= 1
+    _lands_on(page, stack, "#tile-health-degraded", shown("#tile-health-degraded"))
+    _lands_on(page, stack, "#tile-status-cordoned", lambda: 1)
+    _lands_on(page, stack, "#tile-out", lambda: 1)
+    _lands_on(page, stack, "#conditions a[data-condition=gpu_xid_errors]", lambda: 1)
+    first_cell = ".heatmap[data-kind=nvlink] .cell >> nth=0"
+    _lands_on(page, stack, first_cell, shown(first_cell, "data-nodes"))
+    fifties = "#scores a.bin[data-bin='50-59']"
+    _lands_on(page, stack, fifties, shown(fifties))
     assert errors == []
+
+
+def test_issue44_every_page_passes_the_accessibility_check(stack: Stack, browser: Browser) -> None:
+    """axe-core on each page an operator opens (the login, the dashboard, the nodes table
+    filtered, a node page with an admin's commands, the bulk question, a node not found): no
+    serious or critical violation. After the test above the fleet has a fault, a blind node and
+    a hold, so the pages show their warning colours, queue and chips."""
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.goto(stack.api_url + "/login?next=/")
+    assert_accessible(page, "the login page")
+    page.fill("textarea[name=token]", stack.token("admin"))
+    page.click("form.login button[type=submit]")
+    expect(page.locator("#fleet-tile")).to_be_visible()
+    assert_accessible(page, "the dashboard")
+    for path, what in (("/nodes", "the nodes table"),
+                       ("/nodes?health=DEGRADED&health=UNKNOWN&condition=gpu_xid_errors&sort=node", "a filtered table"),
+                       ("/nodes/sim-005", "a degraded node's page"), ("/nodes/sim-001", "a cordoned node's page"),
+                       ("/nodes/no-such-node", "a node not found")):
+        page.goto(stack.api_url + path)
+        assert_accessible(page, what)
+    page.goto(stack.api_url + "/nodes?sort=node")
+    page.check("#nodes tr[data-key='default/sim-006'] input[name=node]")
+    page.click("#bulk button[value=drain]")
+    expect(page.locator("#question")).to_be_visible()
+    assert_accessible(page, "the bulk command's question")
+    page.click("#cancel")
+    expect(page.locator(".notice")).to_have_text("Nothing changed.")
+    assert_accessible(page, "the table with a notice")

@@ -1,7 +1,8 @@
 """UI-5 end to end: a hub and one member cluster, each its own ``healthplane up``, the member's
 leaf connection through a link the test cuts and mends (``tests.support.link``). The hub keeps
 the member's reachability history — reachable, unreachable since its last word, reachable
-again since it came back — and its lag trend, in the API and on the hub's members page."""
+again since it came back — and its lag trend, in the API and on the hub's members page, which
+passes the accessibility check."""
 
 from __future__ import annotations
 
@@ -11,7 +12,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from playwright.sync_api import expect
 
+from tests.support.axe import assert_accessible
+from tests.support.browser import chromium
 from tests.support.link import Link
 from tests.support.stack import Stack, launched, running, wait_for
 
@@ -24,6 +28,20 @@ def _member(hub: Stack) -> dict[str, Any]:
     assert answer.status_code == 200, answer.text
     [member] = answer.json()["members"]
     return dict(member)
+
+
+def _accessible(hub: Stack) -> None:
+    """The members page, with a history and a lag line, and the hub's dashboard in Chromium:
+    axe-core finds no serious or critical violation (issue 44)."""
+    with chromium() as browser:
+        page = browser.new_page(viewport={"width": 1300, "height": 1000})
+        page.goto(hub.api_url + "/login?next=/federation")
+        page.fill("textarea[name=token]", hub.token("viewer"))
+        page.click("form.login button[type=submit]")
+        expect(page.locator("#member-a")).to_be_visible()
+        assert_accessible(page, "the hub's members page")
+        page.goto(hub.api_url + "/")
+        assert_accessible(page, "the hub's dashboard")
 
 
 def test_ui5_the_hub_keeps_each_members_reachability_history_and_lag_through_an_outage(
@@ -66,5 +84,6 @@ def test_ui5_the_hub_keeps_each_members_reachability_history_and_lag_through_an_
         assert f"reachable since {back['since']}" in page.text
         assert html.escape(f"cluster a unreachable since {down['since']}") in page.text
         assert '<a href="/federation">Members</a>' in page.text
+        _accessible(hub)
         # A member's own api is no hub: it has no members to tell of.
         assert a.get("/api/v1/federation/members").status_code == 404
