@@ -36,9 +36,9 @@ class Stack:
         self.tmp_path = tmp_path
         self.creds = str(Keystore.open(tmp_path / "hp" / "creds").user("ops", "admin", tmp_path / "ops.creds"))
 
-    def cli(self, *args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
+    def cli(self, *args: str, stdin: str = "", timeout: float = 60) -> subprocess.CompletedProcess[str]:
         return subprocess.run([sys.executable, "-m", "healthplane.cli", *args, "--nats-url", self.url],
-                              capture_output=True, text=True, timeout=60, input=stdin,
+                              capture_output=True, text=True, timeout=timeout, input=stdin,
                               env={**os.environ, "HEALTHPLANE_NATS_CREDS": self.creds})
 
     def submit(self, count: int, *flags: str) -> list[str]:

@@ -369,11 +369,13 @@ def test_val1_val4_a_held_busy_node_is_validated_once_its_job_ends_and_drained_a
     duration is its own, not its queued time; afterwards the node is drained again for its
     hold and the reservation is gone."""
     async def scenario() -> None:
-        user = site.slurm.sbatch("sleep 15", node="sim-001", requeue=False)
+        # 40 s: the cordon, the drain and `node validate` must come while it runs (they took
+        # over 15 s once in a loaded full run, and the run then had nothing to wait for).
+        user = site.slurm.sbatch("sleep 40", node="sim-001", requeue=False)
         await site.wait(lambda: site.job_state(user) == "RUNNING", "the user job running")
         site.ok("node", "cordon", "sim-001", "--reason", "suspect NVLink")
         await site.wait(lambda: site.drained("sim-001"), "sim-001 drained in Slurm")
-        done = site.stack.cli("node", "validate", "sim-001", "--timeout", "55")
+        done = site.stack.cli("node", "validate", "sim-001", "--timeout", "100", timeout=120)
         assert done.returncode == 0, done.stdout + done.stderr
         event = await validation_event(site, "VALIDATION_PASSED", "sim-001")
         assert event.validation is not None and event.validation.suite == "smoke"
