@@ -10,7 +10,7 @@ test left (a validated node, an isolated job)."""
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
@@ -34,7 +34,6 @@ validation:
 # Fast simulated validation runs and placement, the API's Grafana link (UI-4).
 ENV = {"HEALTHPLANE_SCHEDULER_VALIDATION_SECONDS": "0.5", "HEALTHPLANE_SCHEDULER_TICK_SECONDS": "0.2",
        "HEALTHPLANE_API_GRAFANA_URL": GRAFANA}
-SHARED: dict[str, Any] = {}  # what the API test leaves for the page test
 
 
 @pytest.fixture(scope="module")
@@ -76,6 +75,21 @@ def _failed_job(stack: Stack) -> str:
     return job
 
 
+@pytest.fixture(scope="module")
+def isolation(stack: Stack) -> Callable[[], tuple[str, Any]]:
+    """A failed multi-node job isolated through the API (VAL-3) and the API's answer, made on
+    the first call (after what a test asserts of the fleet before it) and kept: what both tests
+    read, whichever runs first or alone."""
+    made: list[tuple[str, Any]] = []
+
+    def isolated() -> tuple[str, Any]:
+        if not made:
+            job = _failed_job(stack)
+            made.append((job, stack.post("/api/v1/nodes/sim-000/isolate", {"job": job, "timeout": 60})))
+        return made[0]
+    return isolated
+
+
 def _refused_to_a_viewer(stack: Stack, node: str, verb: str, body: dict[str, Any]) -> None:
     denied = stack.post(f"/api/v1/nodes/{node}/{verb}", body, role="viewer")
     assert denied.status_code == 403, denied.text
@@ -83,7 +97,7 @@ def _refused_to_a_viewer(stack: Stack, node: str, verb: str, body: dict[str, Any
 
 
 def test_ui4_validate_isolate_and_remediate_through_the_api_as_the_cli_and_refused_to_a_viewer(
-        stack: Stack) -> None:
+        stack: Stack, isolation: Callable[[], tuple[str, Any]]) -> None:
     for verb in ("validate", "remediate"):
         _refused_to_a_viewer(stack, "sim-001", verb, {})
     assert _events(stack, "sim-001", "VALIDATION_STARTED") == []
@@ -105,9 +119,8 @@ def test_ui4_validate_isolate_and_remediate_through_the_api_as_the_cli_and_refus
     assert stack.post("/api/v1/nodes/sim-001/isolate").json()["error"].startswith("isolate: name the failed job")
     assert stack.post("/api/v1/nodes/sim-001/cordon", {"job": "x"}).status_code == 400
 
-    job = _failed_job(stack)
+    job, isolated = isolation()
     _refused_to_a_viewer(stack, "sim-000", "isolate", {"job": job})
-    isolated = stack.post("/api/v1/nodes/sim-000/isolate", {"job": job, "timeout": 60})
     assert isolated.status_code == 200, isolated.text
     assert isolated.json()["message"].startswith(f"isolated job {job} in ")
     # up's fleet shares NVLink domains of four: isolation keeps a domain together (DOM-4).
@@ -125,14 +138,11 @@ def test_ui4_validate_isolate_and_remediate_through_the_api_as_the_cli_and_refus
     assert said["eventIds"] and set(said["eventIds"]) <= recorded
     holds = stack.cli_json("node", "show", "sim-003")["holds"]
     assert [(h["effect"], h["actor"]) for h in holds] == [("cordon", "admin")]
-    SHARED["job"] = job
 
 
 def test_ui4_the_node_page_has_a_time_axis_a_timeline_attributions_grafana_and_the_commands(
-        stack: Stack, browser: Browser) -> None:
-    job = SHARED.get("job")
-    if job is None:
-        pytest.skip("needs the isolated job of the API test before it")
+        stack: Stack, browser: Browser, isolation: Callable[[], tuple[str, Any]]) -> None:
+    job, _ = isolation()  # its validation and attribution are what the page shows
     errors: list[str] = []
     page = browser.new_page(viewport={"width": 1300, "height": 1000})
     page.on("console", lambda message: errors.append(message.text) if message.type == "error" else None)
