@@ -22,7 +22,7 @@ from nats.js import JetStreamContext
 from healthplane.runtime import converge, heap
 from healthplane.runtime.connect import connect
 from healthplane.stack.keystore import Keystore
-from healthplane.stack.natsserver import NatsServer
+from healthplane.stack.natsserver import NatsCluster, NatsServer
 from tests.support.secure import creds_for
 from tests.support.slurm import slurm  # noqa: F401  (fixture)
 
@@ -64,6 +64,18 @@ def nats_server(tmp_path: Path, keystore: Keystore, monkeypatch: pytest.MonkeyPa
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture
+def cluster(tmp_path: Path, keystore: Keystore, monkeypatch: pytest.MonkeyPatch) -> Iterator[NatsCluster]:
+    """Three secure nats-servers routed to each other (HA: every stream R3), the test's
+    processes an admin of them."""
+    monkeypatch.setenv("HEALTHPLANE_NATS_CREDS", str(keystore.user("test", "admin", tmp_path / "test-admin.creds")))
+    servers = NatsCluster(tmp_path / "nats", keystore=keystore).start()
+    try:
+        yield servers
+    finally:
+        servers.stop()
 
 
 @pytest.fixture

@@ -35,7 +35,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -63,7 +62,7 @@ from healthplane_collector.sim import InjectRequest, inject_subject
 from tests.bench import harness
 from tests.support.browser import chromium
 from tests.support.secure import creds_for, env_for
-from tests.support.stack import Stack, wait_for
+from tests.support.stack import Stack, interrupt, wait_for
 
 FLEETS = [int(n) for n in os.environ.get("HEALTHPLANE_BENCH_COCKPIT_FLEETS", "1000,100000").split(",")]
 INTERVAL_S = 30
@@ -186,13 +185,7 @@ def _fleet(root: Path, nodes: int) -> Iterator[Stack]:
     finally:
         if generator is not None:
             terminate(generator, 10)
-        if up.poll() is None:
-            up.send_signal(signal.SIGINT)
-        try:
-            up.wait(timeout=90)
-        except subprocess.TimeoutExpired:
-            up.kill()
-            up.wait()
+        interrupt(up, 90)
 
 
 def _logged_in(browser: Browser, stack: Api) -> Page:

@@ -12,7 +12,6 @@ import signal
 import subprocess
 import sys
 from collections import Counter
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -29,7 +28,6 @@ from healthplane.runtime.lease import HEADER
 from healthplane.runtime.processor import LeaseLost, Processor
 from healthplane.runtime.publish import MAX_ATOMIC, Publisher, PublishError
 from healthplane.runtime.replay import read_all
-from healthplane.stack.keystore import Keystore
 from healthplane.stack.natsserver import NatsCluster
 from healthplane_scorer.fold import OUTPUTS, SERVICE, ScorerCore, ScorerState, node_view
 from tests.support import fenced
@@ -40,16 +38,6 @@ pytestmark = [pytest.mark.nats, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[2]
 T0 = datetime(2026, 12, 7, 9, 0, tzinfo=UTC)
 MARKS_PER_LIFE = 1  # a holder marks each stream it writes once, when it takes over
-
-
-@pytest.fixture
-def cluster(tmp_path: Path, keystore: Keystore, monkeypatch: pytest.MonkeyPatch) -> Iterator[NatsCluster]:
-    monkeypatch.setenv("HEALTHPLANE_NATS_CREDS", str(keystore.user("test", "admin", tmp_path / "test-admin.creds")))
-    servers = NatsCluster(tmp_path / "nats", keystore=keystore).start()
-    try:
-        yield servers
-    finally:
-        servers.stop()
 
 
 def _assessment(node: str, n: int = 0) -> bytes:

@@ -12,7 +12,7 @@ import signal
 import subprocess
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
 from pathlib import Path
 
@@ -26,7 +26,6 @@ from healthplane.contracts import streams, wire
 from healthplane.runtime import converge
 from healthplane.runtime.connect import connect
 from healthplane.runtime.replay import read_all
-from healthplane.stack.keystore import Keystore
 from healthplane.stack.natsserver import NatsCluster, NatsServer
 from tests.support.pipeline import (
     Fleet,
@@ -42,16 +41,6 @@ from tests.support.secure import creds_for
 
 pytestmark = [pytest.mark.nats, pytest.mark.slow]
 NODES = [f"n{i:02d}" for i in range(16)]
-
-
-@pytest.fixture
-def cluster(tmp_path: Path, keystore: Keystore, monkeypatch: pytest.MonkeyPatch) -> Iterator[NatsCluster]:
-    monkeypatch.setenv("HEALTHPLANE_NATS_CREDS", str(keystore.user("test", "admin", tmp_path / "test-admin.creds")))
-    servers = NatsCluster(tmp_path / "nats", keystore=keystore).start()
-    try:
-        yield servers
-    finally:
-        servers.stop()
 
 
 async def test_ha1_every_stream_and_bucket_is_r3_and_more_than_the_cluster_has_is_refused(

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import tempfile
@@ -26,7 +25,7 @@ from playwright.sync_api import expect
 
 from healthplane.stack.natsserver import terminate
 from tests.support.browser import chromium
-from tests.support.stack import Stack, wait_for
+from tests.support.stack import Stack, interrupt, wait_for
 
 NODES = int(os.environ.get("HEALTHPLANE_SCREENSHOT_NODES", "10000"))
 RACK = "r0042"  # load-004200 .. load-004299
@@ -76,13 +75,7 @@ def _fleet(root: Path) -> Iterator[Stack]:
     finally:
         if generator is not None:
             terminate(generator, 10)
-        if up.poll() is None:
-            up.send_signal(signal.SIGINT)
-        try:
-            up.wait(timeout=90)
-        except subprocess.TimeoutExpired:
-            up.kill()
-            up.wait()
+        interrupt(up, 90)
 
 
 def _cli(stack: Stack, *args: str) -> None:

@@ -106,13 +106,18 @@ def launched(root: Path, *extra: str, nodes: int = 8) -> Iterator[Launch]:
     try:
         yield Launch(data_dir, process, nodes)
     finally:
-        if process.poll() is None:
-            process.send_signal(signal.SIGINT)
-        try:
-            process.communicate(timeout=60)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.communicate()
+        interrupt(process, 60)
+
+
+def interrupt(up: subprocess.Popen[Any], timeout_s: float) -> None:
+    """Stop ``healthplane up`` as a person does (Ctrl-C), killed if it has not stopped in time."""
+    if up.poll() is None:
+        up.send_signal(signal.SIGINT)
+    try:
+        up.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        up.kill()
+        up.communicate()
 
 
 @contextmanager
