@@ -30,7 +30,7 @@ from datetime import datetime, timedelta
 from typing import Any, Final
 from urllib.parse import urlencode
 
-from healthplane.contracts import automation, subjects, wire
+from healthplane.contracts import automation, subjects, views, wire
 from healthplane.contracts.config import ClusterConfig, NodeHealth
 from healthplane.contracts.views import STALE_AFTER_INTERVALS, ListRow, cluster_label
 from healthplane_api import plane, timeline
@@ -54,23 +54,10 @@ NODES: Final = "/nodes"
 
 
 def percent(part: int, whole: int) -> str | None:
-    """``part`` of ``whole`` as a percentage that never rounds a node away: as many decimals
-    as it takes for anything short of all to read below 100 % and anything above none to read
-    above 0 % (99,997 of 100,000 is "99.997 %", never "100.0 %"); one decimal at least,
-    none for exactly all or none. ``None`` of nothing."""
-    if whole <= 0:
-        return None
-    if part >= whole:
-        return "100 %"
-    if part <= 0:
-        return "0 %"
-    decimals = 1
-    while True:
-        scale = 10 ** decimals
-        rounded = (2 * 100 * part * scale + whole) // (2 * whole)  # half up, in integers
-        if 0 < rounded < 100 * scale:
-            return f"{rounded // scale}.{rounded % scale:0{decimals}d} %"
-        decimals += 1
+    """``part`` of ``whole`` as the dashboard shows it: "99.997 %", never "100.0 %" while a
+    node is short (``views.share_digits``). ``None`` of nothing."""
+    digits = views.share_digits(part, whole)
+    return None if digits is None else f"{digits} %"
 
 
 # ---------------------------------------------------------------------------- the pass over the rows

@@ -109,6 +109,19 @@ def test_api3_the_summary_counts_a_stale_view_as_unknown_not_its_last_answer() -
     assert summary["fleet"] == {"nodes": 3, "healthy": 1, "healthyPercent": 33.3}
 
 
+@pytest.mark.parametrize(("healthy", "nodes", "shown"), [
+    (99_997, 100_000, 99.997), (99_979, 100_000, 99.98), (1, 100_000, 0.001), (100_000, 100_000, 100),
+    (0, 7, 0), (2, 3, 66.7)])
+def test_ui2_the_summary_never_rounds_a_fault_away(healthy: int, nodes: int, shown: float) -> None:
+    """UI-2 (issue 44): 99,997 of 100,000 healthy is 99.997 in ``/api/v1/summary`` and
+    ``node summary``, never 100.0 — the dashboard's rule, one arithmetic."""
+    rows = [views.ListRow(f"n{i}", "a", None, "READY", "HEALTHY" if i < healthy else "DEGRADED", 100,
+                          last_reported_at=NOW, report_interval_seconds=30) for i in range(nodes)]
+    fleet = reads.summarize(rows, NOW)["fleet"]
+    assert fleet["healthyPercent"] == shown
+    assert (fleet["healthyPercent"] == 100) is (healthy == nodes)
+
+
 def test_api3_a_cluster_that_cannot_be_read_reports_no_health() -> None:
     summary = reads.unreadable(["a"], "the connection to NATS is down", NOW)
     assert summary["clusters"] == [{"cluster": "a", "readable": False, "nodes": None, "health": None,

@@ -26,7 +26,13 @@ from healthplane.client.errors import EXIT_USAGE, CommandFailed
 from healthplane.client.nodes import find_node, is_view
 from healthplane.contracts import automation, streams, subjects, wire
 from healthplane.contracts.config import NodeHealth
-from healthplane.contracts.views import STALE_AFTER_INTERVALS, ListRow, cluster_label, decode_row
+from healthplane.contracts.views import (
+    STALE_AFTER_INTERVALS,
+    ListRow,
+    cluster_label,
+    decode_row,
+    share_digits,
+)
 from healthplane.runtime import configstore
 from healthplane.runtime.replay import read_all, read_payloads, start_of_last
 
@@ -147,7 +153,14 @@ def summarize(rows: Iterable[ListRow], now: datetime) -> dict[str, Any]:
     nodes = sum(e["nodes"] for e in out)
     healthy = sum(e["health"]["healthy"] for e in out)
     return {"clusters": out, "fleet": {"nodes": nodes, "healthy": healthy,
-                                       "healthyPercent": round(100 * healthy / nodes, 1) if nodes else None}}
+                                       "healthyPercent": _as_number(share_digits(healthy, nodes))}}
+
+
+def _as_number(digits: str | None) -> float | int | None:
+    """A share's digits as a JSON number: 100 and 0 whole, the rest with their decimals."""
+    if digits is None:
+        return None
+    return float(digits) if "." in digits else int(digits)
 
 
 def unreadable(summary_clusters: Iterable[str], reason: str, since: datetime) -> dict[str, Any]:

@@ -73,6 +73,27 @@ VIEW_REFRESH_INTERVALS = 2.5
 STALE_AFTER_INTERVALS = 4
 
 
+def share_digits(part: int, whole: int) -> str | None:
+    """``part`` of ``whole`` as a percentage in digits that never round a node away: as many
+    decimals as it takes for anything short of all to read below 100 and anything above none
+    to read above 0 (99,997 of 100,000 is "99.997", never "100.0"); one decimal at least,
+    none for exactly all or none. ``None`` of nothing. The dashboard shows it with " %", the
+    summary (``node summary``, ``/api/v1/summary``) as a number."""
+    if whole <= 0:
+        return None
+    if part >= whole:
+        return "100"
+    if part <= 0:
+        return "0"
+    decimals = 1
+    while True:
+        scale = 10 ** decimals
+        rounded = (2 * 100 * part * scale + whole) // (2 * whole)  # half up, in integers
+        if 0 < rounded < 100 * scale:
+            return f"{rounded // scale}.{rounded % scale:0{decimals}d}"
+        decimals += 1
+
+
 def cluster_label(counts: Mapping[str, int], worst: int | None) -> str:
     """The dashboard's words for one cluster (reference 000): "All healthy", "2 degraded,
     worst 40", "1 unknown"; the worse state first when both are present."""
