@@ -34,6 +34,7 @@ from healthplane.contracts import automation, subjects, views, wire
 from healthplane.contracts.config import ClusterConfig, NodeHealth
 from healthplane.contracts.views import STALE_AFTER_INTERVALS, ListRow, cluster_label
 from healthplane_api import plane, timeline
+from healthplane_api.fold import key_of
 from healthplane_api.pages import node_path
 
 HEALTHS: Final = ("HEALTHY", "DEGRADED", "UNKNOWN")
@@ -60,7 +61,42 @@ def percent(part: int, whole: int) -> str | None:
     return None if digits is None else f"{digits} %"
 
 
-# ---------------------------------------------------------------------------- the pass over the rows
+# ---------------------------------------------------------------------------- the counts, kept as rows change
+
+
+@dataclass(frozen=True, slots=True)
+class Flagged:
+    """A node the queue may list: blind (or unknown), or stopped at NODE_NEEDS_ATTENTION."""
+
+    since: datetime | None
+    row: ListRow
+    why: str
+
+
+@dataclass(frozen=True, slots=True)
+class Mark:
+    """What one row adds to the counts, kept so that exactly that is taken out again when the
+    row changes (or goes stale by time alone)."""
+
+    cluster: str
+    definition: str | None
+    health: str  # the health shown: a stale view counts UNKNOWN
+    stale: bool
+    status: str
+    score: int | None
+    conditions: tuple[str, ...]  # distinct types
+    held: bool  # any hold, whoever placed it
+    automated: bool  # held by automation (the breaker's standing count)
+    draining: bool  # held, with work still running on it
+    replacing: bool  # a deprovision hold: to be torn down (and replaced)
+    replacing_by_automation: bool
+    domains: tuple[tuple[str, str], ...]
+    member_state: int  # its state in its domains' cells (MEMBER_STATES)
+    blind: Flagged | None
+    attention: Flagged | None
+    # When its view goes stale unless rewritten (None: never by time): not a count, so two marks
+    # that differ only here count the same.
+    fresh_until: datetime | None = field(compare=False)
 
 
 @dataclass(slots=True)
@@ -68,19 +104,59 @@ class ScopeTally:
     """One cluster's counts (the fleet's are their sum)."""
 
     nodes: int = 0
-    health: dict[str, int] = field(default_factory=dict)  # the health shown: a stale view counts UNKNOWN
+    health: dict[str, int] = field(default_factory=dict)
     stale: int = 0
     status: dict[str, int] = field(default_factory=dict)
     bins: list[int] = field(default_factory=lambda: [0] * len(BINS))
     unscored: int = 0
-    worst: int | None = None  # the lowest score among the degraded (the summary's label)
+    degraded_scores: list[int] = field(default_factory=lambda: [0] * 101)  # score -> degraded nodes
     conditions: dict[str, int] = field(default_factory=dict)  # type -> nodes carrying it
-    out_of_service: int = 0  # any hold, whoever placed it
-    automated: int = 0  # held by automation (the breaker's standing count)
-    draining: int = 0  # held, with work still running on it
-    replacing: int = 0  # a deprovision hold: to be torn down (and replaced)
+    out_of_service: int = 0
+    automated: int = 0
+    draining: int = 0
+    replacing: int = 0
     # domain kind -> value -> [members by MEMBER_STATES..., out of service]
     cells: dict[str, dict[str, list[int]]] = field(default_factory=dict)
+
+    @property
+    def worst(self) -> int | None:
+        """The lowest score among the degraded (the summary's label)."""
+        return next((score for score, count in enumerate(self.degraded_scores) if count), None)
+
+    def count(self, mark: Mark, sign: int) -> None:
+        """``mark`` in (``sign`` 1) or out (-1); a count back at zero leaves no key behind."""
+        self.nodes += sign
+        _bump(self.health, mark.health, sign)
+        _bump(self.status, mark.status, sign)
+        if mark.stale:
+            self.stale += sign
+        score = mark.score
+        if score is None:
+            self.unscored += sign
+        else:
+            score = min(max(score, 0), 100)
+            self.bins[min(score // 10, 9)] += sign
+            if mark.health == "DEGRADED":
+                self.degraded_scores[score] += sign
+        for kind in mark.conditions:
+            _bump(self.conditions, kind, sign)
+        if mark.held:
+            self.out_of_service += sign
+            self.automated += sign if mark.automated else 0
+            self.replacing += sign if mark.replacing else 0
+            self.draining += sign if mark.draining else 0
+        for kind, value in mark.domains:
+            of_kind = self.cells.setdefault(kind, {})
+            cell = of_kind.get(value)
+            if cell is None:
+                cell = of_kind[value] = [0, 0, 0, 0, 0]
+            cell[mark.member_state] += sign
+            if mark.held:
+                cell[4] += sign
+            if not any(cell[:4]):
+                del of_kind[value]
+                if not of_kind:
+                    del self.cells[kind]
 
     def add(self, other: ScopeTally) -> None:
         self.nodes += other.nodes
@@ -95,8 +171,15 @@ class ScopeTally:
             for key, count in theirs.items():
                 mine[key] = mine.get(key, 0) + count
         self.bins = [a + b for a, b in zip(self.bins, other.bins, strict=True)]
-        if other.worst is not None and (self.worst is None or other.worst < self.worst):
-            self.worst = other.worst
+        self.degraded_scores = [a + b for a, b in zip(self.degraded_scores, other.degraded_scores, strict=True)]
+
+
+def _bump(counts: dict[str, int], key: str, sign: int) -> None:
+    left = counts.get(key, 0) + sign
+    if left:
+        counts[key] = left
+    else:
+        counts.pop(key, None)
 
 
 @dataclass(slots=True)
@@ -109,105 +192,168 @@ class Pool:
     replacing: int = 0  # automation's deprovision holds: replacements in flight
 
 
-@dataclass(frozen=True, slots=True)
-class Flagged:
-    """A node the queue may list: blind (or unknown), or stopped at NODE_NEEDS_ATTENTION."""
+def stale_after(interval_s: int | None) -> timedelta:
+    """How long a view stays fresh unrewritten: ``reads.stale_for``'s bound."""
+    return timedelta(seconds=max(15, STALE_AFTER_INTERVALS * (interval_s or 30)))
 
-    since: datetime | None
-    row: ListRow
-    why: str
+
+def fresh_until_of(row: ListRow) -> datetime | None:
+    """When ``row``'s view goes stale unless rewritten; None for a node never reported or
+    OFFLINE (its health says so already)."""
+    last = row.last_reported_at
+    return last + stale_after(row.report_interval_seconds) if last is not None and row.status != "OFFLINE" else None
+
+
+def mark_of(row: ListRow, now: datetime) -> Mark:
+    """What ``row`` adds to the counts at ``now``."""
+    health, status, last = row.health, row.status, row.last_reported_at
+    fresh_until = fresh_until_of(row)
+    stale = fresh_until is not None and fresh_until < now
+    if stale:
+        health = "UNKNOWN"
+    blind_by = None
+    kinds: tuple[str, ...] = ()
+    if row.conditions:
+        kinds = tuple(dict.fromkeys(c.type for c in row.conditions))
+        for condition in row.conditions:  # automation.blinding, without a list per row
+            kind = condition.type
+            if kind in automation.BLIND and condition.reason != automation.EXPLAINED and (
+                    blind_by is None or kind < blind_by):
+                blind_by = kind
+    holds = row.holds
+    automated = any(h.actor in automation.AUTOMATION for h in holds)
+    teardown = [h for h in holds if h.effect == "deprovision"]
+    blind = None
+    if blind_by is not None or health == "UNKNOWN" or status == "OFFLINE":
+        why = (f"blind: {wire.condition_title(blind_by)}" if blind_by is not None
+               else "view stale: nothing has folded its reports for several intervals" if stale
+               else "offline: its heartbeat is missed" if status == "OFFLINE"
+               else "unknown health: it has not reported yet" if last is None else "unknown health")
+        blind = Flagged(last, row, why)
+    attention = (Flagged(row.needs_attention.since, row, row.needs_attention.reason)
+                 if row.needs_attention is not None else None)
+    member_state = (_UNKNOWN if health == "UNKNOWN" or status == "OFFLINE" or blind_by is not None
+                    else _DEGRADED if health == "DEGRADED" else _OUT if holds else _HEALTHY)
+    return Mark(row.cluster, row.definition, health, stale, status, row.score, kinds, bool(holds), automated,
+                bool(holds) and not teardown and bool(row.jobs), bool(teardown),
+                any(h.actor in automation.AUTOMATION for h in teardown),
+                tuple(row.domains.items()) if row.domains else (), member_state, blind, attention, fresh_until)
 
 
 @dataclass(slots=True)
 class Tally:
+    """Everything the dashboard counts, per cluster and definition, with each row's ``Mark``:
+    ``put`` takes a row's old contribution out and its new one in, so the counts follow the
+    index at the cost of what changed, not of the fleet."""
+
     clusters: dict[str, ScopeTally] = field(default_factory=dict)
     pools: dict[tuple[str, str | None], Pool] = field(default_factory=dict)
-    blind: list[Flagged] = field(default_factory=list)
-    attention: list[Flagged] = field(default_factory=list)
+    blind: dict[str, Flagged] = field(default_factory=dict)
+    attention: dict[str, Flagged] = field(default_factory=dict)
+    marks: dict[str, Mark] = field(default_factory=dict)
+
+    def put(self, key: str, row: ListRow | None, now: datetime) -> tuple[Mark | None, bool]:
+        """``key``'s row is now ``row`` (None: gone): its mark, and whether any count changed."""
+        old = self.marks.pop(key, None)
+        mark = mark_of(row, now) if row is not None else None
+        if mark is not None:
+            self.marks[key] = mark
+        if old == mark:
+            return mark, False
+        if old is not None:
+            self._count(key, old, -1)
+        if mark is not None:
+            self._count(key, mark, 1)
+        return mark, True
+
+    def _count(self, key: str, mark: Mark, sign: int) -> None:
+        scope = self.clusters.get(mark.cluster)
+        if scope is None:
+            scope = self.clusters[mark.cluster] = ScopeTally()
+        scope.count(mark, sign)
+        if not scope.nodes:
+            del self.clusters[mark.cluster]
+        pool_key = (mark.cluster, mark.definition)
+        pool = self.pools.get(pool_key)
+        if pool is None:
+            pool = self.pools[pool_key] = Pool()
+        pool.members += sign
+        if mark.held:
+            pool.unavailable += sign
+            pool.replacing += sign if mark.replacing_by_automation else 0
+        if not pool.members:
+            del self.pools[pool_key]
+        for flagged, found in ((mark.blind, self.blind), (mark.attention, self.attention)):
+            if flagged is not None:
+                if sign > 0:
+                    found[key] = flagged
+                else:
+                    found.pop(key, None)
 
 
 def tally(rows: Iterable[ListRow], now: datetime) -> Tally:
-    """Everything the dashboard counts, in one pass over the rows."""
+    """Everything the dashboard counts, from scratch."""
     out = Tally()
-    clusters, pools = out.clusters, out.pools
-    blind_types, explained = automation.BLIND, automation.EXPLAINED
-    policy_actors = automation.AUTOMATION
-    cutoffs: dict[int, datetime] = {}
     for row in rows:
-        cluster = row.cluster
-        scope = clusters.get(cluster)
-        if scope is None:
-            scope = clusters[cluster] = ScopeTally()
-        scope.nodes += 1
-        health, status = row.health, row.status
-        last = row.last_reported_at
-        stale = False
-        if last is not None and status != "OFFLINE":
-            interval = row.report_interval_seconds or 30
-            cutoff = cutoffs.get(interval)
-            if cutoff is None:  # reads.stale_for, once per interval instead of once per row
-                cutoff = cutoffs[interval] = now - timedelta(seconds=max(15, STALE_AFTER_INTERVALS * interval))
-            if last < cutoff:
-                stale, health = True, "UNKNOWN"
-                scope.stale += 1
-        scope.health[health] = scope.health.get(health, 0) + 1
-        scope.status[status] = scope.status.get(status, 0) + 1
-        score = row.score
-        if score is None:
-            scope.unscored += 1
-        else:
-            scope.bins[min(max(score, 0) // 10, 9)] += 1
-            if health == "DEGRADED" and (scope.worst is None or score < scope.worst):
-                scope.worst = score
-        blind_by = None
-        if row.conditions:
-            kinds = [c.type for c in row.conditions]
-            for kind in (set(kinds) if len(kinds) > 1 else kinds):
-                scope.conditions[kind] = scope.conditions.get(kind, 0) + 1
-            for condition in row.conditions:  # automation.blinding, without a list per row
-                kind = condition.type
-                if kind in blind_types and condition.reason != explained and (blind_by is None or kind < blind_by):
-                    blind_by = kind
-        holds = row.holds
-        pool = pools.get((cluster, row.definition))
-        if pool is None:
-            pool = pools[(cluster, row.definition)] = Pool()
-        pool.members += 1
-        if holds:
-            scope.out_of_service += 1
-            pool.unavailable += 1
-            if any(h.actor in policy_actors for h in holds):
-                scope.automated += 1
-            teardown = [h for h in holds if h.effect == "deprovision"]
-            if teardown:
-                scope.replacing += 1
-                if any(h.actor in policy_actors for h in teardown):
-                    pool.replacing += 1
-            elif row.jobs:
-                scope.draining += 1
-        if row.domains:
-            state = (_UNKNOWN if health == "UNKNOWN" or status == "OFFLINE" or blind_by is not None
-                     else _DEGRADED if health == "DEGRADED" else _OUT if holds else _HEALTHY)
-            cells = scope.cells
-            for kind, value in row.domains.items():
-                of_kind = cells.get(kind)
-                if of_kind is None:
-                    of_kind = cells[kind] = {}
-                cell = of_kind.get(value)
-                if cell is None:
-                    cell = of_kind[value] = [0, 0, 0, 0, 0]
-                cell[state] += 1
-                if holds:
-                    cell[4] += 1
-        if blind_by is not None or health == "UNKNOWN" or status == "OFFLINE":
-            why = (f"blind: {wire.condition_title(blind_by)}" if blind_by is not None
-                   else "view stale: nothing has folded its reports for several intervals" if stale
-                   else "offline: its heartbeat is missed" if status == "OFFLINE"
-                   else "unknown health: it has not reported yet" if last is None else "unknown health")
-            out.blind.append(Flagged(last, row, why))
-        if row.needs_attention is not None:
-            out.attention.append(Flagged(row.needs_attention.since, row, row.needs_attention.reason))
+        out.put(key_of(row.cluster, row.node_id), row, now)
     return out
+
+
+class Counts:
+    """The tally kept as the index changes (UI-2: the api's CPU with a dashboard open). Each
+    ``refresh`` re-marks the rows whose shown parts changed; the flagged rows rewritten (a
+    stale view is flagged blind: its health, and a flagged row's "since", move with no shown
+    change); a row rewritten to go stale sooner than its mark said (or at all); and the rows whose view
+    went stale by time since — each mark is due at its ``fresh_until`` (a bucket per second),
+    where it is re-marked: stale, or due again later if rewritten meanwhile."""
+
+    def __init__(self, rows: Mapping[str, ListRow], now: datetime) -> None:
+        self.tally = Tally()
+        self.version = 0  # moves when any count or flagged row changed
+        self._due: dict[int, set[str]] = {}  # second of a mark's fresh_until -> keys
+        self._seconds: list[int] = []  # the heap of _due's keys
+        for key, row in rows.items():
+            self._remark(key, row, now)
+
+    def refresh(self, rows: Mapping[str, ListRow], changed: Iterable[str], rewritten: Iterable[str],
+                now: datetime) -> bool:
+        """Follow the index since the last call; True when any count or flagged row changed."""
+        before = self.version
+        marks = self.tally.marks
+        for key in changed:
+            self._remark(key, rows.get(key), now)
+        for key in rewritten:
+            mark, row = marks.get(key), rows.get(key)
+            if mark is None or row is None:
+                continue
+            flagged = mark.blind or mark.attention
+            if flagged is not None:
+                if row is not flagged.row:
+                    self._remark(key, row, now)
+            else:
+                fresh_until = fresh_until_of(row)
+                if fresh_until is not None and (mark.fresh_until is None or fresh_until < mark.fresh_until):
+                    self._remark(key, row, now)
+        second = int(now.timestamp())
+        while self._seconds and self._seconds[0] < second:
+            due = heapq.heappop(self._seconds)
+            for key in self._due.pop(due):
+                mark = marks.get(key)
+                if mark is not None and mark.fresh_until is not None and int(mark.fresh_until.timestamp()) == due:
+                    self._remark(key, rows.get(key), now)
+        return self.version != before
+
+    def _remark(self, key: str, row: ListRow | None, now: datetime) -> None:
+        mark, changed = self.tally.put(key, row, now)
+        if changed:
+            self.version += 1
+        if mark is not None and mark.fresh_until is not None and not mark.stale:
+            second = int(mark.fresh_until.timestamp())
+            keys = self._due.get(second)
+            if keys is None:
+                keys = self._due[second] = set()
+                heapq.heappush(self._seconds, second)
+            keys.add(key)
 
 
 # ---------------------------------------------------------------------------- links
@@ -465,7 +611,7 @@ def needs_attention(counted: Tally, inputs: Inputs, now: datetime, cluster: str 
         items.append((since, len(items), kind, item))
 
     for kind, flagged_rows in (("needs-attention", counted.attention), ("blind", counted.blind)):
-        for flagged in flagged_rows:
+        for flagged in flagged_rows.values():
             if cluster is None or flagged.row.cluster == cluster:
                 add(kind, flagged.since, flagged)
     for mark in timeline.open_marks(inputs.timeline, "halted"):

@@ -146,6 +146,21 @@ class ViewIndex:
     # Decommissioned nodes (NODE_DEPROVISIONED / NODE_REPLACED): the scorer purges their view,
     # which no consumer sees; a view reported before then and delivered after stays out.
     gone: dict[str, datetime] = field(default_factory=dict)
+    # The keys applied since the dashboard's counts last looked (``take``), once they follow the
+    # index (``follow``): rows whose shown parts changed (or left), and every row rewritten.
+    following: bool = False
+    changed: set[str] = field(default_factory=set)
+    rewritten: set[str] = field(default_factory=set)
+
+    def follow(self) -> None:
+        """Record the keys applied from now on, for ``take``."""
+        self.following = True
+
+    def take(self) -> tuple[set[str], set[str]]:
+        """The keys changed and rewritten since the last call (or ``follow``)."""
+        found = self.changed, self.rewritten
+        self.changed, self.rewritten = set(), set()
+        return found
 
     def apply(self, payload: bytes, subject: str | None = None) -> views.ListRow | None:
         """Fold one stored view; the row when what a page shows of it changed, else ``None``.
@@ -167,12 +182,19 @@ class ViewIndex:
             del self.gone[key]  # reported since: a new instance under the same id
         before = self.rows.get(key)
         self.rows[key] = row
-        return row if before is None or _visible(before) != _visible(row) else None
+        shown = before is None or _visible(before) != _visible(row)
+        if self.following:
+            self.rewritten.add(key)
+            if shown:
+                self.changed.add(key)
+        return row if shown else None
 
     def remove(self, cluster: str, node_id: str, at: datetime) -> bool:
         """A decommissioned node leaves the table; True when it was in it."""
         key = key_of(cluster, node_id)
         self.gone[key] = at
+        if self.following:
+            self.changed.add(key)
         return self.rows.pop(key, None) is not None
 
     def clusters(self) -> list[str]:

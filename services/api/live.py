@@ -10,8 +10,9 @@ be read reports no health): the connection's state.
 The dashboard (UI-2) has three more inputs, each read here and folded by a pure core:
 ``Recent`` follows the node events of the last 24 hours into ``timeline``, ``Plane`` asks
 JetStream about the control plane's own health and the config in force (at most every
-READ_EVERY_S, cached), and ``Dashboards`` computes the page's figures from the index
-(``dashboard.tally``: one pass) at most once per change and per second, however many ask.
+READ_EVERY_S, cached), and ``Dashboards`` computes the page's figures from counts kept as
+the index changes (``dashboard.Counts``) at most once per change and per second, however many
+ask.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 
 from healthplane.client import reads
-from healthplane.contracts import streams, subjects, wire
+from healthplane.contracts import breakfix, streams, subjects, wire
 from healthplane.contracts.config import ClusterConfig
 from healthplane.runtime import configstore
 from healthplane.runtime.replay import StoredMsg, follow, read_all
@@ -47,7 +48,7 @@ READ_EVERY_S: Final = 5.0  # consumer, stream and config info: at most this ofte
 READ_TIMEOUT_S: Final = 5.0
 BREAKER_RESET_CLUSTERS: Final = 100  # clusters whose breaker reset is looked up, at most
 BOARD_EVERY_S: Final = 1.0  # the figures are computed at most this often, however much changes
-BOARD_SHARE: Final = 0.2  # and at most this share of the loop's time: a pass over 100,000 rows is 0.1-0.3 s
+BOARD_SHARE: Final = 0.2  # and at most this share of the loop's time
 BOARD_MAX_AGE_S: Final = 5.0  # and at least this often while asked for: time passing makes views stale
 
 
@@ -216,6 +217,44 @@ class Recent:
             await asyncio.gather(*tails, return_exceptions=True)
 
 
+class Breakfix:
+    """Breakfix figures (issue 41.5) for the api's Prometheus series: every stored node event
+    folded into ``contracts.breakfix.Breakfix`` (the one fold, which ``healthplane breakfix`` and
+    ``GET /api/v1/breakfix`` use too) from the first one the stream keeps, then followed. One tail
+    over ``hp.event.>``: the fold needs the order across event types, so not a tail per type; the
+    types it reads are picked by the subject's type token before any decode. Every api replica
+    folds the same stored events in the same order, so each serves the same values."""
+
+    def __init__(self, log: Any) -> None:
+        self.state = breakfix.Breakfix()
+        self.caught_up = False  # every event stored when the tail began is folded
+        self.skipped = 0  # records of a wanted type that did not decode
+        self._log = log
+
+    def fold(self, batch: list[StoredMsg], caught_up: bool) -> None:
+        for stored in batch:
+            tokens = stored.subject.split(".")  # hp.event.{cluster}.{node}.{TYPE}[.{slot}]
+            if len(tokens) < 5 or tokens[4] not in breakfix.WANTED:
+                continue
+            try:
+                event = wire.decode(wire.NodeEvent, stored.data)
+            except wire.WireError:
+                self.skipped += 1
+                continue
+            if event.type == tokens[4]:  # the subject's type is its writer's permission: trust no other
+                self.state.fold(event)
+        if caught_up:
+            self.caught_up = True
+
+    async def run(self, nc: NATS, stopping: asyncio.Event) -> None:
+        def on_error(exc: Exception) -> None:
+            self._log.debug("following node events for breakfix failed; trying again",
+                            error=str(exc) or type(exc).__name__)
+
+        await follow(nc, "HP_NODE_EVENTS", f"{subjects.PREFIX}.event.>", self.fold, start_seq=1,
+                     stopping=stopping, every_s=EVENTS_EVERY_S, on_error=on_error)
+
+
 async def _first_since(nc: NATS, js: JetStreamContext, since: datetime) -> int:
     """The sequence of the first node event stored at or after ``since`` (the next one to be
     stored when there is none): where the 24 h replay begins."""
@@ -306,18 +345,19 @@ class Plane:
 
 
 class Dashboards:
-    """UI-2's figures for every page and the API: the rows' one-pass tally computed at most once
-    per change (the feed's and the timeline's generations, the plane's read) and at most once
-    per BOARD_EVERY_S (longer where a pass takes long: never more than BOARD_SHARE of the event
-    loop), and at least every BOARD_MAX_AGE_S while asked for (views go stale by time alone);
-    each scope's figures kept with it."""
+    """UI-2's figures for every page and the API. The counts follow the index from the first
+    dashboard asked for on (``dashboard.Counts``: each request re-marks only what changed since
+    the last, never a pass over the fleet); the figures are built from them at most once per
+    change (the counts', the timeline's and the plane read's versions) and per BOARD_EVERY_S
+    (longer where building them takes long: never more than BOARD_SHARE of the event loop),
+    and at least every BOARD_MAX_AGE_S while asked for; each scope's figures kept with it."""
 
     def __init__(self, feed: Feed, recent: Recent, plane_: Plane) -> None:
         self.feed, self.recent, self.plane = feed, recent, plane_
         self._key: tuple[int, int, int] | None = None
         self._at = 0.0
-        self._tally: dashboard.Tally | None = None
-        self._took = 0.0  # seconds the last pass took
+        self._counts: dashboard.Counts | None = None
+        self._took = 0.0  # seconds the last figures took to build
         self._boards: dict[str | None, dict[str, Any]] = {}
 
     async def board(self, js: JetStreamContext, cluster: str | None) -> dict[str, Any]:
@@ -331,23 +371,30 @@ class Dashboards:
                     "unreadable": {"since": wire.rfc3339(feed.unreadable_since), "reason": feed.unreadable_reason},
                     "scope": cluster, "clusters": found["clusters"]}
         read = await self.plane.read(js, feed.index.clusters(), len(feed.index.rows))
-        key = (feed.generation, self.recent.state.generation, read.version)
+        index = feed.index
+        if self._counts is None:
+            index.follow()
+            self._counts = dashboard.Counts(index.rows, now)
+        else:
+            changed, rewritten = index.take()
+            self._counts.refresh(index.rows, changed, rewritten, now)
+        key = (self._counts.version, self.recent.state.generation, read.version)
         loop_now = asyncio.get_running_loop().time()
         age = loop_now - self._at
         every = max(BOARD_EVERY_S, self._took / BOARD_SHARE)
-        if self._tally is None or (key != self._key and age >= every) or age >= max(BOARD_MAX_AGE_S, every):
-            started = time.perf_counter()
-            self._tally = dashboard.tally(feed.index.rows.values(), now)
-            self._took = time.perf_counter() - started
+        if self._key is None or (key != self._key and age >= every) or age >= max(BOARD_MAX_AGE_S, every):
             self._key, self._at, self._boards = key, loop_now, {}
+        counted = self._counts.tally
         found_board = self._boards.get(cluster)
         if found_board is None:
-            rows = feed.index.rows
+            started = time.perf_counter()
+            rows = index.rows
             inputs = dashboard.Inputs(self.recent.state, self.recent.complete,
                                       lambda c, n: rows.get(key_of(c, n)), read.problems, read.config,
                                       read.breaker_resets)
             found_board = {"asOf": wire.rfc3339(now), "readable": True, "unreadable": None,
-                           **dashboard.board(self._tally, inputs, now, cluster)}
-            if cluster is None or cluster in self._tally.clusters:  # kept only for scopes that exist
+                           **dashboard.board(counted, inputs, now, cluster)}
+            self._took = time.perf_counter() - started
+            if cluster is None or cluster in counted.clusters:  # kept only for scopes that exist
                 self._boards[cluster] = found_board
         return found_board

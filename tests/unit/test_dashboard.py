@@ -110,11 +110,60 @@ def test_ui2_one_pass_counts_what_a_count_by_hand_counts(found: list[views.ListR
         for kind, values in scope.cells.items():
             for value, cell in values.items():
                 assert sum(cell[:4]) == sum(1 for r in mine if r.domains.get(kind) == value)
-    assert {(f.row.cluster, f.row.node_id) for f in counted.attention} == {
+    assert {(f.row.cluster, f.row.node_id) for f in counted.attention.values()} == {
         (r.cluster, r.node_id) for r in found if r.needs_attention is not None}
-    assert {(f.row.cluster, f.row.node_id) for f in counted.blind} == {
+    assert {(f.row.cluster, f.row.node_id) for f in counted.blind.values()} == {
         (r.cluster, r.node_id) for r in found if _shown(r) == "UNKNOWN" or r.status == "OFFLINE"
         or automation.blinding((c.type, c.reason) for c in r.conditions)}
+
+
+def _same_counts(kept: dashboard.Tally, fresh: dashboard.Tally) -> None:
+    assert kept.clusters == fresh.clusters
+    assert kept.pools == fresh.pools
+    assert kept.blind == fresh.blind
+    assert kept.attention == fresh.attention
+
+
+# An index's life: a row changed (any way), rewritten with only its report time moved, removed,
+# or time passing (views going stale by time alone, or a rewrite bringing one back).
+steps = st.lists(st.one_of(
+    st.tuples(st.just("change"), st.integers(0, 29), rows.map(lambda r: r[0] if r else None)),
+    st.tuples(st.just("rewrite"), st.integers(0, 29), st.integers(0, 300)),
+    st.tuples(st.just("remove"), st.integers(0, 29), st.none()),
+    st.tuples(st.just("wait"), st.integers(1, 400), st.none())), max_size=25)
+
+
+@given(rows, steps, st.integers(1, 4))
+def test_ui2_counts_kept_as_the_index_changes_equal_a_count_from_scratch(
+        found: list[views.ListRow], life: list[tuple[str, int, Any]], every: int) -> None:
+    """UI-2 (issue 44, the api's CPU with a dashboard open): the dashboard's counts follow the
+    index — only the rows applied since are re-marked, and the views gone stale since by time
+    alone — and after any run of changes, rewrites, removals and time passing they equal a
+    count of every row from scratch, looked at after every ``every`` steps."""
+    index = _index(found)
+    now = NOW
+    counts = dashboard.Counts(index.rows, now)
+    index.follow()
+    for n, (step, which, what) in enumerate(life, start=1):
+        keys = sorted(index.rows)
+        if step == "wait":
+            now += timedelta(seconds=which)
+        elif step == "change" and what is not None:
+            index.apply(msgspec.json.encode(msgspec.structs.replace(what, last_reported_at=now)))
+        elif step == "rewrite" and keys:
+            row = index.rows[keys[which % len(keys)]]
+            index.apply(msgspec.json.encode(msgspec.structs.replace(
+                row, last_reported_at=now - timedelta(seconds=what))))
+        elif step == "remove" and keys:
+            row = index.rows[keys[which % len(keys)]]
+            index.remove(row.cluster, row.node_id, now)
+        if n % every == 0:
+            changed, rewritten = index.take()
+            counts.refresh(index.rows, changed, rewritten, now)
+            _same_counts(counts.tally, dashboard.tally(index.rows.values(), now))
+    changed, rewritten = index.take()
+    counts.refresh(index.rows, changed, rewritten, now + timedelta(hours=1))
+    _same_counts(counts.tally, dashboard.tally(index.rows.values(), now + timedelta(hours=1)))
 
 
 def _index(found: list[views.ListRow]) -> fold.ViewIndex:
