@@ -62,6 +62,10 @@ LIVE_MIN_INTERVAL_S: Final = 1.0  # a page re-reads at most once a second, howev
 LIVE_TICK_S: Final = 15.0  # and at least this often: a view turns stale without being written
 TREND_EVENTS: Final = 500
 NODE_PAGE_EVENTS: Final = 100  # the node page's timeline and attributions: the newest this many of their types
+# The node page reads its node's newest this many events once, and picks its history, trend and
+# timeline from them: a node with no more (most) costs one count and one read, not a binary
+# search per event type (at 100,000 nodes under the pipeline those searches took over 60 s).
+NODE_PAGE_READ: Final = 600  # at least TREND_EVENTS: a busy node's trend comes from the one read
 TABLE_PAGE_MAX: Final = 1000  # rows on one page of the table, and nodes in one bulk command
 COMMAND_FIELDS: Final = ("reason", "active", "evict", "force", "cluster", "timeout", "suite", "job")
 EVENTS_KEEPALIVE_S: Final = 15.0  # an idle event stream still says something this often (proxies, Last-Event-ID)
@@ -273,6 +277,16 @@ def build(backend: Backend) -> Starlette:
         query = request.query_params
         since = reads.parse_since(query.get("since") or "30d", datetime.now(UTC))
         return JSONResponse(await breakfix.figures(backend.nc, backend.js, since, query.get("cluster") or None))
+
+    async def jobs_impact(request: Request, caller: auth.Caller | None) -> Response:
+        """JOB-4's "who was hit": ``healthplane jobs impact -o json`` over HTTP (``since``, ``cluster``)."""
+        query = request.query_params
+        try:
+            since = reads.parse_since(query.get("since") or "24h", datetime.now(UTC))
+        except CommandFailed as exc:
+            raise BadRequest(str(exc).removeprefix("--")) from None
+        found = await jobs.impact(backend.nc, backend.js, since, query.get("cluster") or None)
+        return JSONResponse(found.to_json())
 
     async def federation_members(request: Request, caller: auth.Caller | None) -> Response:
         """UI-5: each member's reachability now (``federation list``), since when, its last
@@ -573,21 +587,14 @@ def build(backend: Backend) -> Starlette:
             return render("node.html", request, caller, view=None, node_id=node_id, history=[], trend=None,
                           automation=None, stale=None, verbs=VERBS, **nothing)
         view = await find_node(backend.nc, backend.js, node_id, cluster)
-        history = await _history(backend.nc, backend.js, view)
-        scores = await reads.event_page(backend.nc, backend.js, view.node_id, view.cluster, types=["SCORE_CHANGED"],
-                                        latest=True, page_size=TREND_EVENTS)
-        # UI-4: remediation and validation as a timeline, and the failures put down to this node.
-        recorded = await reads.event_page(backend.nc, backend.js, view.node_id, view.cluster,
-                                          types=[*pages.TIMELINE_EVENTS, *pages.ATTRIBUTION_EVENTS], latest=True,
-                                          page_size=NODE_PAGE_EVENTS)
-        shown = {**nothing, "timeline": pages.timeline(recorded.events),
-                 "attributions": pages.attributions(recorded.events),
+        history, scores, recorded = await _node_events(backend.nc, backend.js, view)
+        shown = {**nothing, "timeline": pages.timeline(recorded), "attributions": pages.attributions(recorded),
                  "grafana": pages.grafana_links(backend.grafana_url, view.cluster, view.node_id)}
         if may_command(caller):
             shown |= await command_choices(view)
         now = datetime.now(UTC)
         return render("node.html", request, caller, view=view, node_id=view.node_id, history=history,
-                      trend=pages.trend(scores.events, now), automation=await reads.automation_status(backend.js, view, now),
+                      trend=pages.trend(scores, now), automation=await reads.automation_status(backend.js, view, now),
                       stale=reads.staleness(view, datetime.now(UTC)), verbs=VERBS, **shown)
 
     async def command_choices(view: wire.NodeView) -> dict[str, Any]:
@@ -666,6 +673,7 @@ def build(backend: Backend) -> Starlette:
         Route("/api/v1/summary", api(summary)),
         Route("/api/v1/dashboard", api(dashboard_figures)),
         Route("/api/v1/breakfix", api(breakfix_figures)),
+        Route("/api/v1/jobs/impact", api(jobs_impact)),
         Route("/api/v1/config", api(config)),
         Route("/api/v1/events/stream", api(event_stream)),
         Route("/api/v1/federation/members", api(federation_members)),
@@ -718,10 +726,26 @@ def _same_origin(request: Request) -> bool:
     return origin is None or origin == f"{request.url.scheme}://{request.url.netloc}"
 
 
-async def _history(nc: NATS, js: JetStreamContext, view: wire.NodeView) -> list[wire.NodeEvent]:
-    """The node page's history: the newest page of events, newest first."""
-    found = await reads.event_page(nc, js, view.node_id, view.cluster, latest=True, page_size=reads.DEFAULT_PAGE_SIZE)
-    return list(reversed(found.events))
+async def _node_events(nc: NATS, js: JetStreamContext, view: wire.NodeView
+                       ) -> tuple[list[wire.NodeEvent], list[wire.NodeEvent], list[wire.NodeEvent]]:
+    """The node page's events: its history (the newest page, newest first), its score trend
+    (the newest TREND_EVENTS score changes) and its timeline and attributions (UI-4: the newest
+    NODE_PAGE_EVENTS of their types), picked from one read of the node's newest NODE_PAGE_READ
+    events. A node with more events than that, whose read came up short of a kind, has that
+    kind read on its own."""
+    newest = (await reads.event_page(nc, js, view.node_id, view.cluster, latest=True,
+                                     page_size=NODE_PAGE_READ)).events
+    history = list(reversed(newest[-reads.DEFAULT_PAGE_SIZE:]))
+    chosen = {"scores": (("SCORE_CHANGED",), TREND_EVENTS),
+              "recorded": ((*pages.TIMELINE_EVENTS, *pages.ATTRIBUTION_EVENTS), NODE_PAGE_EVENTS)}
+    picked: dict[str, list[wire.NodeEvent]] = {}
+    for name, (types, count) in chosen.items():
+        found = [e for e in newest if e.type in types][-count:]
+        if len(found) < count and len(newest) >= NODE_PAGE_READ:  # the read may not reach back far enough
+            found = (await reads.event_page(nc, js, view.node_id, view.cluster, types=list(types), latest=True,
+                                            page_size=count)).events
+        picked[name] = found
+    return history, picked["scores"], picked["recorded"]
 
 
 async def _event_messages(nc: NATS, selection: tails.Selection, begun: tails.Start,
