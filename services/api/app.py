@@ -25,6 +25,7 @@ from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 from starlette.applications import Starlette
 from starlette.convertors import Convertor, register_url_convertor
+from starlette.datastructures import QueryParams
 from starlette.requests import Request
 from starlette.responses import (
     HTMLResponse,
@@ -132,12 +133,12 @@ def _bool(value: str | None) -> bool:
 
 
 def _int(request: Request, name: str, default: int) -> int:
-    found = _optional_int(request, name)
+    found = _optional_int(request.query_params, name)
     return default if found is None else found
 
 
-def _optional_int(request: Request, name: str) -> int | None:
-    text = request.query_params.get(name)
+def _optional_int(query: QueryParams, name: str) -> int | None:
+    text = query.get(name)
     if text is None or text.strip() == "":
         return None
     if not text.strip().lstrip("-").isdigit():
@@ -145,19 +146,19 @@ def _optional_int(request: Request, name: str) -> int | None:
     return int(text)
 
 
-def _table_query(request: Request, default_sort: str) -> dict[str, Any]:
-    """The table's filter and sort from a query (UI-3), the same for the API and the page:
-    ``cluster``, ``status``, ``health``, ``condition``, ``hold``, ``domain`` (each repeatable
-    but ``cluster``), ``q``, ``scoreMin``, ``scoreMax``, ``sort``. An empty value is no filter."""
-    query = request.query_params
+def _table_query(query: QueryParams, default_sort: str) -> dict[str, Any]:
+    """The table's filter and sort from a query (UI-3), the same for the API, the page and
+    its "all matching" bulk commands: ``cluster``, ``status``, ``health``, ``condition``,
+    ``hold``, ``domain`` (each repeatable but ``cluster``), ``q``, ``scoreMin``, ``scoreMax``,
+    ``sort``. An empty value is no filter."""
 
     def given(name: str) -> list[str]:
         return [v for v in query.getlist(name) if v.strip()]
 
     return {"cluster": query.get("cluster") or None, "status": given("status"), "health": given("health"),
             "condition": given("condition"), "hold": given("hold"), "domain": given("domain"),
-            "text": query.get("q", ""), "score_min": _optional_int(request, "scoreMin"),
-            "score_max": _optional_int(request, "scoreMax"), "sort": query.get("sort") or default_sort}
+            "text": query.get("q", ""), "score_min": _optional_int(query, "scoreMin"),
+            "score_max": _optional_int(query, "scoreMax"), "sort": query.get("sort") or default_sort}
 
 
 def _with(query: Any, **changed: str | None) -> str:
@@ -214,7 +215,7 @@ def build(backend: Backend) -> Starlette:
                     + b',"nextPageToken":null}')
             return Response(body, media_type="application/json")
         size = _int(request, "pageSize", 0) if query.get("pageSize") else None
-        table = _table_query(request, "node")
+        table = _table_query(request.query_params, "node")
 
         def select(index: fold.ViewIndex) -> fold.Page:
             return index.page(**table, page_size=size, token=query.get("pageToken"))
@@ -446,7 +447,7 @@ def build(backend: Backend) -> Starlette:
         size = _int(request, "pageSize", 100)
         if size > TABLE_PAGE_MAX:
             raise BadRequest(f"pageSize {size}: at most {TABLE_PAGE_MAX}")
-        return backend.feed.index.page(**_table_query(request, "score"), page_size=size,
+        return backend.feed.index.page(**_table_query(request.query_params, "score"), page_size=size,
                                        token=request.query_params.get("pageToken"))
 
     async def nodes_page(request: Request, caller: auth.Caller | None) -> Response:
@@ -514,6 +515,17 @@ def build(backend: Backend) -> Starlette:
         if verb not in pages.BULK_VERBS:
             return _error(400, f"no bulk command {verb!r}: one of {', '.join(pages.BULK_VERBS)}")
         chosen = list(dict.fromkeys(k for k in form.get("node", []) if pages.parse_row_key(k)))
+        if _bool(one("matching")) and one("confirm") != "yes":
+            # Every node the table's filter matches, on any page: resolved once, here, into the
+            # keys the question lists and the confirmation sends — what was asked is what is done.
+            try:
+                matching = backend.feed.index.page(**_table_query(QueryParams(back_query), "score"), page_size=None)
+            except (fold.PageError, BadRequest) as exc:
+                return _error(400, str(exc))
+            if matching.total > TABLE_PAGE_MAX:
+                return _error(400, f"{matching.total} nodes match this filter: at most {TABLE_PAGE_MAX} in one "
+                                   "command; narrow the filter")
+            chosen = [pages.row_key(r.cluster, r.node_id) for r in matching.rows]
         if not chosen:
             return RedirectResponse(f"{back}&{urlencode({'failed': 'Nothing changed: no node was selected.'})}", 303)
         if len(chosen) > TABLE_PAGE_MAX:

@@ -82,9 +82,12 @@
   const count = document.getElementById("selected-count");
   if (table && all) {
     const boxes = function () { return table.querySelectorAll("tbody input[name=node]"); };
+    // "Every node this filter matches": the server resolves the filter; the count says how many.
+    const matching = document.getElementById("select-matching");
     const counted = function () {
       const picked = Array.from(boxes()).filter(function (box) { return box.checked; }).length;
-      if (count) { count.textContent = String(picked); }
+      const total = document.getElementById("total");
+      if (count) { count.textContent = matching && matching.checked && total ? total.textContent : String(picked); }
       all.checked = picked > 0 && picked === boxes().length;
     };
     all.addEventListener("change", function () {
@@ -92,6 +95,7 @@
       counted();
     });
     table.addEventListener("change", function (event) { if (event.target !== all) { counted(); } });
+    if (matching) { matching.addEventListener("change", counted); }
   }
 
   document.querySelectorAll("form[data-confirm]").forEach(function (form) {
