@@ -610,9 +610,23 @@ def needs_attention(counted: Tally, inputs: Inputs, now: datetime, cluster: str 
         by_kind[kind] = by_kind.get(kind, 0) + 1
         items.append((since, len(items), kind, item))
 
+    # A degraded domain is one item (DOM-3: one fault), its blind members counted in it, not each
+    # an item of its own ahead of it: a silent rack is one line, not a page of its nodes.
+    degraded: dict[tuple[str, str, str], tuple[timeline.Mark, list[datetime | None]]] = {}
+    for mark in timeline.open_marks(inputs.timeline, "degraded"):
+        domain = subjects.domain_of_node_id(mark.node_id)
+        if (cluster is None or mark.cluster == cluster) and domain is not None:
+            degraded[(mark.cluster, *domain)] = (mark, [])
     for kind, flagged_rows in (("needs-attention", counted.attention), ("blind", counted.blind)):
         for flagged in flagged_rows.values():
-            if cluster is None or flagged.row.cluster == cluster:
+            row = flagged.row
+            if cluster is not None and row.cluster != cluster:
+                continue
+            member_of = next((degraded[found] for found in ((row.cluster, k, v) for k, v in row.domains.items())
+                              if found in degraded), None) if kind == "blind" and degraded and row.domains else None
+            if member_of is not None:
+                member_of[1].append(flagged.since)
+            else:
                 add(kind, flagged.since, flagged)
     for mark in timeline.open_marks(inputs.timeline, "halted"):
         if not wanted(mark.cluster, mark.node_id) or not _still_halted(inputs, config, mark):
@@ -624,16 +638,17 @@ def needs_attention(counted: Tally, inputs: Inputs, now: datetime, cluster: str 
                     f"{mark.cluster}`" if breaker else
                     "bring nodes back into service, or raise the guardrail it names in the cluster config"),
             "link": node_link(mark.cluster, mark.node_id)})
-    for mark in timeline.open_marks(inputs.timeline, "degraded"):
-        if cluster is not None and mark.cluster != cluster:
-            continue
-        domain = subjects.domain_of_node_id(mark.node_id)
-        where = f"{domain[0]}={domain[1]}" if domain else mark.node_id
-        add("domain-degraded", mark.at, {
-            "cluster": mark.cluster, "nodeId": None, "domain": where, "message": f"DOMAIN_DEGRADED: {mark.message}",
+    for (name, kind, value), (mark, members) in degraded.items():
+        where = f"{kind}={value}"
+        known = [since for since in members if since is not None]
+        since = min([mark.at, *known]) if len(known) == len(members) else None
+        blind = f" ({len(members)} of its nodes blind, counted here)" if members else ""
+        add("domain-degraded", since, {
+            "cluster": name, "nodeId": None, "domain": where, "blindMembers": len(members),
+            "message": f"DOMAIN_DEGRADED: {mark.message}{blind}",
             "fix": "its members fail as one: check what they share (power, switch, fabric); per-node automation "
                    "on them waits for DOMAIN_RECOVERED (DOM-3)",
-            "link": link(mark.cluster, domain=where) if domain else None})
+            "link": link(name, domain=where)})
     for problem, since in inputs.problems:
         add(problem.kind, since, {"cluster": None, "nodeId": None, "message": problem.message, "fix": problem.fix,
                                   "link": None})

@@ -77,7 +77,9 @@ def _dashboard_schema() -> dict[str, Any]:
             "total": count, "byKind": {"type": "object", "additionalProperties": count},
             "items": {"type": "array", "items": {"type": "object", "properties": {
                 "kind": text, "since": maybe_text, "cluster": maybe_text, "nodeId": maybe_text, "message": text,
-                "fix": text, "link": maybe_text}}}}},
+                "fix": text, "link": maybe_text,
+                # a domain-degraded item: the domain, and its blind members counted in it (DOM-3)
+                "domain": text, "blindMembers": count}}}}},
         "timeline": {"type": "object", "properties": {
             "hours": {"type": "array", "items": text},
             "actions": {"type": "object", "additionalProperties": {"type": "array", "items": count}},
@@ -171,6 +173,15 @@ def document() -> dict[str, Any]:
                        "remediated, to back in service (MTTR), and between incidents per node (healthplane breakfix)",
             "parameters": [_CLUSTER, _query("since", {"type": "string"}, "30d (default), 24h or an RFC 3339 time")],
             "responses": {"200": _json({"type": "object"}, "the figures"), **_ERRORS}}},
+        "/api/v1/jobs/impact": {"get": {
+            "summary": "JOB-4: every job that failed since a time, with its nodes and the conditions each node carried "
+                       "when the job ended there (healthplane jobs impact -o json)",
+            "parameters": [_CLUSTER, _query("since", {"type": "string"}, "24h (default), 30m, 7d or an RFC 3339 time")],
+            "responses": {"200": _json({"type": "object", "properties": {
+                "since": {"type": "string"}, "jobs": {"type": "array", "items": {"type": "object"}},
+                "skipped": {"type": "integer"}}}, "the failed jobs, oldest first"),
+                "400": _json(_ERROR, "a since that is neither a duration nor an RFC 3339 time"),
+                "401": _ERRORS["401"]}}},
         "/api/v1/events/stream": {"get": {
             "summary": "node events live as server-sent events (events watch): id = the event's position, event = "
                        "its type, data = the event; Last-Event-ID resumes right after that position",

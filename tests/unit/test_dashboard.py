@@ -463,6 +463,30 @@ def test_ui2_the_queue_lists_oldest_first_with_the_fix_and_drops_what_ended() ->
     assert dashboard.needs_attention(dashboard.tally(found, NOW), inputs, NOW, "b")["total"] == 1  # the problem
 
 
+def test_ui2_a_silent_rack_is_one_item_in_the_queue_not_a_page_of_its_nodes() -> None:
+    """UI-2 with DOM-3 (issue 44): a rack whose 100 nodes went silent is one DOMAIN_DEGRADED item
+    — its blind members counted in it, dated by the first of them — ahead of a blind node
+    elsewhere; none of its members is an item of its own."""
+    silent = [views.ListRow(f"r5-{i:03d}", "a", None, "OFFLINE", "UNKNOWN", None,
+                            last_reported_at=NOW - timedelta(minutes=10, seconds=-i), report_interval_seconds=30,
+                            domains={"rack": "r5"}) for i in range(100)]
+    elsewhere = views.ListRow("n9", "a", None, "READY", "HEALTHY", 100, last_reported_at=NOW,
+                              report_interval_seconds=30, domains={"rack": "r6"},
+                              conditions=[views.ConditionRow("collector_failed", "warning")])
+    state = timeline.Timeline()
+    timeline.apply(state, _event("DOMAIN_DEGRADED", subjects.domain_node_id("rack", "r5"),
+                                 at=NOW - timedelta(minutes=9), message="100 of 100 silent"), 1)
+    rows = {(r.cluster, r.node_id): r for r in [*silent, elsewhere]}
+    inputs = dashboard.Inputs(state, True, lambda c, n: rows.get((c, n)))
+    queue = dashboard.needs_attention(dashboard.tally(rows.values(), NOW), inputs, NOW, None)
+    assert [(i["kind"], i["nodeId"] or i.get("domain")) for i in queue["items"]] == [
+        ("domain-degraded", "rack=r5"), ("blind", "n9")]
+    rack = queue["items"][0]
+    assert rack["blindMembers"] == 100 and rack["since"] == wire.rfc3339(NOW - timedelta(minutes=10))
+    assert rack["message"] == "DOMAIN_DEGRADED: 100 of 100 silent (100 of its nodes blind, counted here)"
+    assert queue["total"] == 2 and queue["byKind"] == {"domain-degraded": 1, "blind": 1}
+
+
 # ---------------------------------------------------------------------------- the page
 
 
