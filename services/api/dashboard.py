@@ -23,6 +23,7 @@ Pure: no I/O, no clock; ``now`` and everything read come as arguments.
 
 from __future__ import annotations
 
+import functools
 import heapq
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -73,10 +74,10 @@ class Flagged:
     why: str
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: a frozen dataclass's __init__ costs 3x, once per row of the fleet
 class Mark:
     """What one row adds to the counts, kept so that exactly that is taken out again when the
-    row changes (or goes stale by time alone)."""
+    row changes (or goes stale by time alone). Never changed once made."""
 
     cluster: str
     definition: str | None
@@ -126,8 +127,15 @@ class ScopeTally:
     def count(self, mark: Mark, sign: int) -> None:
         """``mark`` in (``sign`` 1) or out (-1); a count back at zero leaves no key behind."""
         self.nodes += sign
-        _bump(self.health, mark.health, sign)
-        _bump(self.status, mark.status, sign)
+        health, status = self.health, self.status
+        if (left := health.get(mark.health, 0) + sign) and sign > 0:  # the common case, inline
+            health[mark.health] = left
+        else:
+            _bump(health, mark.health, sign)
+        if (left := status.get(mark.status, 0) + sign) and sign > 0:
+            status[mark.status] = left
+        else:
+            _bump(status, mark.status, sign)
         if mark.stale:
             self.stale += sign
         score = mark.score
@@ -192,6 +200,7 @@ class Pool:
     replacing: int = 0  # automation's deprovision holds: replacements in flight
 
 
+@functools.cache
 def stale_after(interval_s: int | None) -> timedelta:
     """How long a view stays fresh unrewritten: ``reads.stale_for``'s bound."""
     return timedelta(seconds=max(15, STALE_AFTER_INTERVALS * (interval_s or 30)))
@@ -221,8 +230,8 @@ def mark_of(row: ListRow, now: datetime) -> Mark:
                     blind_by is None or kind < blind_by):
                 blind_by = kind
     holds = row.holds
-    automated = any(h.actor in automation.AUTOMATION for h in holds)
-    teardown = [h for h in holds if h.effect == "deprovision"]
+    automated = bool(holds) and any(h.actor in automation.AUTOMATION for h in holds)
+    teardown = [h for h in holds if h.effect == "deprovision"] if holds else []
     blind = None
     if blind_by is not None or health == "UNKNOWN" or status == "OFFLINE":
         why = (f"blind: {wire.condition_title(blind_by)}" if blind_by is not None
