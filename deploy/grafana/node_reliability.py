@@ -232,6 +232,43 @@ def consumer_lag() -> timeseries.Panel:
     )
 
 
+# Breakfix series (issue 41.5) come from every api replica with the same values: max by, not sum.
+BREAKFIX_STAGE = ("max by (cluster, fault_class, stage) (healthplane_breakfix_seconds_{part}{{{fleet}}})")
+
+
+def breakfix_times() -> table.Panel:
+    mean = (BREAKFIX_STAGE.format(part="sum", fleet=FLEET) + " / "
+            + BREAKFIX_STAGE.format(part="count", fleet=FLEET))
+    return (
+        table.Panel().title("Breakfix: mean time per stage")
+        .description("Per cluster and fault class, the mean seconds from a fault to out of service, to "
+                     "remediated, to back in service (MTTR), and between incidents on a node, over the "
+                     "node events stored (90 days). From the api's /metrics.")
+        .datasource(DATASOURCE)
+        .with_target(query(mean, table=True))
+        .with_transformation(models.DataTransformerConfig(id_val="organize", options={
+            "excludeByName": {"Time": True},
+            "renameByName": {"fault_class": "fault class", "Value": "mean"},
+            "indexByName": {"cluster": 0, "fault_class": 1, "stage": 2, "Value": 3},
+        }))
+        .unit("s")
+        .height(8).span(16)
+    )
+
+
+def breakfix_incidents() -> bargauge.Panel:
+    return (
+        bargauge.Panel().title("Breakfix: incidents per fault class")
+        .description("Incidents (a real fault's critical condition on a node with none open) over the "
+                     "node events stored, per cluster and fault class.")
+        .datasource(DATASOURCE)
+        .with_target(query(f"max by (cluster, fault_class) (healthplane_breakfix_incidents_total{{{FLEET}}})",
+                           "{{cluster}} {{fault_class}}", instant=True))
+        .reduce_options(common.ReduceDataOptions().calcs(["lastNotNull"]).values(False))
+        .height(8).span(8)
+    )
+
+
 def build() -> models.Dashboard:
     prometheus_source = dashboard.DatasourceVariable("datasource").label("Data source").type("prometheus")
     cluster = (
@@ -254,7 +291,7 @@ def build() -> models.Dashboard:
         dashboard.Dashboard("Node Reliability")
         .uid(UID)
         .description("Healthplane node health: states, scores, conditions, attributed failures, "
-                     "and the pipeline that produces them.")
+                     "breakfix times, and the pipeline that produces them.")
         .tags(["healthplane"])
         .editable()
         .time("now-6h", "now")
@@ -274,6 +311,10 @@ def build() -> models.Dashboard:
         .with_panel(bucket_usage())
         .with_panel(put_failures())
         .with_panel(consumer_lag())
+        # Last: the panels above keep their ids (links use viewPanel=N).
+        .with_row(dashboard.Row("Breakfix"))
+        .with_panel(breakfix_times())
+        .with_panel(breakfix_incidents())
         .build()
     )
     # Stable ids, one per panel and row: links to a panel (viewPanel=N) keep working.

@@ -14,6 +14,7 @@ from healthplane.runtime.connect import default_creds
 from healthplane.runtime.lifecycle import ServiceContext, run_service
 from healthplane_api import auth, live
 from healthplane_api.app import Backend, build
+from healthplane_api.metrics import BreakfixSeries
 from healthplane_api.server import (
     SERVICE,
     MembersWatched,
@@ -47,6 +48,10 @@ def main(args: argparse.Namespace) -> int:
         # UI-2: the dashboard's 24 h of node events, the control plane's own state, the figures.
         recent = live.Recent(ctx.log, feed)
         boards = live.Dashboards(feed, recent, live.Plane(ctx.log))
+        # Issue 41.5: the breakfix figures as series, the same on every replica (each folds every stored event).
+        figures = live.Breakfix(ctx.log)
+        if not settings.federation_hub:
+            metrics.register_series(BreakfixSeries(figures))
         backend = Backend(ctx.nc, ctx.js, feed, callers, ctx.log, hub=settings.federation_hub, stopping=ctx.stopping,
                           grafana_url=settings.grafana_url, members=watched, boards=boards)
         server = _Embedded(uvicorn.Config(build(backend), host=settings.host, port=settings.port, http="h11",
@@ -60,6 +65,7 @@ def main(args: argparse.Namespace) -> int:
             raise SystemExit(1) from None
         folding = asyncio.create_task(feed.run(ctx.nc, ctx.js, ctx.stopping))
         recalling = asyncio.create_task(recent.run(ctx.nc, ctx.js, ctx.stopping)) if not settings.federation_hub else None
+        counting = asyncio.create_task(figures.run(ctx.nc, ctx.stopping)) if not settings.federation_hub else None
         serving = asyncio.create_task(server.serve(sockets=[listening]))
         sweeping = asyncio.create_task(_sweep(callers, ctx.stopping))
         watching = asyncio.create_task(_watch_members(ctx, threshold, watched)) if settings.federation_hub else None
@@ -71,7 +77,7 @@ def main(args: argparse.Namespace) -> int:
                             "has not re-signed, or the file is damaged)")
         await ctx.stopping.wait()
         server.should_exit = True
-        await asyncio.gather(serving, folding, sweeping, *[t for t in (watching, recalling) if t is not None],
+        await asyncio.gather(serving, folding, sweeping, *[t for t in (watching, recalling, counting) if t is not None],
                              return_exceptions=True)
         await callers.close()
 

@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import importlib.util
 import re
+from datetime import UTC, datetime, timedelta
 from types import ModuleType
 from typing import Any
 
 import yaml
 
+from healthplane.contracts import breakfix, wire
 from healthplane.contracts.config import ClusterConfig
+from healthplane_api.metrics import BreakfixSeries
 from tests.support.monitoring import DASHBOARD, GRAFANA, NODE_SERIES, dashboard, dashboard_queries
 
 
@@ -89,3 +92,31 @@ def test_obs3_grafana_provisions_prometheus_as_default_and_the_dashboard_folder(
     assert source["url"] == "http://prometheus:9090"
     [provider] = yaml.safe_load((GRAFANA / "provisioning" / "dashboards" / "healthplane.yml").read_text())["providers"]
     assert provider["type"] == "file" and provider["options"]["path"] == "/etc/grafana/dashboards/healthplane"
+
+
+def test_breakfix_panels_query_series_the_api_exports() -> None:
+    """Issue 41.5 (SPEC RUL, "Breakfix figures"): every breakfix series the dashboard names is one
+    the api's collector exports, with the labels the query takes, and the panels exist."""
+    class Read:
+        state = breakfix.Breakfix()
+        caught_up = True
+
+    at = datetime(2026, 12, 1, tzinfo=UTC)
+    Read.state.fold(wire.NodeEvent(id="e1", node_id="n1", cluster="c", type="CONDITION_RAISED", occurred_at=at,
+                                   message="raised", actor="health-ingest", condition=wire.Condition(
+                                       type="gpu_xid_errors", severity="critical", reason="GpuXid", message="Xid 79",
+                                       first_seen=at)))
+    Read.state.fold(wire.NodeEvent(id="e2", node_id="n1", cluster="c", type="HOLD_CREATED",
+                                   occurred_at=at + timedelta(seconds=5), message="hold", actor="eviction",
+                                   hold=wire.Hold(id="h1", effect="cordon", reason="fault", actor="eviction",
+                                                  created_at=at)))
+    exported = {sample.name: set(sample.labels) for family in BreakfixSeries(Read()).collect()
+                for sample in family.samples}
+    named = {(title, name) for title, expr in dashboard_queries()
+             for name in re.findall(r"\bhealthplane_breakfix_\w+", expr)}
+    assert {title for title, _ in named} == {"Breakfix: mean time per stage", "Breakfix: incidents per fault class"}
+    for title, name in named:
+        assert name in exported, f"{title}: {name} is not exported (exported: {sorted(exported)})"
+        expr = next(e for t, e in dashboard_queries() if t == title)
+        grouped = re.search(rf"max by \(([\w, ]+)\) \({name}\b", expr)
+        assert grouped is not None and set(grouped.group(1).split(", ")) <= exported[name], (title, expr)

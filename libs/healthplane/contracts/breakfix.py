@@ -32,6 +32,7 @@ NOT_A_FAULT: Final = frozenset({"heartbeat_missed", "telemetry_stale", "collecto
 STAGES: Final = ("out_of_service", "remediated", "back_in_service", "between_incidents")
 EVENT_TYPES: Final = ("CONDITION_RAISED", "CONDITION_CLEARED", "HOLD_CREATED", "HOLD_RELEASED",
                       "REMEDIATION_SUCCEEDED", "NODE_SERVICED", "NODE_DEPROVISIONED", "NODE_REPLACED")
+WANTED: Final = frozenset(EVENT_TYPES)
 
 
 class Incident(msgspec.Struct, omit_defaults=True):
