@@ -323,6 +323,8 @@ def build(backend: Backend) -> Starlette:
         if not feed.readable and feed.unreadable_since is not None:
             return reads.unreadable(feed.index.clusters() or ["default"], feed.unreadable_reason,
                                     feed.unreadable_since)
+        if backend.boards is not None:
+            return backend.boards.summary(datetime.now(UTC))
         return reads.summarize(feed.index.rows.values(), datetime.now(UTC))
 
     # -- commands

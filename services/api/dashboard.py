@@ -31,6 +31,7 @@ from datetime import datetime, timedelta
 from typing import Any, Final
 from urllib.parse import urlencode
 
+from healthplane.client import reads
 from healthplane.contracts import automation, subjects, views, wire
 from healthplane.contracts.config import ClusterConfig, NodeHealth
 from healthplane.contracts.views import STALE_AFTER_INTERVALS, ListRow, cluster_label
@@ -298,6 +299,12 @@ class Tally:
                     found[key] = flagged
                 else:
                     found.pop(key, None)
+
+
+def summary(counted: Tally) -> dict[str, Any]:
+    """``GET /api/v1/summary`` from the counts: what ``reads.summarize`` says of the same rows."""
+    return reads.summary_of((name, {h.lower(): n for h, n in scope.health.items()}, scope.worst)
+                            for name, scope in counted.clusters.items())
 
 
 def tally(rows: Iterable[ListRow], now: datetime) -> Tally:

@@ -151,6 +151,7 @@ class ViewIndex:
     following: bool = False
     changed: set[str] = field(default_factory=set)
     rewritten: set[str] = field(default_factory=set)
+    nodes_by_cluster: dict[str, int] = field(default_factory=dict)  # ``clusters`` without a pass over the rows
 
     def follow(self) -> None:
         """Record the keys applied from now on, for ``take``."""
@@ -182,6 +183,8 @@ class ViewIndex:
             del self.gone[key]  # reported since: a new instance under the same id
         before = self.rows.get(key)
         self.rows[key] = row
+        if before is None:
+            self.nodes_by_cluster[row.cluster] = self.nodes_by_cluster.get(row.cluster, 0) + 1
         shown = before is None or _visible(before) != _visible(row)
         if self.following:
             self.rewritten.add(key)
@@ -195,10 +198,17 @@ class ViewIndex:
         self.gone[key] = at
         if self.following:
             self.changed.add(key)
-        return self.rows.pop(key, None) is not None
+        if self.rows.pop(key, None) is None:
+            return False
+        left = self.nodes_by_cluster[cluster] - 1
+        if left:
+            self.nodes_by_cluster[cluster] = left
+        else:
+            del self.nodes_by_cluster[cluster]
+        return True
 
     def clusters(self) -> list[str]:
-        return sorted({row.cluster for row in self.rows.values()})
+        return sorted(self.nodes_by_cluster)
 
     def page(self, *, cluster: str | None = None, status: Iterable[str] = (), health: Iterable[str] = (),
              text: str = "", sort: str = "node", page_size: int | None = 100, token: str | None = None,

@@ -360,6 +360,23 @@ class Dashboards:
         self._took = 0.0  # seconds the last figures took to build
         self._boards: dict[str | None, dict[str, Any]] = {}
 
+    def counts(self, now: datetime) -> dashboard.Counts:
+        """The counts, followed up to now: made on the first call (one pass), then re-marked
+        where the index changed."""
+        index = self.feed.index
+        if self._counts is None:
+            index.follow()
+            self._counts = dashboard.Counts(index.rows, now)
+        else:
+            changed, rewritten = index.take()
+            self._counts.refresh(index.rows, changed, rewritten, now)
+        return self._counts
+
+    def summary(self, now: datetime) -> dict[str, Any]:
+        """``GET /api/v1/summary`` and the dashboard's tiles from the kept counts, not a pass
+        over the rows (``reads.summarize`` counts the same, a test holds them together)."""
+        return dashboard.summary(self.counts(now).tally)
+
     async def board(self, js: JetStreamContext, cluster: str | None) -> dict[str, Any]:
         feed = self.feed
         now = datetime.now(UTC)
@@ -372,19 +389,14 @@ class Dashboards:
                     "scope": cluster, "clusters": found["clusters"]}
         read = await self.plane.read(js, feed.index.clusters(), len(feed.index.rows))
         index = feed.index
-        if self._counts is None:
-            index.follow()
-            self._counts = dashboard.Counts(index.rows, now)
-        else:
-            changed, rewritten = index.take()
-            self._counts.refresh(index.rows, changed, rewritten, now)
-        key = (self._counts.version, self.recent.state.generation, read.version)
+        counts = self.counts(now)
+        key = (counts.version, self.recent.state.generation, read.version)
         loop_now = asyncio.get_running_loop().time()
         age = loop_now - self._at
         every = max(BOARD_EVERY_S, self._took / BOARD_SHARE)
         if self._key is None or (key != self._key and age >= every) or age >= max(BOARD_MAX_AGE_S, every):
             self._key, self._at, self._boards = key, loop_now, {}
-        counted = self._counts.tally
+        counted = counts.tally
         found_board = self._boards.get(cluster)
         if found_board is None:
             started = time.perf_counter()

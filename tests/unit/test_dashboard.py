@@ -117,7 +117,9 @@ def test_ui2_one_pass_counts_what_a_count_by_hand_counts(found: list[views.ListR
         or automation.blinding((c.type, c.reason) for c in r.conditions)}
 
 
-def _same_counts(kept: dashboard.Tally, fresh: dashboard.Tally) -> None:
+def _same_counts(kept: dashboard.Tally, fresh: dashboard.Tally, rows: Any = None, now: datetime = NOW) -> None:
+    if rows is not None:  # the summary from the kept counts is the summary of the rows
+        assert dashboard.summary(kept) == reads.summarize(rows, now)
     assert kept.clusters == fresh.clusters
     assert kept.pools == fresh.pools
     assert kept.blind == fresh.blind
@@ -160,10 +162,12 @@ def test_ui2_counts_kept_as_the_index_changes_equal_a_count_from_scratch(
         if n % every == 0:
             changed, rewritten = index.take()
             counts.refresh(index.rows, changed, rewritten, now)
-            _same_counts(counts.tally, dashboard.tally(index.rows.values(), now))
+            _same_counts(counts.tally, dashboard.tally(index.rows.values(), now), index.rows.values(), now)
     changed, rewritten = index.take()
     counts.refresh(index.rows, changed, rewritten, now + timedelta(hours=1))
-    _same_counts(counts.tally, dashboard.tally(index.rows.values(), now + timedelta(hours=1)))
+    later = now + timedelta(hours=1)
+    _same_counts(counts.tally, dashboard.tally(index.rows.values(), later), index.rows.values(), later)
+    assert index.clusters() == sorted({r.cluster for r in index.rows.values()})
 
 
 def _index(found: list[views.ListRow]) -> fold.ViewIndex:

@@ -134,22 +134,28 @@ def summarize(rows: Iterable[ListRow], now: datetime) -> dict[str, Any]:
     """``node summary -o json`` = ``GET /api/v1/summary``: per cluster the nodes by health
     (a stale view counted unknown), the worst score among the degraded, the label; and the
     fleet's totals."""
-    clusters: dict[str, dict[str, Any]] = {}
+    clusters: dict[str, tuple[dict[str, int], list[int | None]]] = {}
     for row in rows:
         entry = clusters.get(row.cluster)
         if entry is None:
-            entry = clusters[row.cluster] = {"cluster": row.cluster, "readable": True, "nodes": 0,
-                                             "health": {"healthy": 0, "degraded": 0, "unknown": 0},
-                                             "worstScore": None}
+            entry = clusters[row.cluster] = ({"healthy": 0, "degraded": 0, "unknown": 0}, [None])
         health = shown_health(row, now)
-        entry["nodes"] += 1
-        entry["health"][health] = entry["health"].get(health, 0) + 1
-        if health == "degraded" and row.score is not None and (entry["worstScore"] is None
-                                                                or row.score < entry["worstScore"]):
-            entry["worstScore"] = row.score
-    out = [clusters[name] for name in sorted(clusters)]
-    for entry in out:
-        entry["label"] = cluster_label(entry["health"], entry["worstScore"])
+        entry[0][health] = entry[0].get(health, 0) + 1
+        worst = entry[1][0]
+        if health == "degraded" and row.score is not None and (worst is None or row.score < worst):
+            entry[1][0] = row.score
+    return summary_of((name, health, worst[0]) for name, (health, worst) in clusters.items())
+
+
+def summary_of(clusters: Iterable[tuple[str, dict[str, int], int | None]]) -> dict[str, Any]:
+    """The summary of per-cluster counts by shown health (lower case) and worst degraded
+    score: the one shape whoever counted (``summarize``, the api's kept counts)."""
+    out = []
+    for name, health, worst in sorted(clusters, key=lambda c: c[0]):
+        counts = {"healthy": health.get("healthy", 0), "degraded": health.get("degraded", 0),
+                  "unknown": health.get("unknown", 0)}
+        out.append({"cluster": name, "readable": True, "nodes": sum(counts.values()), "health": counts,
+                    "worstScore": worst, "label": cluster_label(counts, worst)})
     nodes = sum(e["nodes"] for e in out)
     healthy = sum(e["health"]["healthy"] for e in out)
     return {"clusters": out, "fleet": {"nodes": nodes, "healthy": healthy,
