@@ -1,7 +1,7 @@
-"""The fleet dashboard (UI-2), pure: one pass over every node's listing row (``tally``), then
-the page's figures for the fleet or one cluster (``board``), each count with the link to the
-nodes table filtered to exactly (or, where the table has no such filter, nearest to) the nodes
-it counts.
+"""The fleet dashboard (UI-2), pure: every node's listing row counted once (``Counts``, kept
+as the rows change: each row's mark out and in), then the page's figures for the fleet or one
+cluster (``board``), each count with the link to the nodes table filtered to exactly (or,
+where the table has no such filter, nearest to) the nodes it counts.
 
 What comes from where (docs/api.md, "The dashboard"):
 
