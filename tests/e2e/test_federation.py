@@ -171,7 +171,7 @@ def test_fed1_fed2_fed3_two_clusters_on_a_hub_through_an_outage(tmp_path: Path,
 @pytest.mark.parametrize(("flags", "config", "message"), [
     (["--attach", "nats-leaf://127.0.0.1:7422"], None, "--attach needs --attach-creds FILE"),
     (["--attach-creds", "x.creds"], None, "--attach-creds goes with --attach URL"),
-    (["--federation-hub", "--servers", "3"], None, "--federation-hub and --attach run one embedded server"),
+    (["--attach", "127.0.0.1:7422", "--insecure"], None, "--attach 127.0.0.1:7422: the hub's leaf URL(s)"),
     (["--attach", "nats-leaf://127.0.0.1:7422", "--attach-creds", "missing.creds"], None,
      "--attach-creds missing.creds: no such file"),
     (["--attach", "nats-leaf://127.0.0.1:7422", "--insecure"], "cluster: Bad.Name\n",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import msgspec
 import pytest
@@ -13,6 +14,7 @@ from hypothesis import strategies as st
 
 from healthplane.client import federation, reads
 from healthplane.contracts import permissions, subjects, views, wire
+from healthplane.stack.natsserver import Federation, NatsCluster
 
 NOW = datetime(2026, 12, 3, 12, 0, tzinfo=UTC)
 
@@ -122,3 +124,34 @@ def test_fed1_a_member_attached_with_no_node_yet_has_its_row() -> None:
     [row] = federation.summary(found)["clusters"]
     assert row["label"] == "No health: cluster c has not connected to the hub yet" and row["nodes"] == 0
     assert msgspec.json.decode(found.json()) == []
+
+
+def test_fed1_ha1_a_hub_cluster_listens_for_leafs_on_every_server_in_its_own_named_cluster(tmp_path: Path) -> None:
+    """FED-1 on HA-1 (issue 46.6): each server of a three-server hub has its own leaf port and
+    domain ``hub``; the cluster and its servers are named for the domain, so a member cluster
+    (``healthplane-a``, never the hub's name: nats-server refuses a leaf from a cluster of its
+    own name) and its servers are told apart from the hub's."""
+    hub = NatsCluster(tmp_path / "hub", 3, federation=Federation(federation.HUB_DOMAIN, leaf_port=0),
+                      leaf_ports=[7422, 7423, 7424])
+    assert [s.name for s in hub.servers] == ["hub-0", "hub-1", "hub-2"]
+    assert {s.routes.cluster for s in hub.servers if s.routes} == {"healthplane-hub"}
+    assert [s.leaf_url for s in hub.servers] == [f"nats-leaf://127.0.0.1:{p}" for p in (7422, 7423, 7424)]
+    assert all(s.federation and s.federation.domain == "hub" and s.federation.hub_url is None for s in hub.servers)
+    free = NatsCluster(tmp_path / "free", 3, federation=Federation(federation.HUB_DOMAIN, leaf_port=0))
+    assert len({s.leaf_url for s in free.servers}) == 3
+    assert [s.name for s in NatsCluster(tmp_path / "plain", 3).servers] == ["hp-0", "hp-1", "hp-2"]
+
+
+def test_fed1_ha1_every_server_of_a_member_cluster_has_the_remote_to_every_hub_url_and_the_guard() -> None:
+    """FED-1 on HA-1: a member's each server connects a leaf to the hub, listing all the hub's
+    URLs (nats-server picks one, the next when it is lost), with the member's own guard."""
+    urls = "nats-leaf://h:7422, nats-leaf://h:7423,nats-leaf://h:7424"
+    member = Federation("a", hub_url=urls)
+    assert member.hub_urls == ["nats-leaf://h:7422", "nats-leaf://h:7423", "nats-leaf://h:7424"]
+    text = member.leafnodes_config("127.0.0.1", "ACCOUNT")
+    assert 'urls: ["nats-leaf://h:7422", "nats-leaf://h:7423", "nats-leaf://h:7424"]' in text
+    assert "account: ACCOUNT" in text and '"$JS.a.API.STREAM.>"' in text and "listen" not in text
+    cluster = NatsCluster("/nonexistent", 3, federation=member)
+    assert [s.federation for s in cluster.servers] == [member] * 3
+    assert [s.name for s in cluster.servers] == ["a-0", "a-1", "a-2"]
+    assert all(s.leaf_url is None for s in cluster.servers)

@@ -19,6 +19,7 @@ from healthplane.cli.common import connection_flags, fail, nats_client, output_f
 from healthplane.client import federation
 from healthplane.client.errors import EXIT_RETRY, CommandFailed
 from healthplane.contracts import permissions
+from healthplane.runtime import converge
 from healthplane.runtime.connect import connect
 from healthplane.runtime.creds import CredsError
 from healthplane.stack.keystore import Keystore
@@ -76,7 +77,12 @@ def _attach(args: argparse.Namespace) -> int:
     maintainer = stack.get("maintainerCreds")
     if not stack.get("insecure"):
         Keystore.open(data_dir / "creds").member(name, out)
-    asyncio.run(_create_aggregate(str(stack["natsUrl"]), str(maintainer) if maintainer else None, name, data_dir))
+    # On a hub of three servers the aggregate is R3, like every stream there (HA-1): the hub's
+    # sourcing survives a lost server.
+    servers = stack.get("servers")
+    replicas = converge.replicas_for(len(servers) if isinstance(servers, list) else 1)
+    asyncio.run(_create_aggregate(str(stack["natsUrl"]), str(maintainer) if maintainer else None, name, data_dir,
+                                  replicas))
     creds_flag = "" if stack.get("insecure") else f" --attach-creds {out}"
     if not stack.get("insecure"):
         print(f"member credentials for {name}: {out}")
@@ -85,13 +91,14 @@ def _attach(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _create_aggregate(nats_url: str, maintainer: str | None, name: str, data_dir: Path) -> None:
+async def _create_aggregate(nats_url: str, maintainer: str | None, name: str, data_dir: Path,
+                            replicas: int = 1) -> None:
     try:
         nc = await connect(nats_url, name="healthplane-federation", creds=maintainer, give_up_after=5.0)
     except ConnectionError as exc:
         raise CommandFailed(f"the hub in {data_dir} does not answer: {exc}", EXIT_RETRY) from exc
     try:
-        await federation.attach(nc, name)
+        await federation.attach(nc, name, replicas)
     finally:
         await nc.close()
 

@@ -77,10 +77,12 @@ def _up_arguments(parser: argparse.ArgumentParser) -> None:
                                  "docs/federation.md); no fleet of its own")
     federation.add_argument("--attach", metavar="URL",
                             help="attach this cluster to the hub at URL (nats-leaf://HOST:PORT, printed by "
-                                 "`healthplane federation attach NAME` on the hub)")
+                                 "`healthplane federation attach NAME` on the hub; a hub of several servers: "
+                                 "their URLs comma-separated); with --servers 3 every server connects")
     parser.add_argument("--attach-creds", metavar="FILE", help="the member credentials the hub issued (--attach)")
     parser.add_argument("--leaf-port", type=int, default=7422,
-                        help="--federation-hub: port for the members' leaf connections (default 7422, 0: any free)")
+                        help="--federation-hub: port for the members' leaf connections (default 7422, 0: any free; "
+                             "--servers 3: one per server, from this port up)")
 
 
 def _server_count(text: str) -> int:

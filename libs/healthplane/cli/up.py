@@ -1,7 +1,7 @@
 """``healthplane up``: the embedded stack for development.
 
 Starts a JetStream nats-server on loopback (``--servers 3``: a three-server cluster, every
-stream and bucket R3; none with ``--nats-url``), creates the streams,
+stream and bucket R3, a federation hub's or member's too; none with ``--nats-url``), creates the streams,
 applies the config, starts every built service as its own process, prints what runs where
 and writes ``DATA_DIR/stack.json``. A service that dies is restarted like systemd's
 ``Restart=on-failure`` (``healthplane.stack.supervise``): with a growing delay, on the same metrics
@@ -152,8 +152,11 @@ def run(args: argparse.Namespace) -> int:
             nats_url = args.nats_url
         elif args.servers > 1:
             ports = [args.nats_port + i for i in range(args.servers)] if args.nats_port else None
+            # A hub's servers each listen for leaf connections, from --leaf-port up (0: free ones).
+            leaf_ports = ([args.leaf_port + i for i in range(args.servers)]
+                          if fed is not None and fed.leaf_port is not None and args.leaf_port else None)
             nats = NatsCluster(data_dir / "nats-cluster", args.servers, ports=ports, keystore=keystore,
-                               tls=server_tls).start()
+                               tls=server_tls, federation=fed, leaf_ports=leaf_ports).start()
             nats_url, replicas = nats.url, converge.replicas_for(args.servers)
         else:
             # In a federation each server says which control plane it is (the hub's logs name the members').
@@ -190,7 +193,7 @@ def run(args: argparse.Namespace) -> int:
         write_stack()
         _print_table(nats_url, _members(nats), children, data_dir,
                      simulated=0 if args.no_sim or args.federation_hub else args.nodes)
-        _print_federation(fed, data_dir)
+        _print_federation(fed, _members(nats), data_dir)
         _print_access(nats_url, identities, server_tls, args, children)
 
         while not stop_requested:
@@ -212,8 +215,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _federation(args: argparse.Namespace, config: ClusterConfig) -> Federation | None:
-    """The embedded server's part in a federation (FED-1), or ``None``: the hub listens for
-    leaf connections in domain ``hub``; a member runs its cluster's domain and connects to it."""
+    """The embedded servers' part in a federation (FED-1), or ``None``: the hub listens for
+    leaf connections in domain ``hub``; a member runs its cluster's domain and connects to it
+    (``--attach``: one URL or the hub's several, comma-separated). With ``--servers 3`` every
+    server has the part (``NatsCluster``)."""
     if args.attach_creds and not args.attach:
         raise federation.FederationError("--attach-creds goes with --attach URL")
     if not (args.federation_hub or args.attach):
@@ -221,9 +226,6 @@ def _federation(args: argparse.Namespace, config: ClusterConfig) -> Federation |
     if args.nats_url:
         raise federation.FederationError("--federation-hub and --attach configure the server up starts; for your "
                                          "own servers set their domain and leaf nodes (docs/federation.md)")
-    if args.servers > 1:
-        raise federation.FederationError("--federation-hub and --attach run one embedded server; a federated "
-                                         "cluster of servers is configured by hand (docs/federation.md)")
     if args.federation_hub:
         return Federation(federation.HUB_DOMAIN, leaf_port=args.leaf_port or free_port())
     if not args.insecure and not args.attach_creds:
@@ -232,17 +234,30 @@ def _federation(args: argparse.Namespace, config: ClusterConfig) -> Federation |
     creds_file = Path(args.attach_creds).resolve() if args.attach_creds else None
     if creds_file is not None and not creds_file.is_file():
         raise federation.FederationError(f"--attach-creds {args.attach_creds}: no such file")
-    return Federation(federation.check_member_name(config.cluster), hub_url=args.attach, hub_creds=creds_file)
+    hub_urls = [url.strip() for url in args.attach.split(",") if url.strip()]
+    if not hub_urls or not all(url.startswith(("nats-leaf://", "tls://", "nats://", "ws://", "wss://"))
+                               for url in hub_urls):
+        raise federation.FederationError(f"--attach {args.attach}: the hub's leaf URL(s), comma-separated "
+                                         "nats-leaf://HOST:PORT (the hub's `up` prints them)")
+    return Federation(federation.check_member_name(config.cluster), hub_url=",".join(hub_urls),
+                      hub_creds=creds_file)
 
 
-def _print_federation(fed: Federation | None, data_dir: Path) -> None:
+def _leaf_urls(servers: list[NatsServer]) -> list[str]:
+    """A hub's leaf URLs, one per server: a member's servers may use any of them."""
+    return [s.leaf_url for s in servers if s.leaf_url is not None]
+
+
+def _print_federation(fed: Federation | None, servers: list[NatsServer], data_dir: Path) -> None:
     if fed is None:
         return
     if fed.leaf_port is not None:
-        print(f"federation hub: members connect to nats-leaf://127.0.0.1:{fed.leaf_port}; let a cluster in with "
+        urls = ",".join(_leaf_urls(servers))
+        print(f"federation hub: members connect to {urls}; let a cluster in with "
               f"`healthplane federation attach NAME --data-dir {data_dir}`")
     else:
-        print(f"attached to the federation hub at {fed.hub_url} as cluster {fed.domain}")
+        servers_note = f" from each of its {len(servers)} servers" if len(servers) > 1 else ""
+        print(f"attached to the federation hub at {fed.hub_url} as cluster {fed.domain}{servers_note}")
 
 
 def _members(nats: NatsServer | NatsCluster | None) -> list[NatsServer]:
@@ -377,7 +392,8 @@ def _write_stack(data_dir: Path, nats_url: str, servers: list[NatsServer], child
     stack: dict[str, object] = {
         "natsUrl": nats_url,
         "natsServerPid": _pid(servers[0]) if servers else None,
-        "servers": [{"name": s.name, "pid": _pid(s), "url": s.url, "storeDir": str(s.store_dir)} for s in servers],
+        "servers": [{"name": s.name, "pid": _pid(s), "url": s.url, "storeDir": str(s.store_dir),
+                     **({"monitorUrl": s.monitor_url} if s.monitor_url else {})} for s in servers],
         "insecure": identities is None,
     }
     if identities is not None:
@@ -387,7 +403,8 @@ def _write_stack(data_dir: Path, nats_url: str, servers: list[NatsServer], child
     if server_tls is not None:
         stack["tlsCa"] = str(server_tls.ca)
     if fed is not None and fed.leaf_port is not None:
-        stack["leafUrl"] = f"nats-leaf://127.0.0.1:{fed.leaf_port}"
+        # leafUrl: what `up --attach` takes (several comma-joined); leafUrls: the same, one by one.
+        stack |= {"leafUrl": ",".join(_leaf_urls(servers)), "leafUrls": _leaf_urls(servers)}
     elif fed is not None:
         stack |= {"attachedTo": fed.hub_url, "cluster": fed.domain}
     stack["services"] = [

@@ -38,6 +38,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
 from nats.aio.client import Client as NATS
+from nats.errors import NoRespondersError
+from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import JetStreamContext
 
 from healthplane.client import reads
@@ -133,7 +135,9 @@ async def attach(nc: NATS, member: str, replicas: int = 1) -> None:
     config = aggregate_config(member, replicas)
     try:
         await _api(nc, f"$JS.API.STREAM.INFO.{config['name']}", {})
-    except FederationError:
+    except FederationError as exc:
+        if exc.code == EXIT_RETRY:  # no answer is not "no such stream"
+            raise
         await _api(nc, f"$JS.API.STREAM.CREATE.{config['name']}", config)
 
 
@@ -198,7 +202,14 @@ def member_of(info: dict[str, Any], now: datetime) -> Member | None:
 
 
 async def _api(nc: NATS, subject: str, body: dict[str, Any], timeout_s: float = 5.0) -> dict[str, Any]:
-    answer = json.loads((await nc.request(subject, json.dumps(body).encode(), timeout=timeout_s)).data)
+    try:
+        reply = await nc.request(subject, json.dumps(body).encode(), timeout=timeout_s)
+    except (NatsTimeoutError, NoRespondersError) as exc:
+        # On a cluster, a stream whose leader was just lost answers nothing until nats-server
+        # has elected another (seconds): the same call works again then.
+        raise FederationError(f"{subject}: JetStream did not answer within {timeout_s:g}s (a stream leader being "
+                              "elected, or the server unreachable); retry", EXIT_RETRY) from exc
+    answer = json.loads(reply.data)
     if not isinstance(answer, dict):
         raise FederationError(f"{subject}: not a JetStream answer")
     if "error" in answer:

@@ -20,7 +20,7 @@ import sysconfig
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -124,11 +124,16 @@ class Federation:
     """A server's part in a federation (FED-1): its JetStream domain, and either the port it
     listens on for the members' leaf connections (the hub) or the hub it connects to with the
     member credentials the hub issued (a member). The leaf connection binds to the member's
-    own account, so the hub's sources read its streams and its commands land in them."""
+    own account, so the hub's sources read its streams and its commands land in them.
+
+    On a cluster (:class:`NatsCluster`) every server has the same part: each server of a hub
+    listens on its own leaf port, each server of a member has the remote to every URL of the
+    hub (nats-server picks one and moves to the next when it is lost)."""
 
     domain: str
     leaf_port: int | None = None  # the hub
-    hub_url: str | None = None  # a member: nats-leaf://host:port
+    # A member: nats-leaf://host:port, or several comma-joined (every server of a hub cluster).
+    hub_url: str | None = None
     hub_creds: Path | None = None
     # The member's own guard below; off only for the benchmark's baseline, a raw mirror, which
     # needs the very consumer creation the guard refuses.
@@ -141,7 +146,7 @@ class Federation:
             # would let them go around whatever stands between (a load balancer, a proxy).
             text += f'leafnodes {{ listen: "{host}:{self.leaf_port}", no_advertise: true }}\n'
         if self.hub_url is not None:
-            remote = f'url: "{self.hub_url}"'
+            remote = "urls: [" + ", ".join(f'"{url}"' for url in self.hub_urls) + "]"
             if self.hub_creds is not None:
                 remote += f', credentials: "{self.hub_creds}"'
             if local_account is not None:
@@ -158,6 +163,10 @@ class Federation:
             # the link is back (FED-2's catch-up starts from there).
             text += f"leafnodes {{ reconnect: 1, remotes: [ {{ {remote} }} ] }}\n"
         return text
+
+    @property
+    def hub_urls(self) -> list[str]:
+        return [url.strip() for url in (self.hub_url or "").split(",") if url.strip()]
 
 
 class NatsServer:
@@ -191,6 +200,18 @@ class NatsServer:
     @property
     def url(self) -> str:
         return f"{'tls' if self.tls else 'nats'}://{self.host}:{self.port}"
+
+    @property
+    def monitor_url(self) -> str | None:
+        """nats-server's monitoring endpoints (/healthz, /leafz, /jsz), where it has them."""
+        return None if self.monitor_port is None else f"http://{self.host}:{self.monitor_port}"
+
+    @property
+    def leaf_url(self) -> str | None:
+        """A hub's server: where members' leaf connections reach it."""
+        if self.federation is None or self.federation.leaf_port is None:
+            return None
+        return f"nats-leaf://{self.host}:{self.federation.leaf_port}"
 
     @property
     def secure(self) -> bool:
@@ -284,20 +305,37 @@ class NatsCluster:
     """``size`` nats-servers routed to each other, one JetStream cluster (HA-1): each with its
     own name (``hp-0``…), client port, route port and store under ``store_dir/hp-N``; the same
     trust (operator, accounts) and TLS on all. ``url`` is every client URL, comma-joined: what
-    ``--nats-url`` and ``HEALTHPLANE_NATS_URL`` take."""
+    ``--nats-url`` and ``HEALTHPLANE_NATS_URL`` take.
+
+    In a federation (``federation``) every server has its part: a hub's each listens for
+    leaf connections on its own port (``leaf_ports``, else free ones), a member's each has the
+    remote to the hub. The cluster is then named ``healthplane-<domain>`` and its servers
+    ``<domain>-N``: nats-server refuses a leaf connection from a cluster of its own name, and
+    the hub's logs name the member's servers."""
 
     def __init__(self, store_dir: Path | str, size: int = 3, *, ports: list[int] | None = None,
                  host: str = "127.0.0.1", keystore: Keystore | None = None, tls: ServerTls | None = None,
-                 name: str = "healthplane") -> None:
+                 name: str = "healthplane", federation: Federation | None = None,
+                 leaf_ports: list[int] | None = None) -> None:
         if size < 1:
             raise NatsServerError(f"a cluster needs at least one server, not {size}")
         self.store_dir = Path(store_dir)
         self.keystore = keystore
         route_ports = tuple(free_port(host) for _ in range(size))
         client_ports = ports or [0] * size
+        prefix = "hp"
+        parts: list[Federation | None] = [None] * size
+        if federation is not None:
+            name, prefix = f"{name}-{federation.domain}", federation.domain
+            if federation.leaf_port is not None:
+                chosen = leaf_ports or [free_port(host) for _ in range(size)]
+                parts = [replace(federation, leaf_port=chosen[i]) for i in range(size)]
+            else:
+                parts = [federation] * size
         self.servers = [
             NatsServer(Path(store_dir) / f"hp-{i}", port=client_ports[i], host=host, keystore=keystore, tls=tls,
-                       name=f"hp-{i}", routes=Routes(name, route_ports[i], route_ports))
+                       name=f"{prefix}-{i}", routes=Routes(name, route_ports[i], route_ports),
+                       federation=parts[i])
             for i in range(size)]
 
     @property
