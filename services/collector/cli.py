@@ -59,6 +59,10 @@ def add_sim_arguments(parser: argparse.ArgumentParser) -> None:
     load.add_argument("--in-flight", type=int, default=4096, help="reports at most unacknowledged (default 4096)")
     load.add_argument("--prefix", default="load-", help="node ids are PREFIX000000… (default load-)")
     load.add_argument("--metrics-port", type=int, default=0)
+    for fleet in (run_parser, load):
+        fleet.add_argument("--rack-size", default="0", metavar="N",
+                           help="every N nodes in a row share a rack, r0, r1, …, told by their resource reports "
+                                "as an agent told its rack does (DOM-1; default 0: no rack)")
     inject = actions.add_parser("inject", help="inject a fault into a simulated node, or every node of a "
                                 "failure domain (--domain)")
     inject.add_argument("node", nargs="?", help="the node (or --domain instead)")
@@ -67,6 +71,12 @@ def add_sim_arguments(parser: argparse.ArgumentParser) -> None:
                              "rack losing power is --fault silent; an NVLink domain's fabric, --fault xid:145)")
     inject.add_argument("--fault", required=True, help=", ".join(FAULTS))
     inject.add_argument("--gpu", type=int)
+    inject.add_argument("--rate", type=float,
+                        help="job-killer: the chance each job on the node fails, within seconds of its start (a "
+                             "black hole; default 1); slow-death: the chance reached at the end of --ramp (default 1)")
+    inject.add_argument("--ramp", type=float, metavar="SECONDS",
+                        help="slow-death: seconds over which the chance a job fails rises from 0 to --rate "
+                             "(default 3600); each such job fails at its normal end")
     inject.add_argument("--cluster", default="default")
     work = add_work_arguments(actions)
     for sub in (run_parser, load, inject, *work):
@@ -86,6 +96,10 @@ def add_work_arguments(actions: argparse._SubParsersAction[argparse.ArgumentPars
                         help="policy.restart: on-node-fault requeues the step when its node faults or is lost")
     submit.add_argument("--definition", help="run only on nodes of this provisioner definition")
     submit.add_argument("--count", type=int, default=1, help="how many such jobs (default 1)")
+    submit.add_argument("--user", help="the user the jobs run as (default: you)")
+    submit.add_argument("--fails-everywhere", action="store_true",
+                        help="a bad application: every step fails within seconds wherever it runs (the job's fault, "
+                             "not a node's: JOB-2 blames no node for it)")
     submit.add_argument("-o", "--output", **one_of(["text", "json"]), default="text")
     jobs = actions.add_parser("jobs", help="jobs and the state of their allocations")
     jobs.add_argument("--cluster", default="default")

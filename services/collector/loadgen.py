@@ -38,7 +38,7 @@ from typing import Any, Final
 import msgspec
 from prometheus_client import Counter
 
-from healthplane.contracts import subjects, wire
+from healthplane.contracts import domains, subjects, wire
 from healthplane.runtime.backoff import Backoff
 from healthplane_collector.agent import Collector, Settings, run_agent
 from healthplane_collector.sim import (
@@ -47,10 +47,12 @@ from healthplane_collector.sim import (
     InjectRequest,
     SimNode,
     serve_injections,
+    sim_rack,
     terminations_subject,
 )
 
 TEMPLATE_ID: Final = "hp-loadgen-template-node"
+TEMPLATE_RACK: Final = "hp-loadgen-template-rack"  # the hole of a node's rack (--rack-size, DOM-1)
 TICK_S: Final = 0.005
 SENT = Counter("healthplane_loadgen_reports_total", "Reports the load generator sent", ["outcome"])
 
@@ -100,14 +102,17 @@ class Templates:
     resource_ready: Cut
 
     @classmethod
-    async def build(cls, cluster: str, interval_s: int, gpus: int, definition: str = "gpu-pool") -> Templates:
+    async def build(cls, cluster: str, interval_s: int, gpus: int, definition: str = "gpu-pool",
+                    racks: bool = False) -> Templates:
+        """``racks``: the resource reports tell a rack, filled in per node (the last hole)."""
         node = SimNode(TEMPLATE_ID, gpus)
+        annotations = domains.told_annotations({"rack": TEMPLATE_RACK}) if racks else {}
         collector = Collector(Settings(node_id=TEMPLATE_ID, cluster=cluster, interval_s=interval_s,
-                                       definition=definition), node, node.kmsg)
+                                       definition=definition, annotations=annotations), node, node.kmsg)
         collector.refresh_inventory()
         await collector.probe(("gpu",))
         clock = datetime(2000, 1, 1, tzinfo=UTC)
-        holes = [*_identity(TEMPLATE_ID, gpus), _timestamp(clock)]
+        holes = [*_identity(TEMPLATE_ID, gpus), _timestamp(clock), TEMPLATE_RACK.encode()]
         return cls(resource_initial=Cut.of(wire.encode(collector.resource_report(False, clock)), holes),  # type: ignore[arg-type]
                    report_start=Cut.of(wire.encode(await collector.collect("start", clock)), holes),
                    report_scheduled=Cut.of(wire.encode(await collector.collect("scheduled", clock)), holes),
@@ -122,8 +127,9 @@ class LoadFleet:
     """``count`` nodes (``{prefix}{i:06d}``) reporting every ``interval_s``; see the module."""
 
     def __init__(self, count: int, cluster: str = "default", interval_s: int = 30, prefix: str = "load-",
-                 gpus: int = 8, in_flight: int = 4096) -> None:
+                 gpus: int = 8, in_flight: int = 4096, rack_size: int = 0) -> None:
         self.count, self.cluster, self.interval_s, self.prefix, self.gpus = count, cluster, interval_s, prefix, gpus
+        self.rack_size = rack_size  # every rack_size nodes in a row tell one rack (0: none)
         self.in_flight = in_flight
         # Made at a node's first report: a node with one has sent its first cycle.
         self._identities: list[list[bytes] | None] = [None] * count
@@ -149,7 +155,8 @@ class LoadFleet:
         if identity is not None:
             return [(report, templates.report_scheduled.fill([*identity, _timestamp(now)]))]
         identity = self._identities[index] = _identity(node_id, self.gpus)
-        values = [*identity, _timestamp(now)]
+        rack = sim_rack(self.rack_size, index)
+        values = [*identity, _timestamp(now), next(iter(rack.values()), "").encode()]
         resource = subjects.resource(self.cluster, node_id)
         return [(resource, templates.resource_initial.fill(values)), (report, templates.report_start.fill(values)),
                 (resource, templates.resource_ready.fill(values))]
@@ -164,7 +171,7 @@ class LoadFleet:
     async def run(self, nc: Any, stopping: asyncio.Event, log: Any) -> None:
         from healthplane.runtime.publish import Publisher
 
-        templates = await Templates.build(self.cluster, self.interval_s, self.gpus)
+        templates = await Templates.build(self.cluster, self.interval_s, self.gpus, racks=self.rack_size > 0)
         publisher = Publisher(nc, window=self.in_flight)
         agents: list[asyncio.Task[None]] = []
 
@@ -204,7 +211,9 @@ class LoadFleet:
 
     async def _agent(self, node: SimNode, publisher: Any, stopping: asyncio.Event, log: Any) -> None:
         collector = Collector(Settings(node_id=node.node_id, cluster=self.cluster, interval_s=self.interval_s,
-                                       definition="gpu-pool"), node, node.kmsg)
+                                       definition="gpu-pool",
+                                       annotations=sim_rack(self.rack_size, self.index_of(node.node_id) or 0)),
+                              node, node.kmsg)
 
         async def publish(subject: str, payload: bytes) -> None:
             if not node.silent:

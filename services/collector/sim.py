@@ -17,6 +17,7 @@ next resource report as the real agent's does.
 from __future__ import annotations
 
 import asyncio
+import math
 import random
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -26,7 +27,7 @@ from typing import Any, Final
 
 import msgspec
 
-from healthplane.contracts import subjects, wire
+from healthplane.contracts import domains, subjects, wire
 from healthplane_collector.agent import Collector, Settings, run_agent
 from healthplane_collector.choices import FAULTS
 from healthplane_collector.gpu_nvml import throttle_from_reasons
@@ -80,6 +81,9 @@ class SimHardware:
     io_errors: int = 0
     readonly_mount: bool = False
     failing: set[str] = field(default_factory=set)
+    # JOB-2's cases: the node kills jobs while every counter stays clean. The reports never show
+    # it; the reference scheduler learns it from `sim inject` (hp.hardware) and fails the steps.
+    jobs: wire.SimJobFailures | None = None
 
 
 class SimKmsg:
@@ -223,10 +227,16 @@ class SimNode:
         if self.collector is not None:
             self.collector.report_outcome(outcome)
 
-    def inject(self, fault: str, gpu: int | None, now: datetime) -> str:
+    def inject(self, fault: str, gpu: int | None, now: datetime, *, rate: float | None = None,
+               ramp_s: float | None = None) -> str:
         """Apply ``fault``; returns what happened, in words. Raises :class:`FaultError`."""
         hw, tally = self.hardware, self.kmsg.tally
         out_of_band = False
+        if fault in JOB_MODELS:
+            hw.jobs = job_failures(fault, rate, ramp_s, now)
+            return f"{fault} injected on {self.node_id}: {describe_jobs(hw.jobs)}"
+        if rate is not None or ramp_s is not None:
+            raise FaultError(f"--rate and --ramp are job-killer's and slow-death's, not {fault}'s")
         if fault.startswith("xid:"):
             code = fault.removeprefix("xid:")
             if not code.isdigit():
@@ -276,7 +286,7 @@ class SimNode:
             if gpu is None:
                 raise FaultError("silent-gpu needs --gpu N: the GPU that fails diagnostics")
             self._gpu(gpu).silently_bad = True
-        elif fault == "silent":
+        elif fault in ("silent", "power-loss"):  # power-loss: the node of a rack whose feed failed
             self.silent = True
         elif fault == "resume":
             self.silent = False
@@ -323,17 +333,45 @@ class InjectRequest(msgspec.Struct, rename="camel"):
     node_id: str
     fault: str
     gpu: int | None = None
+    rate: float | None = None  # job-killer, slow-death: the failure probability (slow-death: reached after the ramp)
+    ramp_seconds: float | None = None  # slow-death: how long the probability takes to rise from 0 to the rate
 
 
 class InjectReply(msgspec.Struct, rename="camel", omit_defaults=True):
     ok: bool
     message: str
     failing_gpus: list[int] | None = None  # the node's silently bad GPUs after the injection
+    jobs: wire.SimJobFailures | None = None  # how the node kills jobs after the injection
 
 
 # The faults that change what only a validation run can see: `sim inject` records the node's
 # hidden truth for the reference scheduler after each.
-HIDDEN_FAULTS: Final = ("silent-gpu", "clear")
+HIDDEN_FAULTS: Final = ("silent-gpu", "job-killer", "slow-death", "clear")
+JOB_MODELS: Final = ("job-killer", "slow-death")
+SLOW_DEATH_RAMP_S: Final = 3600.0
+
+
+def job_failures(fault: str, rate: float | None, ramp_s: float | None, now: datetime) -> wire.SimJobFailures:
+    """``--fault job-killer [--rate R]`` (R defaults to 1: every job) or ``--fault slow-death
+    [--rate R] [--ramp S]`` (rising from 0 to R, default 1, over S seconds, default an hour)."""
+    chosen = 1.0 if rate is None else rate
+    if not 0.0 <= chosen <= 1.0:
+        raise FaultError(f"--rate must be a probability between 0 and 1 (got {chosen:g})")
+    if fault == "job-killer":
+        if ramp_s is not None:
+            raise FaultError("--ramp is slow-death's: a job-killer fails jobs at its rate at once")
+        return wire.SimJobFailures(model="job-killer", rate=chosen, since=now)
+    ramp = SLOW_DEATH_RAMP_S if ramp_s is None else ramp_s
+    if not (math.isfinite(ramp) and ramp > 0.0):
+        raise FaultError(f"--ramp must be a number of seconds > 0 (got {ramp:g})")
+    return wire.SimJobFailures(model="slow-death", rate=chosen, since=now, ramp_seconds=ramp)
+
+
+def describe_jobs(jobs: wire.SimJobFailures) -> str:
+    if jobs.model == "job-killer":
+        return f"each job it runs fails within seconds with probability {jobs.rate:g}"
+    return (f"the chance a job it runs fails rises from 0 to {jobs.rate:g} over {jobs.ramp_seconds:g}s, "
+            "each failing at its normal end")
 
 
 def inject_subject(cluster: str) -> str:
@@ -390,13 +428,23 @@ def sim_fabric(cluster: str, nvlink_domain_size: int, position: int) -> wire.Gpu
     return wire.GpuFabric(cluster_uuid=str(fabric_uuid), clique_id=1, state="completed")
 
 
+def sim_rack(rack_size: int, position: int) -> dict[str, str]:
+    """DOM-1: the annotations by which the fleet's ``position``-th node tells its rack when every
+    ``rack_size`` nodes in a row share one (r0, r1, …; 0: no rack told), as an agent told its
+    rack at provisioning does."""
+    if rack_size <= 0:
+        return {}
+    return domains.told_annotations({"rack": f"r{position // rack_size}"})
+
+
 class Fleet:
     def __init__(self, count: int, cluster: str = "default", interval_s: int = 30, prefix: str = "sim-",
-                 gpus: int = 8, provisioned: int = 0, nvlink_domain_size: int = 0) -> None:
+                 gpus: int = 8, provisioned: int = 0, nvlink_domain_size: int = 0, rack_size: int = 0) -> None:
         self.cluster = cluster
         self.nodes = {f"{prefix}{i:03d}": SimNode(f"{prefix}{i:03d}", gpus,
                                                   fabric=sim_fabric(cluster, nvlink_domain_size, i))
                       for i in range(count)}
+        self.annotations = {node_id: sim_rack(rack_size, i) for i, node_id in enumerate(self.nodes)}
         self.interval_s = interval_s
         # The last ``provisioned`` nodes stand for instances the control plane created (a
         # cloud pool), the rest for hardware the site owns: deprovision and replace need both.
@@ -407,9 +455,11 @@ class Fleet:
         if node is None:
             return InjectReply(ok=False, message=f"no simulated node {request.node_id!r} in cluster {self.cluster}")
         try:
-            message = node.inject(request.fault, request.gpu, datetime.now(UTC))
+            message = node.inject(request.fault, request.gpu, datetime.now(UTC), rate=request.rate,
+                                  ramp_s=request.ramp_seconds)
             return InjectReply(ok=True, message=message,
-                               failing_gpus=[g.index for g in node.hardware.gpus if g.silently_bad])
+                               failing_gpus=[g.index for g in node.hardware.gpus if g.silently_bad],
+                               jobs=node.hardware.jobs)
         except FaultError as exc:
             return InjectReply(ok=False, message=str(exc))
 
@@ -455,7 +505,8 @@ class Fleet:
         async def node_main(node: SimNode, delay: float) -> None:
             await asyncio.sleep(delay)
             settings = Settings(node_id=node.node_id, cluster=self.cluster, interval_s=self.interval_s,
-                                definition="gpu-pool", provisioned=node.node_id in self.provisioned)
+                                definition="gpu-pool", provisioned=node.node_id in self.provisioned,
+                                annotations=self.annotations[node.node_id])
             remediator = remediators[subjects.remediate(self.cluster, node.node_id)]
 
             async def publish(subject: str, payload: bytes) -> None:

@@ -28,7 +28,7 @@ async def _tell_hardware(nc: Any, args: Any, node: str, reply: InjectReply) -> N
     from healthplane.contracts import subjects
 
     truth = wire.SimHardware(node_id=node, cluster=args.cluster, failing_gpus=reply.failing_gpus or [],
-                             set_at=datetime.now(UTC), actor=who(args).actor)
+                             set_at=datetime.now(UTC), actor=who(args).actor, jobs=reply.jobs)
     try:
         await nc.jetstream().publish(subjects.hardware(args.cluster, node), wire.encode(truth), timeout=5)
     except Exception as exc:
@@ -54,10 +54,20 @@ async def _domain_members(nc: Any, args: Any) -> list[str]:
     return members
 
 
+def rack_size(text: str) -> int:
+    """``--rack-size``: a count of nodes, 0 for none; else one line, exit 2."""
+    from healthplane.client.errors import EXIT_USAGE, CommandFailed
+
+    if not text.isdigit():
+        raise CommandFailed(f"--rack-size: {text!r} is not a number of nodes per rack (1 or more; 0: no racks)",
+                            EXIT_USAGE)
+    return int(text)
+
+
 async def _inject_one(nc: Any, args: Any, node: str) -> InjectReply:
     from healthplane.client.errors import EXIT_RETRY, CommandFailed
 
-    request = InjectRequest(node_id=node, fault=args.fault, gpu=args.gpu)
+    request = InjectRequest(node_id=node, fault=args.fault, gpu=args.gpu, rate=args.rate, ramp_seconds=args.ramp)
     try:
         msg = await nc.request(inject_subject(args.cluster), msgspec.json.encode(request), timeout=5)
     except Exception as exc:
@@ -93,10 +103,10 @@ def run_cli(args: Any) -> int:
             from healthplane_collector.loadgen import LoadFleet
 
             fleet: Any = LoadFleet(args.nodes, args.cluster, args.interval, prefix=args.prefix, gpus=args.gpus,
-                                   in_flight=args.in_flight)
+                                   in_flight=args.in_flight, rack_size=racks)
         else:
             fleet = Fleet(args.nodes, args.cluster, args.interval, gpus=args.gpus, provisioned=args.provisioned,
-                          nvlink_domain_size=args.nvlink_domain_size)
+                          nvlink_domain_size=args.nvlink_domain_size, rack_size=racks)
         log.info("simulated fleet running", nodes=args.nodes, cluster=args.cluster, interval_s=args.interval)
         running = asyncio.create_task(fleet.run(nc, stopping, log))
         try:
@@ -133,4 +143,9 @@ def run_cli(args: Any) -> int:
         from healthplane_collector.sim_work import run_work
 
         return run_work(args)
+    if args.sim_command in ("run", "load"):
+        try:
+            racks = rack_size(args.rack_size)
+        except CommandFailed as exc:
+            return fail(exc)
     return asyncio.run(run_fleet() if args.sim_command in ("run", "load") else inject())

@@ -59,11 +59,14 @@ def jobs_to_submit(args: argparse.Namespace, now: datetime) -> list[wire.Job]:
         raise CommandFailed(f"--retry-attempts must be >= 0 (got {args.retry_attempts})", EXIT_USAGE)
     if args.count < 1:
         raise CommandFailed(f"--count must be at least 1 (got {args.count})", EXIT_USAGE)
-    who = _whoami()
+    if args.user is not None and not 1 <= len(args.user) <= wire.NAME_MAX:
+        raise CommandFailed(f"--user must be 1 to {wire.NAME_MAX} characters (got {len(args.user)})", EXIT_USAGE)
+    who = args.user or _whoami()
     return [wire.Job(id=f"job-{secrets.token_hex(4)}", cluster=args.cluster, steps=args.steps,
                      duration_seconds=args.duration, submitted_at=now, submitted_by=who,
                      retry_on=sorted(set(args.retry_on)), retry_attempts=args.retry_attempts,
-                     restart=args.restart, definition=args.definition)
+                     restart=args.restart, definition=args.definition,
+                     fails_everywhere=args.fails_everywhere)
             for _ in range(args.count)]
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import uuid
 
 from healthplane.contracts import wire
+from healthplane.contracts.automation import AUTOMATION
 from healthplane.contracts.subjects import node_key
 from healthplane.runtime.fold import Inbound, note
 from healthplane_eviction import commands, holds, rules, runs
@@ -28,10 +29,7 @@ def remediate(state: EvictionState, node: Node, command: wire.Command, out: Out)
         out.outcome(command, "refused", f"{node.node_id} is being remediated already "
                     f"({node.climb.rung.action}, step {node.climb.step + 1} of {len(node.climb.rungs)})")
         return
-    policy = state.config.remediation
-    order = sorted(node.faults, key=lambda t: (-rules.SEVERITY_RANK.get(node.faults[t], 0),
-                                                wire.CONDITION_TYPES.index(t) if t in wire.CONDITION_TYPES else 99))
-    ladder = rem.ladder_for(policy.ladders, node.fault_details, [t for t in order if t not in rules.NOT_A_FAULT])
+    ladder = ladder_of(state, node)
     current = status(node)
     if current not in ("READY", "CORDONED"):
         out.outcome(command, "refused", rules.not_drainable(node.node_id, current))
@@ -43,15 +41,46 @@ def remediate(state: EvictionState, node: Node, command: wire.Command, out: Out)
         out.outcome(command, "applied", f"no remediation ladder for the faults of {node.node_id}; {drained}",
                     moved=moved)
         return
-    window = policy.window
-    recent = [at for at in node.remediation_attempts if out.at - at < window]
-    node.climb = remediation.begin(ladder.fault_class, ladder.rungs, tuple(recent))
-    node.climb_ladder, node.climb_actor, node.climb_hold = ladder, command.actor, hold.id
-    node.climb_request = None
     out.outcome(command, "applied", f"remediating {node.node_id} for {wire.condition_title(ladder.condition)}: "
                 f"{ladder.describe()}; {drained}", moved=moved)
+    begin(state, node, ladder, command.actor, hold.id, out)
+
+
+def ladder_of(state: EvictionState, node: Node) -> rem.LadderSpec | None:
+    """The ladder the node's worst fault that has one calls for (configured, else the catalog's)."""
+    order = sorted(node.faults, key=lambda t: (-rules.SEVERITY_RANK.get(node.faults[t], 0),
+                                                wire.CONDITION_TYPES.index(t) if t in wire.CONDITION_TYPES else 99))
+    return rem.ladder_for(state.config.remediation.ladders, node.fault_details,
+                          [t for t in order if t not in rules.NOT_A_FAULT])
+
+
+def begin(state: EvictionState, node: Node, ladder: rem.LadderSpec, actor: str, hold_id: str, out: Out) -> None:
+    """A new episode on a node out of service under ``hold_id`` whose work is leaving: its first
+    step runs once no work is left (here, or when the last allocation ends: ``work``)."""
+    policy = state.config.remediation
+    recent = [at for at in node.remediation_attempts if out.at - at < policy.window]
+    node.climb = remediation.begin(ladder.fault_class, ladder.rungs, tuple(recent))
+    node.climb_ladder, node.climb_actor, node.climb_hold = ladder, actor, hold_id
+    node.climb_request = None
     if not node.running and not node.ending:
-        step_ladder(state, node, remediation.drained(node.climb, out.at, policy.max_attempts, window), out)
+        step_ladder(state, node, remediation.drained(node.climb, out.at, policy.max_attempts, policy.window), out)
+
+
+def after_fault_eviction(state: EvictionState, node: Node, hold_id: str, out: Out) -> None:
+    """XID-2: fault eviction (EVI-5) starts the ladder, as a ``remediate`` command would, under
+    the guardrails the policy path keeps for a node automation already holds: none while the
+    node needs attention or climbs already (one episode at a time), none on a node someone took
+    out of service by hand (theirs, POL-4), and the ladder's own bound of agent steps per node
+    and window (``maxAttemptsPerNode``, shared with every other start). The node is out of
+    service already, whatever the breaker said (EVI-5 acts in every mode), so the ladder takes
+    no capacity the breaker would count: it adds no second budget (docs/remediation.md)."""
+    if node.needs_attention is not None or (node.climb is not None and not node.climb.final):
+        return
+    if node.teardown is not None or any(h.actor not in AUTOMATION for h in node.holds.values()):
+        return
+    ladder = ladder_of(state, node)
+    if ladder is not None:
+        begin(state, node, ladder, SERVICE, hold_id, out)
 
 
 def step_ladder(state: EvictionState, node: Node, moved: tuple[remediation.Climb, remediation.Decision],

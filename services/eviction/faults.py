@@ -29,8 +29,11 @@ def health(state: EvictionState, event: wire.NodeEvent, out: Out) -> None:
         limits = state.config.limits(node.definition)
         if (condition.severity == "critical" and condition.type not in rules.NOT_A_FAULT
                 and rules.fault_class(condition.type) in limits.evict_on_fault_classes and not node.gone):
-            fault_evict(node, condition.type, limits.max_eviction_restarts, out)
-        if condition.type == JOB_FAILURES:
+            hold_id = fault_evict(node, condition.type, limits.max_eviction_restarts, out)
+            climbing.after_fault_eviction(state, node, hold_id, out)
+        if condition.type == JOB_FAILURES and condition.reason == AFTER_VALIDATION:
+            jobs_after_validation(node, out)
+        elif condition.type == JOB_FAILURES:
             validate_on_evidence(state, node, out)
     elif event.type == "RULE_FIRED" and event.rule is not None:
         if event.rule.action == "validate" and event.rule.mode == "act":
@@ -49,6 +52,16 @@ def health(state: EvictionState, event: wire.NodeEvent, out: Out) -> None:
 
 # JOB-3: a node whose jobs fail improbably often is diagnosed before anyone trusts it again.
 JOB_FAILURES = "job_failures_anomalous"
+AFTER_VALIDATION = "JobFailuresAfterValidation"
+
+
+def jobs_after_validation(node: Node, out: Out) -> None:
+    """JOB-3: the node passed its validation and its jobs still fail: the diagnostics found
+    nothing a drain or a ladder could fix, so it stops at NODE_NEEDS_ATTENTION (no hold, no
+    drain: its score keeps new work off it) until a person records service."""
+    if node.needs_attention is None and not node.gone:
+        climbing.needs_attention(node, "job_failures_anomalous: its jobs still fail after a passed validation "
+                                       "(JOB-3)", SERVICE, out)
 
 
 def validate_on_evidence(state: EvictionState, node: Node, out: Out) -> None:
@@ -64,14 +77,17 @@ def validate_on_evidence(state: EvictionState, node: Node, out: Out) -> None:
         runs.start_run(state, node.cluster, rule, [node.node_id], "validate", SERVICE, out)
 
 
-def fault_evict(node: Node, condition_type: str, limit: int, out: Out) -> None:
-    """EVI-5: cordon, then move or fail each step by what it declared, then NODE_EVICTED."""
-    if not any(h.actor == SERVICE and h.effect == "cordon" for h in node.holds.values()):
+def fault_evict(node: Node, condition_type: str, limit: int, out: Out) -> str:
+    """EVI-5: cordon, then move or fail each step by what it declared, then NODE_EVICTED; the id
+    of the fault's cordon hold (placed now, or already there)."""
+    cordon = next((h for h in node.holds.values() if h.actor == SERVICE and h.effect == "cordon"), None)
+    if cordon is None:
         hold = wire.Hold(id=str(uuid.uuid5(HOLD_NAMESPACE, f"{out.stem}:fault")), effect="cordon",
                          reason=rules.fault_phrase(condition_type), actor=SERVICE, created_at=out.at)
         node.holds = {**node.holds, hold.id: hold}
         out.event(node, "HOLD_CREATED", f"cordon hold created: {hold.reason}", SERVICE, hold=hold)
         out.event(node, "NODE_CORDONED", f"cordoned: {hold.reason}", SERVICE)
+        cordon = hold
     moved, failed = holds.release_work(
         node, lambda a: rules.fault_fate(a, limit),
         lambda fate, a: rules.fault_message(node.node_id, condition_type, fate, a.node_fault_restarts),
@@ -79,6 +95,7 @@ def fault_evict(node: Node, condition_type: str, limit: int, out: Out) -> None:
     fault = rules.fault_class(condition_type)
     out.event(node, "NODE_EVICTED", f"{rules.fault_phrase(condition_type)}: {moved} moved, {failed} failed",
               SERVICE, fault_class=fault, moved=moved, failed=failed)
+    return cordon.id
 
 
 def node_gone(state: EvictionState, node: Node, out: Out) -> None:

@@ -25,6 +25,7 @@ class Rule(msgspec.Struct, frozen=True, kw_only=True):
     output_matches: str | None = None
     json_field: str | None = None
     json_equals: Any = None
+    across: str | None = None  # DOM-4: the domain kind the suite runs across (acrossDomain)
 
 
 def rule_of(name: str, suite: Suite) -> Rule:
@@ -32,7 +33,7 @@ def rule_of(name: str, suite: Suite) -> Rule:
     return Rule(suite=wire.ValidationSuite(name=name, command=list(suite.command),
                                            timeout_seconds=suite.timeout_seconds, gpus=suite.gpus),
                 exit_code=when.exit_code, output_matches=when.output_matches, json_field=when.json_field,
-                json_equals=when.json_equals)
+                json_equals=when.json_equals, across=suite.across_domain)
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,10 +20,14 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 def start_run(state: EvictionState, cluster: str, rule: Rule, nodes: list[str],
                purpose: vrules.Purpose, actor: str, out: Out, *, command_id: str | None = None,
                isolating: Isolating | None = None, round_: int | None = None) -> Run:
-    """Append a validation job pinned to ``nodes`` and say so on each node."""
+    """Append a validation job pinned to ``nodes`` and say so on each node. A suite that needs
+    a domain's fabric runs on the whole domain of the node it validates (DOM-4)."""
+    domain = None
+    if purpose != "isolate":  # an isolation's groups are its own (kept_together)
+        nodes, domain = across_domain(state, cluster, rule, nodes)
     run = Run(id=vrules.run_id(out.stem, len(out.emits)), cluster=cluster, rule=rule, nodes=list(nodes),
               purpose=purpose, actor=actor, command_id=command_id,
-              isolating=isolating.key if isolating else None, round=round_)
+              isolating=isolating.key if isolating else None, round=round_, domain=domain)
     state.runs[run.id] = run
     out.job(wire.Job(id=run.id, cluster=cluster, steps=len(nodes), duration_seconds=0, submitted_at=out.at,
                      submitted_by=SERVICE, nodes=list(nodes), validation=rule.suite))
@@ -34,9 +38,35 @@ def start_run(state: EvictionState, cluster: str, rule: Rule, nodes: list[str],
     return run
 
 
+def across_domain(state: EvictionState, cluster: str, rule: Rule, nodes: list[str]) -> tuple[list[str], str | None]:
+    """DOM-4: the nodes a run of ``rule`` covers. A suite that needs its domain's fabric
+    (``acrossDomain: nvlink``, an NCCL all-reduce) runs on every member of the validated nodes'
+    domain of that kind that can take part (VAL-4's exclusions; a member already being validated
+    runs in its own run): the nodes asked for first, then the others in id order, and the domain
+    as ``kind=value``. Nodes in no such domain, or in several, run as they are (None)."""
+    kind = rule.across
+    if kind is None:
+        return nodes, None
+    values = {domain_of(state, cluster, node_id, kind) for node_id in nodes}
+    if len(values) != 1 or None in values:
+        return nodes, None
+    [value] = values
+    asked = set(nodes)
+    others = sorted(node.node_id for node in state.nodes.values()
+                    if node.cluster == cluster and node.node_id not in asked and node.known and not node.gone
+                    and domain_of(state, cluster, node.node_id, kind) == value
+                    and excluded_why(state, cluster, node.node_id, rule) is None and running_on(state, node) is None)
+    return [*nodes, *others], f"{kind}={value}"
+
+
+def domain_of(state: EvictionState, cluster: str, node_id: str, kind: str) -> str | None:
+    node = state.nodes.get(node_key(cluster, node_id))
+    return domains.resolve(node_id, node.hardware_domains if node else {}, state.config.domains).get(kind)
+
+
 def run_record(run: Run, isolating: Isolating | None = None, verdict: Verdict | None = None) -> wire.ValidationRecord:
     return wire.ValidationRecord(
-        suite=run.rule.suite.name, job=run.id, nodes=len(run.nodes), round=run.round,
+        suite=run.rule.suite.name, job=run.id, nodes=len(run.nodes), round=run.round, domain=run.domain,
         isolating=isolating.job_id if isolating else None,
         duration_seconds=round(run.seconds(), 3) if verdict is not None else None,
         reason=verdict.reason if verdict is not None else None)
@@ -230,8 +260,9 @@ def start_isolation(state: EvictionState, seen: SeenJob, rule: Rule, actor: str,
     if not suspects:
         return f"cannot isolate job {seen.job_id}: none of its {len(seen.nodes)} node(s) can be validated", excluded
     policy = state.config.validation
+    kinds = (*policy.isolate_together, *((rule.across,) if rule.across else ()))  # DOM-4: the fabric's
     machine = isolation.start(seen.job_id, suspects, policy.isolate_max_concurrent,
-                              kept_together(state, seen.cluster, suspects))
+                              kept_together(state, seen.cluster, suspects, kinds))
     iso = Isolating(key=job_key(seen.cluster, seen.job_id), cluster=seen.cluster, job_id=seen.job_id, rule=rule,
                     actor=actor, max_concurrent=policy.isolate_max_concurrent, excluded=excluded,
                     command_id=command.id if command else None,
@@ -243,13 +274,15 @@ def start_isolation(state: EvictionState, seen: SeenJob, rule: Rule, actor: str,
     return None
 
 
-def kept_together(state: EvictionState, cluster: str, suspects: list[str]) -> list[tuple[str, ...]]:
-    """DOM-4: the suspects that share a domain of a kind validated as one, group by group."""
+def kept_together(state: EvictionState, cluster: str, suspects: list[str],
+                  kinds: tuple[str, ...] | None = None) -> list[tuple[str, ...]]:
+    """DOM-4: the suspects that share a domain of a kind validated as one (``kinds``; default
+    the config's ``keepTogether``), group by group."""
     groups: dict[tuple[str, str], list[str]] = {}
     for node_id in suspects:
         node = state.nodes.get(node_key(cluster, node_id))
         found = domains.resolve(node_id, node.hardware_domains if node else {}, state.config.domains)
-        for kind in state.config.validation.isolate_together:
+        for kind in state.config.validation.isolate_together if kinds is None else kinds:
             if kind in found:
                 groups.setdefault((kind, found[kind]), []).append(node_id)
     merged: list[set[str]] = []  # two kinds' domains that overlap are one unit

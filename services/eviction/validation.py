@@ -65,6 +65,7 @@ class Run(msgspec.Struct, kw_only=True):
     round: int | None = None
     started: dict[str, datetime] = {}  # node -> when its step started running (VAL-4: not queued)
     results: dict[str, Result] = {}
+    domain: str | None = None  # DOM-4: "kind=value" whose members the run covers (acrossDomain)
 
     @property
     def done(self) -> bool:
@@ -181,6 +182,8 @@ def step_reason(verdict: Verdict, output: str | None) -> str:
 
 def started_message(run: Run) -> str:
     head = f"validation started: suite {run.rule.suite.name} (job {run.id})"
+    if run.domain is not None:
+        head += f" across domain {run.domain}, {len(run.nodes)} node(s)"
     if run.purpose == "gate":
         return head + "; the node returns to service if it passes"
     if run.purpose == "isolate":
@@ -192,8 +195,12 @@ def ended_message(run: Run, verdict: Verdict) -> str:
     seconds = f"{run.seconds():.1f}s"
     if verdict.passed:
         head = f"validation passed: suite {run.rule.suite.name} in {seconds}"
+        if run.domain is not None:
+            return head + f" (across domain {run.domain}, {len(run.nodes)} node(s))"
         return head + (f" (group of {len(run.nodes)})" if len(run.nodes) > 1 else "")
     head = f"validation failed: suite {run.rule.suite.name} after {seconds}: {verdict.reason}"
+    if run.domain is not None:
+        return head + f" (across domain {run.domain}, {len(run.nodes)} node(s): its members share the verdict)"
     if len(run.nodes) > 1:
         return head + f" (group of {len(run.nodes)}: the group is split and validated again)"
     return head

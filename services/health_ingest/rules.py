@@ -620,15 +620,18 @@ VALIDATION_KEY: Final = "validation"
 def validated(state: IngestState, event: wire.NodeEvent) -> tuple[NodeState | None, list[Change]]:
     """VAL-1: a failed validation of this node alone raises ``validation_failed`` (critical),
     held like a sticky fault until a later pass or a service record; a pass clears it. A run
-    over several nodes that failed names none of them (an isolation goes on to find which)."""
+    over several nodes that failed names none of them (an isolation goes on to find which),
+    unless it ran across a domain (DOM-4): then the domain's fabric failed, and every member
+    carries it."""
     node = state.nodes.get(node_key(event.cluster, event.node_id))
     record = event.validation
     if node is None or record is None:
         return node, []
     before = dict(node.conditions)
-    if event.type == "VALIDATION_FAILED" and record.nodes == 1:
+    if event.type == "VALIDATION_FAILED" and (record.nodes == 1 or record.domain is not None):
+        across = f" (across domain {record.domain})" if record.domain is not None else ""
         finding = Finding("validation_failed", "ValidationFailed", "critical",
-                          f"suite {record.suite}: {record.reason or 'failed'}")
+                          f"suite {record.suite}{across}: {record.reason or 'failed'}")
         node.sticky = {**node.sticky, VALIDATION_KEY: Sticky(finding)}
         found = conditions_from([finding], before, event.occurred_at)
         node.conditions = {**before, "validation_failed": found["validation_failed"]}

@@ -27,7 +27,7 @@ from healthplane.contracts import automation, wire
 from healthplane.contracts.config import ClusterConfig, NodeHealth
 from healthplane.contracts.subjects import domain_node_id, domain_of_node_id, node_key
 from healthplane.runtime import heap
-from healthplane_policy import breaker, domains, rulesets
+from healthplane_policy import breaker, domains, evidence, rulesets
 from healthplane_policy.breaker import BreakerSettings, BreakerState
 from healthplane_policy.domains import Domain, FaultSettings, LimitSettings
 from healthplane_policy.rulesets import Applied, RuleExpressionSpec, RuleSetSpec
@@ -72,6 +72,7 @@ class PolicyConfig(msgspec.Struct, frozen=True):
     ladders: tuple[str, ...] = ()  # condition types a remediation ladder is configured for (REM-1)
     domain_limits: dict[str, LimitSettings] = {}  # kind -> its budget (DOM-2)
     domain_faults: dict[str, FaultSettings] = {}  # kind -> its share-in-window rule (DOM-3)
+    validates: bool = False  # a default suite is configured: job evidence is validated before a drain (JOB-3)
 
     def settings_for(self, definition: str | None) -> Settings:
         """A definition's setting replaces the cluster's (POL-1)."""
@@ -117,7 +118,8 @@ def policy_config(config: ClusterConfig, version: int) -> PolicyConfig:
         domain_faults={rule.kind: FaultSettings(kind=rule.kind, share=rule.share, window_s=rule.window_seconds,
                                                 min_members=rule.min_members,
                                                 recover_after_s=rule.recover_after_seconds, action=rule.action)
-                       for rule in health.domain_faults})
+                       for rule in health.domain_faults},
+        validates=config.validation.default_suite is not None)
 
 
 # ---------------------------------------------------------------------------- state
@@ -583,7 +585,8 @@ def _level(score: int, settings: Settings) -> int:
     return 0
 
 
-_EPISODE_TAGS = (("domainLimits", "domain"), ("maxUnavailablePercent", "ceiling"), ("circuit breaker", "breaker"), ("by hand", "manual"),
+_EPISODE_TAGS = (("has a verdict (JOB-3)", "validating"), ("after a passed validation (JOB-3)", "attention"),
+                 ("domainLimits", "domain"), ("maxUnavailablePercent", "ceiling"), ("circuit breaker", "breaker"), ("by hand", "manual"),
                  ("maxReplacementsPerHour", "budget"), ("before replacing", "waiting"),
                  ("replacing once drained", "waiting"), ("waiting for", "waiting"))
 _ATTEMPT = re.compile(r"\(attempt (\d+);")
@@ -637,6 +640,13 @@ def _evaluate(d: _Decision, node: Node) -> None:
         action = "cordon"
     if not node.ready:
         return  # NOT_READY (maintenance, starting): not in service, nothing to take out
+    wait = evidence.job_evidence_wait(((kind, fact.reason, fact.severity) for kind, fact in node.conditions.items()),
+                                      state.config.validates)
+    if wait is not None:
+        # JOB-3: job outcomes alone take no node out before its validation's verdict, nor after a pass.
+        if not any(h.actor not in AUTOMATION for h in node.holds.values()):
+            _conclude(d, node, "POLICY_HALTED", action, evidence.halted_message(wait, action, score))
+        return
     replacing = settings.mode == "replace" and level == 2 and node.provisioned
     if settings.mode in REMEDIATING_MODES and any(c in state.config.ladders for c in node.conditions):
         # REM-1: its fault has a ladder: eviction drains it and climbs the ladder, whose last

@@ -36,6 +36,7 @@ from healthplane_scheduler.rules import (
     allocation_id,
     check_job,
     default_rejection,
+    doom,
     parse_allocation_id,
     pinnable,
     run_seconds,
@@ -99,7 +100,8 @@ class _Index:
         elif step.status == "placed":
             self.to_start[(key, i)] = step.attempt
         elif step.status == "started":
-            finish = step.since + timedelta(seconds=run_seconds(job.job, self.validation_s))
+            doomed = doom(self.state, job, i)
+            finish = step.since + timedelta(seconds=run_seconds(job.job, self.validation_s, doomed))
             heapq.heappush(self.running, (finish, key, i, step.attempt))
 
     def moved(self, key: str, job: JobState, i: int, old: StepState, new: StepState) -> None:
@@ -201,6 +203,10 @@ class SchedulerCore:
                 state.hardware[key] = sorted(set(truth.failing_gpus))
             else:
                 state.hardware.pop(key, None)
+            if truth.jobs is not None:
+                state.killers[key] = truth.jobs
+            else:
+                state.killers.pop(key, None)
         else:
             raise Reject(f"unexpected input {inbound.subject} on {inbound.stream}")
         return Step(state, ())
@@ -349,7 +355,7 @@ class SchedulerCore:
             if job is None or job.steps[i].status != "started" or job.steps[i].attempt != attempt:
                 continue  # ended otherwise (a directive) since it started
             node_id = job.steps[i].node_id or ""
-            ended, details = simulated_end(state, job, node_id, self.validation_s)
+            ended, details = simulated_end(state, job, node_id, self.validation_s, doom(state, job, i))
             emits.append(self._record(job.job, i, attempt, node_id, ended, now, **details))
             emits += self._outcome(job.job, i, attempt, node_id, "completed" if ended == "finished" else "failed",
                                    job.steps[i], now, details.get("reason"))

@@ -7,6 +7,7 @@ the ticks that wrote them reached (REL-1).
 
 from __future__ import annotations
 
+import hashlib
 import math
 import re
 from datetime import datetime
@@ -71,6 +72,7 @@ class SchedulerState(msgspec.Struct, kw_only=True, dict=True):
     drain_below_by_definition: dict[str, int] = {}
     config_version: int = 0
     hardware: dict[str, list[int]] = {}  # node_key -> GPUs a silent fault planted (sim inject silent-gpu)
+    killers: dict[str, wire.SimJobFailures] = {}  # node_key -> how it kills jobs (sim inject job-killer | slow-death)
 
 
 
@@ -135,20 +137,72 @@ def pinnable(node: NodeState) -> bool:
     return node.known and not node.terminated and node.status != "OFFLINE"
 
 
-def run_seconds(job: wire.Job, validation_s: float) -> float:
-    """How long a step runs: what the job declared; a validation run, the simulated diagnostic's
-    time, cut at the suite's timeout."""
+def run_seconds(job: wire.Job, validation_s: float, doomed: Doom | None = None) -> float:
+    """How long a step runs: what the job declared, cut to ``KILLED_AFTER_S`` when it dies at
+    once; a validation run, the simulated diagnostic's time, cut at the suite's timeout."""
     if job.validation is not None:
         return min(validation_s, float(job.validation.timeout_seconds))
+    if doomed is not None and doomed.quick:
+        return min(job.duration_seconds, KILLED_AFTER_S)
     return job.duration_seconds
 
 
-def simulated_end(state: SchedulerState, job: JobState, node_id: str,
-                  validation_s: float) -> tuple[Literal["finished", "failed"], dict[str, Any]]:
+# ---------------------------------------------------------------------------- JOB-2's failure models
+
+KILLED_AFTER_S: Final = 1.0  # a black hole's or a bad application's step dies this soon after its start
+
+
+class Doom(msgspec.Struct, frozen=True):
+    """How a user step ends against its will: ``quick`` within seconds of its start."""
+
+    reason: str
+    quick: bool
+
+
+def draw(alloc_id: str) -> float:
+    """A uniform number in [0, 1) fixed by the allocation's id: the same step decides the same
+    way in every tick and every rebuilt index, with no random state to keep."""
+    digest = hashlib.blake2b(alloc_id.encode(), digest_size=8, person=b"hp-sim-jobs").digest()
+    return int.from_bytes(digest, "big") / 2.0**64
+
+
+def failure_chance(model: wire.SimJobFailures, started_at: datetime) -> float:
+    """The chance a step started at ``started_at`` dies: a job-killer's rate; a slow death's,
+    rising linearly from 0 at the injection to the rate over the ramp, then level."""
+    if model.model == "job-killer":
+        return model.rate
+    elapsed = (started_at - model.since).total_seconds()
+    if elapsed <= 0.0:
+        return 0.0
+    return model.rate * min(1.0, elapsed / model.ramp_seconds) if model.ramp_seconds > 0 else model.rate
+
+
+def doom(state: SchedulerState, job: JobState, i: int) -> Doom | None:
+    """Whether step ``i`` of a user job, started, dies: a bad application's wherever it runs; on
+    a node that kills jobs, by the model's chance at its start (drawn from its allocation id)."""
+    if job.job.validation is not None:
+        return None  # a diagnostic checks the hardware: a node that kills jobs may well pass it
+    step = job.steps[i]
+    if job.job.fails_everywhere:
+        return Doom("exit status 1: the application failed at start (simulated bad application)", quick=True)
+    model = state.killers.get(node_key(job.job.cluster, step.node_id or ""))
+    if model is None or step.status != "started":
+        return None
+    if draw(allocation_id(job.job.id, i, step.attempt)) >= failure_chance(model, step.since):
+        return None
+    if model.model == "job-killer":
+        return Doom(f"killed {KILLED_AFTER_S:g}s after its start on {step.node_id} (simulated job-killer node)",
+                    quick=True)
+    return Doom(f"failed on {step.node_id} (simulated slow death)", quick=False)
+
+
+def simulated_end(state: SchedulerState, job: JobState, node_id: str, validation_s: float,
+                  doomed: Doom | None = None) -> tuple[Literal["finished", "failed"], dict[str, Any]]:
     """How a step of ``job`` on ``node_id`` ends in the simulation: a job that runs on a node
     with a silent bad GPU fails on every node it runs on (a collective hangs for all ranks,
-    and says nothing of which one), also a step that ends after the bad node's did; a
-    validation run reports its exit status and output."""
+    and says nothing of which one), also a step that ends after the bad node's did; a step
+    ``doomed`` (a bad application, a node that kills jobs) fails alone; a validation run
+    reports its exit status and output."""
     bad = sorted(n for n in {s.node_id for s in job.steps if s.status in ACTIVE and s.node_id}
                  if node_key(job.job.cluster, n or "") in state.hardware)
     suite = job.job.validation
@@ -158,6 +212,8 @@ def simulated_end(state: SchedulerState, job: JobState, node_id: str,
         if any(s.status == "failed" and node_key(job.job.cluster, s.node_id or "") in state.hardware
                for s in job.steps):  # a rank died on a bad GPU before: the job ends on every node
             return "failed", {"reason": "NCCL: a peer rank failed (simulated silent GPU fault)"}
+        if doomed is not None:
+            return "failed", {"reason": doomed.reason}
         return "finished", {}
     if validation_s > suite.timeout_seconds:
         return "failed", {"timed_out": True, "exit_code": None,

@@ -128,3 +128,56 @@ async def test_dom2_a_limit_of_2_per_nvlink_domain_halts_the_third_drain_while_t
     assert [(e.node_id, e.message) for e in halted] == [
         ("n2", "drain: score 30; halted: 2 of 4 nodes of domain nvlink=nvl-0 are out of service and one more "
                "would pass domainLimits nvlink maxUnavailable 2")]
+
+
+async def test_dom3_drain_the_domain_drains_every_member_passively_at_once_and_survives_kill_9(
+        nats_server: NatsServer, js: JetStreamContext, tmp_path: Path) -> None:
+    """DOM-3 with "drain the domain" for racks: a rack's power lost (half its members silent
+    within seconds) is one DOMAIN_DEGRADED and a passive drain of every member at once, no
+    per-node drain beside them (a member scoring badly meanwhile is not drained again); a
+    kill -9 of policy in the middle of the episode repeats neither the event nor a drain."""
+    await apply(js, {"mode": "drain", "maxUnavailablePercent": 100,
+                     "domainFaults": [{"kind": "rack", "share": 50, "window": "10m", "minMembers": 4,
+                                       "recoverAfter": "5m", "action": "drain"}]})
+    await register(js, 16)
+    await place(js, 16)  # racks r0 (n0..n7) and r1 (n8..n15)
+    log = tmp_path / "policy.log"
+    rack = [f"n{i}" for i in range(8)]
+    async with policy_service(nats_server, js, log) as first:
+        for i in range(4):  # within seconds of each other: the rack's feed is gone
+            await heartbeat(js, f"n{i}", "CONDITION_RAISED", 1 + i / 60)
+
+        async def every_member_drained() -> bool:
+            return len(await commands(js)) >= len(rack)
+
+        await until(every_member_drained)
+        await degrade(js, "n5", 20, 2)  # already drained with its rack: no drain of its own
+        await degrade(js, "n9", 100, 2, previous=100)  # the other rack: nothing to do
+        await settled(js)
+        first.send_signal(signal.SIGKILL)  # in the middle of the episode
+        first.wait()
+    async with policy_service(nats_server, js, log):
+        await heartbeat(js, "n4", "CONDITION_RAISED", 2.5)  # one more of the rack: the same fault
+        await degrade(js, "n6", 30, 3)
+        for i in range(5):
+            await heartbeat(js, f"n{i}", "CONDITION_CLEARED", 4)  # power back
+        await degrade(js, "n15", 100, 8, previous=100)
+        await settled(js)
+        assert [e.type for e in await domain_events(js)] == ["DOMAIN_DEGRADED"]
+        await degrade(js, "n15", 99, 9.5, previous=100)  # 5.5 minutes below the threshold
+
+        async def recovered() -> bool:
+            return len(await domain_events(js)) >= 2
+
+        await until(recovered)
+        await settled(js)
+    found = await domain_events(js)
+    assert [(e.type, e.node_id) for e in found] == [("DOMAIN_DEGRADED", "domain:rack=r0"),
+                                                    ("DOMAIN_RECOVERED", "domain:rack=r0")]
+    degraded = found[0].domain
+    assert degraded is not None and degraded.action == "drain"
+    assert degraded.failing == ["n0", "n1", "n2", "n3"] and degraded.drained == rack
+    drains = await commands(js)
+    assert sorted((c.node_id, c.verb, c.active, c.actor) for c in drains) == [
+        (node, "drain", False, "policy") for node in sorted(rack)]  # each once: none repeated after the kill
+    assert len({c.id for c in drains}) == len(rack)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -167,3 +168,31 @@ def test_breakfix_over_http_is_the_clis_json(stack: Stack) -> None:
     assert served.json()["figures"] == cli["figures"] and served.json()["events"] == cli["events"]
     bad = stack.get("/api/v1/breakfix", since="a while")
     assert bad.status_code == 400 and "a while" in bad.json()["error"]
+
+
+def test_job4_jobs_impact_over_http_is_the_clis_json_for_a_viewer_too(stack: Stack) -> None:
+    """JOB-4 (issue 43.5): GET /api/v1/jobs/impact through the real server is `healthplane jobs
+    impact -o json` (a failed job of a bad application, `sim submit --fails-everywhere`, with its
+    node); a viewer reads it; another cluster has none; a bad since is a 400 in one line."""
+    submitted = stack.cli("sim", "submit", "--user", "mallory", "--fails-everywhere", "--duration", "1")
+    assert submitted.returncode == 0, submitted.stderr
+    job = submitted.stdout.strip()
+    since = wire.rfc3339(datetime.now(UTC) - timedelta(hours=1))
+
+    def failed() -> dict[str, Any] | None:
+        found = stack.cli_json("jobs", "impact", "--since", since)
+        return found if any(j["jobId"] == job for j in found["jobs"]) else None
+
+    cli = stack.wait_until(failed, 60, f"job {job} failed")
+    served = stack.get("/api/v1/jobs/impact", since=since)
+    assert served.status_code == 200 and served.json() == cli
+    [hit] = [j for j in served.json()["jobs"] if j["jobId"] == job]
+    assert (hit["user"], hit["outcome"], len(hit["nodes"])) == ("mallory", "failed", 1)
+    assert "simulated bad application" in hit["reason"]
+    viewer = stack.get("/api/v1/jobs/impact", role="viewer", since=since, cluster="default")
+    assert viewer.status_code == 200 and viewer.json() == cli
+    assert stack.get("/api/v1/jobs/impact", since=since, cluster="elsewhere").json()["jobs"] == []
+    assert stack.get("/api/v1/jobs/impact", role=None).status_code == 401
+    bad = stack.get("/api/v1/jobs/impact", since="a while")
+    assert bad.status_code == 400
+    assert bad.json() == {"error": "since 'a while' is neither a duration (24h, 30m, 7d) nor an RFC 3339 time"}

@@ -428,3 +428,18 @@ def test_job3_without_a_default_suite_the_evidence_starts_nothing() -> None:
     loop.raise_fault("gpu-00", kind="job_failures_anomalous", message="9 of 10 jobs failed")
     _fired(loop, "gpu-00", "validate")
     assert loop.of("VALIDATION_STARTED") == [] and loop.validation_jobs == []
+
+
+def test_job3_jobs_failing_after_a_passed_validation_stop_the_node_at_needs_attention_without_a_hold() -> None:
+    """JOB-3: JobFailuresAfterValidation is for a person: NODE_NEEDS_ATTENTION once, no
+    validation run, no hold, no drain (its score keeps new work off it)."""
+    loop = Loop(["gpu-00"])
+    for _ in range(2):  # raised again (an escalation): still one NODE_NEEDS_ATTENTION
+        loop.to_eviction("HP_NODE_EVENTS", subjects.event(CLUSTER, "gpu-00", "CONDITION_RAISED"), wire.NodeEvent(
+            id=f"e{loop.seq}", node_id="gpu-00", cluster=CLUSTER, type="CONDITION_RAISED", occurred_at=loop.now,
+            message="", actor="health-ingest", condition=wire.ConditionChange(
+                type="job_failures_anomalous", reason="JobFailuresAfterValidation", severity="critical",
+                message="9 of 10 runs failed; after a passed validation")))
+    [attention] = loop.of("NODE_NEEDS_ATTENTION")
+    assert attention.actor == "eviction" and "its jobs still fail after a passed validation" in attention.message
+    assert loop.of("VALIDATION_STARTED") == [] and loop.of("HOLD_CREATED") == []

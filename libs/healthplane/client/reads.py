@@ -150,14 +150,14 @@ def summarize(rows: Iterable[ListRow], now: datetime) -> dict[str, Any]:
 def summary_of(clusters: Iterable[tuple[str, dict[str, int], int | None]]) -> dict[str, Any]:
     """The summary of per-cluster counts by shown health (lower case) and worst degraded
     score: the one shape whoever counted (``summarize``, the api's kept counts)."""
-    out = []
+    out: list[dict[str, Any]] = []
+    nodes = healthy = 0
     for name, health, worst in sorted(clusters, key=lambda c: c[0]):
         counts = {"healthy": health.get("healthy", 0), "degraded": health.get("degraded", 0),
                   "unknown": health.get("unknown", 0)}
         out.append({"cluster": name, "readable": True, "nodes": sum(counts.values()), "health": counts,
                     "worstScore": worst, "label": cluster_label(counts, worst)})
-    nodes = sum(e["nodes"] for e in out)
-    healthy = sum(e["health"]["healthy"] for e in out)
+        nodes, healthy = nodes + sum(counts.values()), healthy + counts["healthy"]
     return {"clusters": out, "fleet": {"nodes": nodes, "healthy": healthy,
                                        "healthyPercent": _as_number(share_digits(healthy, nodes))}}
 

@@ -394,6 +394,14 @@ class Suite(_Camel):
     timeout_seconds: Annotated[int, Field(ge=1, le=86400)] = 600
     gpus: Annotated[int, Field(ge=0, le=64)] = 0
     pass_when: PassWhen = PassWhen()
+    # DOM-4: a suite that needs a domain's fabric (an NCCL all-reduce across the NVLink domain:
+    # ``acrossDomain: nvlink``) runs on every member of the validated node's domain of that kind.
+    across_domain: str | None = None
+
+    @field_validator("across_domain")
+    @classmethod
+    def _across(cls, value: str | None) -> str | None:
+        return None if value is None else domains_spec.check_kind(value)
 
 
 class IsolationSettings(_Camel):
@@ -574,10 +582,21 @@ class DomainRule(_Camel):
 
 class Domains(_Camel):
     """DOM-1: each node's failure domains where its hardware does not tell them: ``rules`` by
-    node id pattern and ``nodes``, an explicit ``node id -> {kind: value}`` that wins over them."""
+    node id pattern and ``nodes``, an explicit ``node id -> {kind: value}`` that wins over them;
+    ``fromReports``, the kinds a node's own resource report may tell where neither gives one
+    (its agent's ``domain.healthplane.io/KIND`` annotations; the simulator's ``--rack-size``)."""
 
     rules: list[DomainRule] = []
     nodes: dict[Annotated[str, Field(min_length=1, max_length=1024)], dict[str, str]] = {}
+    from_reports: Annotated[list[str], Field(max_length=32)] = []
+
+    @field_validator("from_reports")
+    @classmethod
+    def _reported(cls, value: list[str]) -> list[str]:
+        for kind in value:
+            if domains_spec.check_kind(kind) in domains_spec.HARDWARE_KINDS:
+                raise ValueError(f"kind {kind!r} is told by the hardware, not by a report's annotations")
+        return value
 
     @field_validator("nodes")
     @classmethod
@@ -594,7 +613,8 @@ class Domains(_Camel):
     def spec(self) -> domains_spec.Spec:
         """What the folds keep and resolve with (``healthplane.contracts.domains``)."""
         return domains_spec.Spec(rules=tuple(rule.spec() for rule in self.rules),
-                                 nodes={node: dict(labels) for node, labels in self.nodes.items()})
+                                 nodes={node: dict(labels) for node, labels in self.nodes.items()},
+                                 reported=tuple(self.from_reports))
 
 
 def clamp_nodes_bucket_cap(configured: int) -> int:

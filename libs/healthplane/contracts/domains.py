@@ -18,6 +18,9 @@ site-named kind and works the same way. A node has at most one value per kind.
    fabric registration (state ``completed``, cluster UUID not all zeros) is in the NVLink
    domain :func:`nvlink_domain` names. Hardware without a fabric (PCIe cards, HGX boards
    without multi-node NVLink, NVML's NOT_SUPPORTED) tells nothing, which is not an error.
+   The same report's ``annotations`` may tell the node's other domains as its agent was told
+   them at provisioning (``domain.healthplane.io/rack: r12``, :data:`TOLD_PREFIX`; the
+   simulator's ``--rack-size``), counted only for the kinds the config's ``fromReports`` lists.
 2. *The cluster config* (:class:`Spec`, the config's ``domains:`` section): ``rules`` that map
    node ids by pattern to a value, and ``nodes``, an explicit ``node id -> {kind: value}``.
 
@@ -26,6 +29,8 @@ site-named kind and works the same way. A node has at most one value per kind.
 by hand; the config's ``nvlink`` applies to nodes whose hardware does not tell). Within the
 config, ``nodes`` wins over ``rules``, and among rules the first in the file that matches
 the node and yields a value for a kind gives that kind. Later rules still give other kinds.
+What the node's annotations tell counts last, for a kind the config's ``fromReports`` lists and
+neither gives: by default a report places a node in no rack.
 
 **Patterns.** A rule has exactly one of ``match`` (a glob over the whole node id, as
 ``fnmatch.fnmatchcase``: ``*``, ``?``, ``[seq]``; case-sensitive) or ``regex`` (a Python
@@ -59,6 +64,9 @@ from healthplane.contracts import wire
 WELL_KNOWN_KINDS: Final = ("rack", "nvlink", "switch", "power")
 # Kinds some hardware tells; for these, what the hardware says wins over the config.
 HARDWARE_KINDS: Final = frozenset({"nvlink"})
+# A resource report's annotation ``{TOLD_PREFIX}{kind}`` tells the node's domain of that kind
+# as its agent knows it (any kind but HARDWARE_KINDS); the config wins over it.
+TOLD_PREFIX: Final = "domain.healthplane.io/"
 KIND_PATTERN: Final = r"^[a-z][a-z0-9_-]{0,31}$"
 VALUE_MAX: Final = 256
 ZERO_UUID: Final = "00000000-0000-0000-0000-000000000000"
@@ -104,10 +112,34 @@ def nvlink_of(devices: Iterable[wire.ResourceDevice]) -> str | None:
     return min(found.items(), key=lambda item: (-item[1], item[0]))[0]
 
 
+def told_domains(annotations: Mapping[str, str]) -> dict[str, str]:
+    """The domains a report's annotations tell (:data:`TOLD_PREFIX`); a kind the hardware tells,
+    or a kind or value that cannot be used, tells nothing."""
+    found = {}
+    for key, value in annotations.items():
+        kind = key.removeprefix(TOLD_PREFIX)
+        if kind == key or kind in HARDWARE_KINDS:
+            continue
+        try:
+            found[check_kind(kind)] = check_value(value)
+        except DomainError:
+            continue
+    return found
+
+
+def told_annotations(domains: Mapping[str, str]) -> dict[str, str]:
+    """``domains`` as the annotations that tell them (what an agent, or the simulator, sends)."""
+    return {TOLD_PREFIX + kind: value for kind, value in domains.items()}
+
+
 def hardware_domains(report: wire.ResourceReport) -> dict[str, str]:
-    """What a resource report's hardware tells of the node's domains (``{}``: nothing)."""
+    """What a resource report tells of the node's domains (``{}``: nothing): its hardware's
+    NVLink domain, and what its annotations tell (:func:`told_domains`)."""
+    found = told_domains(report.annotations) if report.annotations else {}
     nvlink = nvlink_of(report.devices)
-    return {"nvlink": nvlink} if nvlink is not None else {}
+    if nvlink is not None:
+        found["nvlink"] = nvlink
+    return found
 
 
 # ---------------------------------------------------------------------------- the config
@@ -127,6 +159,7 @@ class Spec(msgspec.Struct, frozen=True, kw_only=True):
 
     rules: tuple[Rule, ...] = ()
     nodes: dict[str, dict[str, str]] = {}
+    reported: tuple[str, ...] = ()  # fromReports: kinds a node's annotations may tell (TOLD_PREFIX)
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,9 +243,12 @@ class Resolver:
 
     def resolve(self, node_id: str, hardware: Mapping[str, str]) -> dict[str, str]:
         """Every domain of ``node_id``, kinds in name order: the hardware's where it tells a
-        kind it may (:data:`HARDWARE_KINDS`), the config's for the rest."""
+        kind it may (:data:`HARDWARE_KINDS`), the config's for the rest, and what the node's
+        annotations told for a kind neither gives that the config accepts from reports."""
         found = self.configured(node_id)
-        found.update((kind, value) for kind, value in hardware.items() if kind in HARDWARE_KINDS)
+        for kind, value in hardware.items():
+            if kind in HARDWARE_KINDS or (kind in self.spec.reported and kind not in found):
+                found[kind] = value
         return dict(sorted(found.items()))
 
 

@@ -555,7 +555,8 @@ class ValidationRecord(Sparse, frozen=True, kw_only=True):
     """The ``validation`` field of VALIDATION_* events (VAL-1): which suite, which validation
     job, how long it ran (not how long it queued: VAL-4) and why it passed or failed. A run
     over several nodes (``nodes`` > 1, an isolation's group) that fails names no one node:
-    only a single node's failure raises ``validation_failed``."""
+    only a single node's failure raises ``validation_failed`` — or a run across a domain
+    (``domain``, DOM-4: a suite that needs the domain's fabric), whose members share its verdict."""
 
     suite: str
     job: str
@@ -564,6 +565,7 @@ class ValidationRecord(Sparse, frozen=True, kw_only=True):
     nodes: int = 1  # how many nodes the run covered
     isolating: str | None = None  # the failed job an isolation (VAL-3) is looking into
     round: int | None = None  # the isolation's round (1-based)
+    domain: str | None = None  # DOM-4: "kind=value", the domain whose members the run covered
 
 
 class RemediationRecord(Sparse, frozen=True, kw_only=True):
@@ -869,6 +871,9 @@ class Job(Sparse, frozen=True, kw_only=True):
     # as soon as that node has room; it runs ``validation``'s command instead of sleeping.
     nodes: Annotated[list[str], msgspec.Meta(max_length=JOB_NODES_MAX)] | None = None
     validation: ValidationSuite | None = None
+    # ``sim submit --fails-everywhere``: a bad application, whose every step fails within seconds
+    # wherever it runs (the job's fault, never a node's: JOB-2 must blame no node for it).
+    fails_everywhere: bool = False
 
 
 class Directive(Sparse, frozen=True, kw_only=True):
@@ -909,6 +914,21 @@ class ProviderSetting(Sparse, frozen=True, kw_only=True):
     actor: str
 
 
+SimJobModel = Literal["job-killer", "slow-death"]
+
+
+class SimJobFailures(Sparse, frozen=True, kw_only=True):
+    """A simulated node that kills jobs while its counters stay clean (JOB-2's cases): with
+    ``job-killer`` each user step it runs fails with probability ``rate``, within seconds of its
+    start (a black hole); with ``slow-death`` the probability rises linearly from 0 at ``since``
+    to ``rate`` over ``ramp_seconds``, and a step fails at its normal end."""
+
+    model: SimJobModel
+    rate: Annotated[float, msgspec.Meta(ge=0.0, le=1.0)]
+    since: datetime
+    ramp_seconds: Annotated[float, msgspec.Meta(ge=0.0)] = 0.0
+
+
 class SimHardware(Sparse, frozen=True, kw_only=True):
     """``hp.hardware.{cluster}.{node}``: the simulated node's hidden truth, which its reports do
     not show (``sim inject NODE --fault silent-gpu --gpu N``): the reference scheduler fails
@@ -920,6 +940,7 @@ class SimHardware(Sparse, frozen=True, kw_only=True):
     failing_gpus: Annotated[list[int], msgspec.Meta(max_length=GPUS_MAX)]
     set_at: datetime
     actor: str
+    jobs: SimJobFailures | None = None  # `sim inject --fault job-killer | slow-death`
 
 
 # ---------------------------------------------------------------------------- config, snapshots
