@@ -53,6 +53,8 @@ SIGNALS: Final = ("edac", "smart", "ioerr", "kmsg", "mounts", "gpu")
 SIM_GPU_MEMORY_BYTES: Final = 143_771_336_704  # an H200's framebuffer, as NVML reports it
 
 
+NVLINK_FABRIC_XID = 145  # `--fault nvlink-fabric`: NVLink5's fabric Xid, as a domain's fabric failing logs it
+
 class FaultError(ValueError):
     """An injection that names no known fault, signal or GPU."""
 
@@ -247,6 +249,14 @@ class SimNode:
                                          f"NVRM: Xid (PCI:{target.pci_bus_id[:-2]}): {xid}, pid=4242, name=python3"), now)
             if xid == 79:
                 target.lost = True  # fallen off the bus: the GPU signal fails too (COL-8)
+            out_of_band = True
+        elif fault == "nvlink-fabric":
+            # The NVLink fabric of the node's domain failed (NVL72: its switch trays, or the fabric
+            # manager): every GPU, or --gpu N alone, logs NVLink5's Xid 145 (the catalog's decode).
+            for target in [self._gpu(gpu)] if gpu is not None else hw.gpus:
+                tally.add_finding(XidFinding(target.pci_bus_id, NVLINK_FABRIC_XID,
+                                             f"NVRM: Xid (PCI:{target.pci_bus_id[:-2]}): {NVLINK_FABRIC_XID}, "
+                                             "pid=4242, name=python3"), now)
             out_of_band = True
         elif fault in ("ecc-correctable", "ecc-uncorrectable"):
             target, slot = self._gpu(gpu), 0 if fault == "ecc-correctable" else 1

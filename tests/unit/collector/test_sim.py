@@ -46,6 +46,10 @@ async def test_healthy_node_reports_every_signal_ok() -> None:
         ("throttle-thermal", 4, lambda r: r.signals.gpu.devices[4].throttle.thermal),
         ("power-brake", 4, lambda r: r.signals.gpu.devices[4].throttle.power_brake),
         ("collector-failed:smart", None, lambda r: r.signals.smart.status == "failed" and "simulated" in r.signals.smart.reason),
+        # DOM-3's fabric drill: NVLink5's Xid 145 on every GPU of the node, or on --gpu N alone.
+        ("nvlink-fabric", None, lambda r: sorted((x.xid, x.gpu_index) for x in r.signals.kmsg.xid) == [
+            (145, i) for i in range(8)]),
+        ("nvlink-fabric", 3, lambda r: [(x.xid, x.gpu_index) for x in r.signals.kmsg.xid] == [(145, 3)]),
     ],
 )
 async def test_every_fault_shows_up_in_the_report(fault: str, gpu: int | None, check) -> None:  # type: ignore[no-untyped-def]
