@@ -562,8 +562,12 @@ def _on_outcome(d: _Decision, outcome: wire.CommandOutcome) -> None:
     _unindex(d.state, node)
     verb = node.pending.get(outcome.command_id)
     node.pending = heap.without(node.pending, outcome.command_id)
-    if verb in ("drain", "remediate"):
+    if verb == "drain" or (verb == "remediate" and not _automation_holds(node)):
         node.drained = False
+    # A remediate refused while automation holds the node (EVI-5's fault eviction climbing its
+    # ladder already, or a node stopped at NODE_NEEDS_ATTENTION) is eviction's in hand: asked
+    # again at every score change it would only be refused again. It is asked anew once
+    # automation's hold is gone (HOLD_RELEASED resets ``drained``).
     if node.replacing == outcome.command_id:
         node.replacing = None
         node.retry_replace_at = d.now + RETRY_REPLACE_AFTER

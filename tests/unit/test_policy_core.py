@@ -248,6 +248,24 @@ def test_pol4_a_fault_evicted_provisioned_node_is_replaced_not_halted() -> None:
     assert not [e for e in drive.events() if e.type == "POLICY_HALTED"]
 
 
+def test_rem1_evi5_a_remediate_refused_on_a_node_eviction_holds_is_not_asked_again() -> None:
+    """REM-1 with EVI-5 (issue 41): fault eviction cordoned the node and climbs its ladder; the
+    policy's remediate is refused ("being remediated already") and the score changes after
+    it do not ask again — until automation's hold is gone, when a fault still there is."""
+    drive = Driver(config({"mode": "drain", "maxUnavailablePercent": 100}, remediation=LADDERS), *fleet(2),
+                   echo=False)
+    drive.feed(hold("n0", "HOLD_CREATED", "fault-1", "eviction"),
+               condition("n0", "CONDITION_RAISED", "gpu_xid_errors", at(1), severity="critical"),
+               score("n0", 55, 100, at(1)))
+    [first] = drive.commands("remediate")
+    drive.feed(wire.CommandOutcome(command_id=first.id, cluster=first.cluster, node_id="n0", verb="remediate",
+                                   result="refused", message="n0 is being remediated already", decided_at=at(2)))
+    drive.feed(score("n0", 40, 55, at(3)), score("n0", 35, 40, at(4)))
+    assert len(drive.commands("remediate")) == 1
+    drive.feed(hold("n0", "HOLD_RELEASED", "fault-1", "eviction", at(5)), score("n0", 30, 35, at(6)))
+    assert len(drive.commands("remediate")) == 2
+
+
 # ---------------------------------------------------------------------------- POL-6 in the fold
 
 
