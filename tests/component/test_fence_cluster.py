@@ -270,6 +270,35 @@ async def test_ha6_a_superseded_holder_is_refused_by_the_servers_of_a_cluster(cl
         await nc.close()
 
 
+async def test_ha6_a_superseded_holders_snapshot_is_refused_as_lease_lost_on_a_cluster(cluster: NatsCluster) -> None:
+    """HA-3 and HA-6 on three servers: holder A's snapshot after B marked the snapshots stream
+    is refused by the fence and A stops with LeaseLost; every snapshot record after B's mark
+    is bound to it."""
+    nc = await _bus(cluster)
+    js = nc.jetstream()
+    creds = creds_for(cluster, "scorer")
+    nc_a = await connect(cluster.url, name="holder-a", creds=creds, give_up_after=10)
+    nc_b = await connect(cluster.url, name="holder-b", creds=creds, give_up_after=10)
+    a, b = _holder(nc_a, 5), _holder(nc_b, 7)
+    try:
+        await a.start()
+        await a.snapshot()  # A's own, while it holds the mark: stored
+        await b.start()  # B marks every stream it writes, the snapshots too
+        with pytest.raises(LeaseLost):
+            await a.snapshot()
+        await b.snapshot()
+        mark = streams.fence_subject("HP_SNAPSHOTS", SERVICE)
+        assert mark is not None
+        marked_at = (await js.get_last_msg("HP_SNAPSHOTS", mark)).seq or 0
+        after = await read_all(nc, js, "HP_SNAPSHOTS", list(streams.STREAMS_BY_NAME["HP_SNAPSHOTS"].subjects),
+                               start_seq=marked_at + 1)
+        assert after and all((m.headers or {}).get(EXPECT_SEQ) == str(marked_at) for m in after)
+    finally:
+        await nc_a.close()
+        await nc_b.close()
+        await nc.close()
+
+
 async def test_ha6_each_streams_batches_go_one_at_a_time_the_streams_together(cluster: NatsCluster) -> None:
     # HA-6 (Publisher.store_runs on a cluster): a run longer than the server's largest atomic
     # batch is cut into several, a stream's batches go one write after another (another with

@@ -83,6 +83,7 @@ class Lease:
         self._renewed_at: float | None = None  # monotonic, taken before the request was sent
         self.is_leader = False
         self.unanswered = False  # the last round got no answer from the bus
+        self._kv: KeyValue | None = None
 
     def _set(self, leader: bool, *, announce: bool = True) -> None:
         self.is_leader = leader
@@ -100,7 +101,7 @@ class Lease:
         value = self.holder.encode()
         sent_at = time.monotonic()
         try:
-            kv = await self._js.key_value(BUCKET)
+            kv = await self._bucket()
             if self._revision is not None:
                 self._revision = await kv.update(self.name, value, last=self._revision)
             else:
@@ -120,6 +121,14 @@ class Lease:
         self.unanswered = False
         self._set(self._revision is not None)
         return self.is_leader
+
+    async def _bucket(self) -> KeyValue:
+        """The bucket, looked up once: ``js.key_value`` asks the JetStream API for the stream's
+        info, a request that a loaded cluster's API queue may hold for seconds, and a renewal
+        needs none (an update is a plain publish with an expected sequence)."""
+        if self._kv is None:
+            self._kv = await self._js.key_value(BUCKET)
+        return self._kv
 
     async def _take(self, kv: KeyValue, value: bytes) -> int:
         """Create the key; when it holds our own name already, take it over: it is this
@@ -165,7 +174,7 @@ class Lease:
     async def release(self) -> None:
         if self._revision is not None:
             try:
-                kv = await self._js.key_value(BUCKET)
+                kv = await self._bucket()
                 await kv.delete(self.name, last=self._revision)
             except Exception:
                 pass  # it expires with the TTL

@@ -744,6 +744,15 @@ class Processor(Generic[S]):
                 state_json=taken.state_json, previous_slot=self._slot, lease_revisions=taken.lease_revisions,
                 headers=taken.headers)
         except APIError as exc:
+            if taken.headers is not None and exc.err_code == fencing.EXPECTATION_IN_PROCESS:
+                # A cluster storing another write with an expectation on the same mark (this
+                # holder's own claim, made again as its lease was renewed or retaken): not a
+                # verdict. The snapshot in force stands, the next is taken on schedule; a newer
+                # holder, if there is one, is found by the next fenced write (10071 there).
+                if self._log is not None:
+                    self._log.warning("snapshot not stored: the server was storing another write on its mark; "
+                                      "the next is taken on schedule", error=str(exc))
+                return
             if taken.headers is not None and exc.err_code == fencing.WRONG_LAST_SEQUENCE:
                 self._superseded = True
                 raise LeaseLost from exc  # a newer holder marked the stream: its snapshot stands
