@@ -7,7 +7,9 @@ read through the shared pull loop. An event read is held until its delivery is o
 or its attempts spent and a dead letter stored) and only then acked: a crash, a burst or a
 receiver's outage leaves the rest in the consumer, and the stream's retention is the only
 bound. The consumer's ``max_ack_pending`` bounds what one endpoint holds, so a slow or dead
-endpoint lags on its own consumer and never delays another.
+endpoint lags on its own consumer and never delays another. An endpoint that is down stops
+reading and spends no attempts until a probe is answered; deliveries are in stream order per
+node (``Lane``).
 
 nats-server grants consumers by whole name (SEC-8), so the consumers are a fixed set of
 slots (``streams.WEBHOOK_SLOTS``) and each endpoint holds one, recorded in the consumer's
@@ -32,6 +34,7 @@ from collections import deque
 from collections.abc import Callable
 from datetime import datetime
 
+import httpx
 import msgspec
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
@@ -51,6 +54,7 @@ from healthplane_webhook_dispatcher.metrics import (
     CONFIG_VERSION,
     DEAD_LETTERS,
     DELIVERIES,
+    DOWN,
     ENDPOINTS,
     FILTERED,
     HELD,
@@ -65,14 +69,18 @@ from healthplane_webhook_dispatcher.rules import (
     SLOT_OWNER,
     STREAM,
     Endpoint,
+    Reachability,
     Settings,
     after_attempt,
+    after_result,
     assign_slots,
     backoff_delay,
     endpoints_from_config,
     envelope,
     event_type_of_subject,
+    fails_the_endpoint,
     judge,
+    node_key,
     plan_reload,
     retry_after_seconds,
     scrub,
@@ -84,6 +92,7 @@ LEGACY_CONSUMER = "webhook-dispatcher"  # the one durable before INT-2 (streams.
 CONFIG_FOLLOW_S = 1.0  # a config change reaches the endpoints within a second
 LAG_EVERY_S = 5.0  # how often each endpoint's lag is read from its consumer
 MAX_PULL_BATCH = 256
+NodeKey = tuple[str, str]  # cluster, node id: what deliveries are ordered by
 
 
 def consumer_config(endpoint: Endpoint, slot: int, settings: Settings) -> ConsumerConfig:
@@ -118,7 +127,17 @@ class Held:
 
 class Lane:
     """One endpoint: its consumer slot and pull loop, the events it holds, its workers and its
-    connection pool."""
+    connection pool.
+
+    Order per node: the events held wait in a queue per node (stream order), and a node's next
+    event goes out only once the one before it is over (delivered or dead-lettered, retries
+    included); different nodes go concurrently, up to ``concurrency`` at a time, taking turns.
+
+    An outage pauses it (``rules.Reachability``): once an attempt could not connect, or
+    attempts of two different events failed in a row, the endpoint is down. Then the pull loop stops (what is not read waits in
+    the consumer), no event spends attempts, what is held is kept from redelivery with
+    in-progress acks, and one probe at a time goes out on the retry backoff, each with the
+    next event waiting its turn; the first answer resumes everything."""
 
     def __init__(self, ctx: ServiceContext, endpoint: Endpoint, slot: int, settings: Settings, *,
                  rejects: SetAside, clock: Callable[[], float] = time.time,
@@ -134,16 +153,29 @@ class Lane:
         # Its own producer: two endpoints' dead letters of one event are two records.
         self._undelivered = SetAside(ctx.nc, Publisher(ctx.nc), SERVICE, f"{SERVICE}.slot{slot}", ctx.log)
         self.held: dict[int, Held] = {}  # by stream sequence: what the consumer counts as ack pending
-        self._queue: deque[Held] = deque()
-        self._ready = asyncio.Semaphore(0)
+        # Per node, its events not yet out, in stream order; a node is here while one of its
+        # events is held. ``_ready``: the nodes with one waiting and none under way.
+        self._waiting: dict[NodeKey, deque[Held]] = {}
+        self._ready: deque[NodeKey] = deque()
+        self._busy: set[NodeKey] = set()
+        self._wake = asyncio.Semaphore(0)  # one per node in _ready
         self._closing = False
         self._went_idle = asyncio.Event()
-        self.in_flight = 0
+        self.in_flight = 0  # events being carried by a worker (attempt, backoff or parked)
+        self._attempting = 0  # HTTP attempts under way
         self.delivered = 0  # events this endpoint answered 2xx (the metric, for tests and benches)
+        self.reachability = Reachability()
+        self.probes = 0  # probes sent while down (since the last outage began)
+        self._down_since = 0.0
+        self._resumed = asyncio.Event()
+        self._resumed.set()
+        self._parked: deque[asyncio.Future[bool]] = deque()  # workers waiting, while down: True is a probe turn
+        self._next_result: asyncio.Future[None] | None = None  # resolved at the end of the next attempt
+        self._probe_over = asyncio.Event()
+        self._probe_retry_after: float | None = None
+        self._probing: asyncio.Task[None] | None = None
         self.sender = EndpointSender(endpoint.url, settings)
-        self.loop = PullLoop(ctx.nc, STREAM, self.consumer, self.handle, service=SERVICE,
-                             batch=min(MAX_PULL_BATCH, settings.queue_size), log=self._log,
-                             recreate=self.ensure_consumer)
+        self.loop = self._pull_loop()
         self.task: asyncio.Task[None] | None = None
         self._workers: list[asyncio.Task[None]] = []
         label = endpoint.label
@@ -151,14 +183,32 @@ class Lane:
         self._latency = LATENCY.labels(label)
         self._filtered = FILTERED.labels(label)
         HELD.labels(label).set_function(lambda: len(self.held))
+        DOWN.labels(label).set_function(lambda: 1 if self.reachability.down else 0)
+
+    def _pull_loop(self) -> PullLoop:
+        return PullLoop(self._nc, STREAM, self.consumer, self.handle, service=SERVICE,
+                        batch=min(MAX_PULL_BATCH, self._settings.queue_size), log=self._log,
+                        recreate=self.ensure_consumer)
 
     async def ensure_consumer(self) -> None:
         await consumers.ensure(self._js, STREAM, consumer_config(self.endpoint, self.slot, self._settings))
 
     def start(self) -> asyncio.Task[None]:
         self._workers = [asyncio.create_task(self._work()) for _ in range(self._settings.concurrency)]
-        self.task = asyncio.create_task(self.loop.run())
+        self.task = asyncio.create_task(self._read())
         return self.task
+
+    async def _read(self) -> None:
+        """The pull loop while the endpoint is up; none while it is down (a new one on resume:
+        the server drops the pull requests of an inbox nobody listens on)."""
+        while True:
+            await self.loop.run()  # returns once stopped; raises if the connection is gone
+            if self._closing:
+                return
+            await self._resumed.wait()
+            if self._closing:
+                return
+            self.loop = self._pull_loop()
 
     def update(self, endpoint: Endpoint) -> None:
         """Same label, new settings: from the next attempt on. A new URL gets a new pool; the
@@ -173,15 +223,15 @@ class Lane:
     # ------------------------------------------------------------------ events in
 
     async def handle(self, batch: list[Delivery]) -> None:
-        """Hold each event this endpoint wants (the pull loop leaves it unsettled) and hand
-        it to the workers; ack at once what it does not want. Never waits on a receiver."""
+        """Hold each event this endpoint wants (the pull loop leaves it unsettled) and queue
+        it behind its node's; ack at once what it does not want. Never waits on a receiver."""
         endpoint = self.endpoint
         for delivery in batch:
             seq = delivery.stream_seq
             already = self.held.get(seq)
             if already is not None:
                 # Sent again by the server (held past ack_wait, waiting behind a slow receiver):
-                # still ours, acked through its newest delivery once it is over.
+                # still ours, in its place, acked through its newest delivery once it is over.
                 already.reply = delivery.msg.reply
                 delivery.hold()
                 continue
@@ -206,8 +256,16 @@ class Lane:
         metrics.MESSAGES_PROCESSED.labels(SERVICE, STREAM).inc(len(batch))
 
     def _offer(self, held: Held) -> None:
-        self._queue.append(held)
-        self._ready.release()
+        """Behind the node's earlier events; a node new here is ready at once (one already
+        here is ready, or its event under way readies it when over)."""
+        key = node_key(held.event)
+        waiting = self._waiting.get(key)
+        if waiting is None:
+            self._waiting[key] = deque((held,))
+            self._ready.append(key)
+            self._wake.release()
+        else:
+            waiting.append(held)
 
     def replay(self, letters: list[deadletters.DeadLetter]) -> int:
         """Queue dead letters of this endpoint for delivery again; the count of those queued
@@ -230,15 +288,25 @@ class Lane:
 
     async def _work(self) -> None:
         while True:
-            await self._ready.acquire()
-            if self._closing or not self._queue:
+            await self._wake.acquire()
+            if self._closing or not self._ready:
                 continue
-            held = self._queue.popleft()
+            key = self._ready.popleft()
+            waiting = self._waiting[key]
+            held = waiting.popleft()
+            self._busy.add(key)
             self.in_flight += 1
             try:
                 await self._carry(held)
             finally:
                 self.in_flight -= 1
+                self._busy.discard(key)
+                if self._waiting.get(key) is waiting:
+                    if waiting:  # its next event, behind the nodes that waited meanwhile
+                        self._ready.append(key)
+                        self._wake.release()
+                    else:
+                        del self._waiting[key]
                 if self.in_flight == 0:
                     self._went_idle.set()
 
@@ -259,19 +327,152 @@ class Lane:
 
     async def _deliver(self, held: Held) -> tuple[str, int, str]:
         """WEB-3/WEB-4: every attempt signed afresh with the same event id; retried with
-        backoff up to ``maxAttempts``; 2xx ends it, a 4xx other than 408/429 too."""
-        attempt = 0
+        backoff up to ``maxAttempts``; 2xx ends it, a 4xx other than 408/429 too.
+
+        INT-2: an attempt counts against the event only while the endpoint is up, before and
+        after it; while it is down the event waits (or is sent as the probe) and spends none.
+        Its attempts are spent only when the endpoint is seen to work meanwhile (or nothing
+        else is under way to tell): a failure that turns out to be an outage keeps it."""
+        attempts = 0
         while True:
-            attempt += 1
+            probe = False
+            if self.reachability.down:
+                probe = await self._wait_while_down()
             endpoint = self.endpoint  # a reload may change secret or maxAttempts meanwhile
-            status, detail, retry_after = await self._attempt(endpoint, held)
-            verdict = after_attempt(status, attempt, endpoint.max_attempts)
-            if verdict != "retry":
-                return verdict, attempt, detail
-            await asyncio.sleep(backoff_delay(attempt, self._draw(), base_s=self._settings.backoff_base_s,
+            answers_before = self.reachability.answers
+            self._attempting += 1
+            try:
+                status, detail, retry_after, connected = await self._attempt(endpoint, held)
+            finally:
+                self._attempting -= 1
+            was = self.reachability
+            self._judged(held, status, detail, retry_after, connected)
+            if probe:
+                self._probe_retry_after = retry_after
+                self._probe_over.set()
+            counted = not was.down and not self.reachability.down
+            if counted:
+                attempts += 1
+            elif status is not None and not fails_the_endpoint(status):
+                attempts += 1  # an answer (2xx, a refusal) ends the event whatever the endpoint was
+            verdict = after_attempt(status, max(attempts, 1), endpoint.max_attempts)
+            if verdict in ("delivered", "rejected"):
+                return verdict, attempts, detail
+            if not counted:
+                continue  # the endpoint is down: wait for it, spending nothing
+            if verdict == "max_attempts":
+                if await self._endpoint_works(answers_before):
+                    return verdict, attempts, detail
+                attempts -= 1  # that failure was the outage's: it gets one more once it is over
+                continue
+            await asyncio.sleep(backoff_delay(attempts, self._draw(), base_s=self._settings.backoff_base_s,
                                               cap_s=self._settings.backoff_cap_s, retry_after_s=retry_after))
 
-    async def _attempt(self, endpoint: Endpoint, held: Held) -> tuple[int | None, str, float | None]:
+    async def _endpoint_works(self, answers_before: int) -> bool:
+        """Whether the endpoint is known to work while an event's last attempt failed: it
+        answered some other attempt since that one began (true), or other attempts under way
+        fail too and put it down (false); with nothing else under way, there is nothing to
+        tell an outage by and the event is judged on its own (true)."""
+        while True:
+            if self.reachability.down:
+                return False
+            if self.reachability.answers > answers_before or not self._attempting:
+                return True
+            if self._next_result is None:
+                self._next_result = asyncio.get_running_loop().create_future()
+            await asyncio.shield(self._next_result)
+
+    def _judged(self, held: Held, status: int | None, detail: str, retry_after: float | None,
+                connected: bool) -> None:
+        """The endpoint's reachability after an attempt's result; going down or coming up."""
+        was = self.reachability
+        now = self.reachability = after_result(was, held.seq, status, connected=connected)
+        if now.down and not was.down:
+            self._went_down(detail, retry_after)
+        elif was.down and not now.down:
+            self._came_up(detail)
+        if self._next_result is not None:
+            self._next_result.set_result(None)
+            self._next_result = None
+
+    def _went_down(self, detail: str, retry_after: float | None) -> None:
+        self._down_since = time.monotonic()
+        self.probes = 0
+        self._probe_retry_after = retry_after
+        self._resumed.clear()
+        self.loop.stop()
+        self._log.warning("webhook endpoint down; deliveries paused", last_result=detail, held=len(self.held))
+        if self._probing is not None:
+            self._probing.cancel()
+        self._probing = asyncio.create_task(self._probe())
+
+    def _came_up(self, detail: str) -> None:
+        self._log.info("webhook endpoint back; deliveries resumed", last_result=detail, probes=self.probes,
+                       down_for_s=round(time.monotonic() - self._down_since, 1), held=len(self.held))
+        self._resumed.set()
+        self._probe_over.set()
+        while self._parked:
+            turn = self._parked.popleft()
+            if not turn.done():
+                turn.set_result(False)
+
+    async def _wait_while_down(self) -> bool:
+        """Park until the endpoint is up (False) or this event is the next probe (True)."""
+        turn: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self._parked.append(turn)
+        try:
+            return await turn
+        finally:
+            if not turn.done():
+                turn.cancel()
+
+    async def _probe(self) -> None:
+        """While the endpoint is down: keep what is held from redelivery (in-progress acks,
+        every third of the ack wait) and send one probe at a time, the parked events taking
+        turns, each after the retry backoff (a ``Retry-After`` honoured up to its cap)."""
+        keep_alive = asyncio.create_task(self._keep_held())
+        try:
+            while self.reachability.down and not self._closing:
+                self.probes += 1
+                await asyncio.sleep(backoff_delay(self.probes, self._draw(), base_s=self._settings.backoff_base_s,
+                                                  cap_s=self._settings.backoff_cap_s,
+                                                  retry_after_s=self._probe_retry_after))
+                turn = None
+                while self.reachability.down and turn is None:
+                    while self._parked and turn is None:
+                        candidate = self._parked.popleft()
+                        turn = None if candidate.done() else candidate
+                    if turn is None:
+                        if not self.in_flight and not self._ready:  # nothing to probe with or wait for
+                            self._judged_empty()
+                            return
+                        await asyncio.sleep(self._settings.backoff_base_s)
+                if turn is None:
+                    return
+                self._probe_over.clear()
+                self._probe_retry_after = None
+                turn.set_result(True)
+                await self._probe_over.wait()
+        finally:
+            keep_alive.cancel()
+
+    def _judged_empty(self) -> None:
+        self.reachability = Reachability(answers=self.reachability.answers)
+        self._came_up("nothing held")
+
+    async def _keep_held(self) -> None:
+        every_s = self._settings.ack_wait_s / 3
+        while True:
+            for held in list(self.held.values()):
+                if held.reply is not None and self._nc.is_connected:
+                    try:
+                        await self._nc.publish(held.reply, b"+WPI")
+                    except Exception:  # the bus away: it comes back by redelivery, kept once
+                        break
+            await asyncio.sleep(every_s)
+
+    async def _attempt(self, endpoint: Endpoint, held: Held) -> tuple[int | None, str, float | None, bool]:
+        """(status or None, what to log, ``Retry-After`` seconds, whether it connected)."""
         body = held.body()
         headers = signature_headers(endpoint.secret, held.event.id, int(self._clock()), body)
         headers["Content-Type"] = CONTENT_TYPE
@@ -283,7 +484,8 @@ class Lane:
             # attempt, retried like the others; a worker never dies of a receiver.
             self._latency.observe(time.perf_counter() - started)
             DELIVERIES.labels(endpoint.label, "error").inc()
-            return None, scrub(f"{type(exc).__name__}: {exc}".rstrip(": "), endpoint), None
+            connected = not isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout)  # refused, unreachable, TLS
+            return None, scrub(f"{type(exc).__name__}: {exc}".rstrip(": "), endpoint), None, connected
         self._latency.observe(time.perf_counter() - started)
         verdict = judge(status)
         if verdict == "delivered":
@@ -291,7 +493,7 @@ class Lane:
             self._delivered.inc()
         else:
             DELIVERIES.labels(endpoint.label, "rejected" if verdict == "rejected" else "failed").inc()
-        return status, f"HTTP {status}", retry_after_seconds(retry_after)
+        return status, f"HTTP {status}", retry_after_seconds(retry_after), True
 
     async def _give_up(self, held: Held, reason: str, attempts: int, detail: str) -> None:
         """INT-2: attempts spent (or a 4xx): a dead letter with the endpoint and the last
@@ -312,15 +514,20 @@ class Lane:
     # ------------------------------------------------------------------ lifecycle
 
     async def close(self, grace_s: float, *, give_back: bool = True) -> None:
-        """Stop reading; give the deliveries under way ``grace_s`` to end; then hand back
-        (nak) everything still held, so that the next holder of the consumer sends it at once
-        rather than after ack_wait. Nothing is lost either way: it was never acked."""
+        """Stop reading; give the deliveries under way ``grace_s`` to end (none while the
+        endpoint is down: they wait for it); then hand back (nak) everything still held, in
+        the order it was read, so that the next holder of the consumer sends it at once and in
+        order rather than after ack_wait. Nothing is lost either way: it was never acked."""
         self._closing = True
         self.loop.stop()
+        self._resumed.set()
         if self.task is not None:
             await asyncio.gather(self.task, return_exceptions=True)
+        if self._probing is not None:
+            self._probing.cancel()
+            await asyncio.gather(self._probing, return_exceptions=True)
         self._went_idle.clear()
-        if self.in_flight and grace_s > 0:
+        if self.in_flight and grace_s > 0 and not self.reachability.down:
             try:
                 await asyncio.wait_for(self._went_idle.wait(), grace_s)
             except TimeoutError:
@@ -333,7 +540,9 @@ class Lane:
                 if held.reply is not None:
                     await self._nc.publish(held.reply, b"-NAK")
         self.held.clear()
-        self._queue.clear()
+        self._waiting.clear()
+        self._ready.clear()
+        self._busy.clear()
         await self.sender.aclose()
 
 

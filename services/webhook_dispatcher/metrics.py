@@ -44,13 +44,20 @@ LAG = Gauge(
     "not settled (its consumer's pending plus ack pending; INT-2)",
     ["endpoint"],
 )
+DOWN = Gauge(
+    "healthplane_webhook_endpoint_down",
+    "1 while this endpoint is down (attempts of two different events failed in a row and no "
+    "answer since): its deliveries paused, its events held without spending attempts, one "
+    "probe at a time (INT-2)",
+    ["endpoint"],
+)
 ENDPOINTS = Gauge("healthplane_webhook_endpoints", "Webhook endpoints in force")
 CONFIG_VERSION = Gauge("healthplane_webhook_config_version", "Version of the cluster config in force")
 
 
 def forget(label: str) -> None:
     """An endpoint gone: its gauges go too (its counters stay, as counters do)."""
-    for gauge in (HELD, LAG):
+    for gauge in (HELD, LAG, DOWN):
         try:
             gauge.remove(label)
         except KeyError:

@@ -1,6 +1,7 @@
 """Pure rules of the webhook dispatcher: which endpoints want an event, the CloudEvent
 envelope, how an HTTP answer is judged and what follows it, how long to wait before a retry,
-and the bounded queue in front of each endpoint. No I/O, no clock, no randomness: times and
+when an endpoint is down (``Reachability``: paused and probed, INT-2) and what deliveries are
+ordered by (the event's node). No I/O, no clock, no randomness: times and
 random draws arrive as arguments (docs/webhooks.md explains the behaviour to operators).
 
 Rules and no ``fold.py``: the dispatcher folds no input into state. Each endpoint's durable
@@ -330,6 +331,56 @@ def after_attempt(status: int | None, attempt: int, max_attempts: int) -> Next:
     if verdict == "retry" and attempt >= max_attempts:
         return "max_attempts"
     return verdict
+
+
+# ---------------------------------------------------------------------------- outage
+
+
+# Attempts of this many different events failing in a row put an endpoint down: one event
+# failing alone may be that event (a payload the receiver chokes on), two cannot both be.
+OUTAGE_EVENTS: Final = 2
+
+
+def fails_the_endpoint(status: int | None) -> bool:
+    """Whether an attempt's result speaks against the endpoint rather than the event: no HTTP
+    answer at all (refused, reset, past its deadline, not HTTP) or a status that is retried
+    (5xx, 408, 429, 3xx). A 2xx, or a 4xx refusing that payload, is an answer: the endpoint
+    works."""
+    return status is None or judge(status) == "retry"
+
+
+@dataclass(frozen=True, slots=True)
+class Reachability:
+    """INT-2: whether an endpoint is down, from its attempts' results in the order they end.
+
+    The endpoint is down once an attempt could not connect to it at all (nothing reached the
+    receiver, so it cannot be about the event), or once attempts of ``OUTAGE_EVENTS``
+    different events failed it in a row (:func:`fails_the_endpoint`); it is up again at its
+    next answer, a 2xx or a refusing 4xx (a probe's, or an attempt's that was under way).
+    ``failing`` holds the events (stream sequences) whose attempts failed it since its last
+    answer (at most ``OUTAGE_EVENTS``); ``answers`` counts the answers so far, so that a
+    caller can tell whether it answered since a moment it noted."""
+
+    down: bool = False
+    failing: frozenset[int] = frozenset()
+    answers: int = 0
+
+
+def after_result(state: Reachability, event: int, status: int | None, *, connected: bool = True) -> Reachability:
+    """The endpoint's reachability once an attempt for ``event`` ended with ``status`` (None:
+    no HTTP answer; ``connected`` False: not even a connection)."""
+    if not fails_the_endpoint(status):
+        return Reachability(down=False, failing=frozenset(), answers=state.answers + 1)
+    if state.down or (connected and event in state.failing):
+        return state
+    failing = state.failing | {event}
+    return Reachability(down=not connected or len(failing) >= OUTAGE_EVENTS, failing=failing,
+                        answers=state.answers)
+
+
+def node_key(event: wire.NodeEvent) -> tuple[str, str]:
+    """What deliveries are ordered by: the event's node (in its cluster)."""
+    return event.cluster, event.node_id
 
 
 def retry_after_seconds(value: str | None) -> float | None:

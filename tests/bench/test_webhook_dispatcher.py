@@ -55,6 +55,13 @@ BURST_EVENTS = 100_000
 CONCURRENCY = Settings().concurrency
 
 
+@pytest.fixture(autouse=True)
+def _endpoint_secret(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The endpoint's secretEnv, in this process's environment (the in-process dispatcher's)
+    and so in the environment of the dispatcher process it starts."""
+    monkeypatch.setenv("HP_BENCH_WEBHOOK_SECRET", SECRET)
+
+
 @contextmanager
 def receiver_process() -> Iterator[str]:
     """The receiver in its own process, so its CPU is not the dispatcher's."""

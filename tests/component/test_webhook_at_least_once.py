@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -33,7 +34,7 @@ from tests.component.test_webhook_dispatcher import (
     until,
 )
 from tests.support.secure import creds_for, env_for
-from tests.support.webhook_receiver import Received
+from tests.support.webhook_receiver import Received, Receiver
 
 pytestmark = pytest.mark.nats
 
@@ -136,7 +137,8 @@ async def test_int2_stopped_mid_burst_hands_back_what_it_held(
     await apply_hooks(js, {"url": receiver.url, "secret": SECRET})
     settings = Settings(queue_size=64, concurrency=2, timeout_s=2.0, drain_s=0.0)
     first = await start_dispatcher(settings)
-    events = [node_event() for _ in range(200)]
+    # Of 20 nodes: one node's events go one at a time (its order), 50 ms each.
+    events = [node_event(node_id=f"cn-{i % 20:02d}") for i in range(200)]
     await publish(js, *events)
     await receiver.wait_for(10)
     [lane] = first.dispatcher.lanes.values()
@@ -179,13 +181,14 @@ async def test_int2_an_event_held_past_ack_wait_is_kept_once_not_delivered_twice
 # ---------------------------------------------------------------------------- INT-2: dead letters, replay
 
 
-async def test_int2_receiver_down_past_its_attempts_then_webhooks_replay_delivers(
+async def test_int2_refused_events_are_dead_letters_that_webhooks_replay_delivers(
         nats_server: NatsServer, nc: NATS, js: JetStreamContext, start_dispatcher: Any, receivers: Any) -> None:
-    """INT-2: a receiver down for longer than the attempts: each event becomes a dead letter
-    with the endpoint and the last answer (and is acked); once the receiver is back,
+    """INT-2: a receiver that answers but refuses the events (422: a bug on its side, not an
+    outage: it answers, so the endpoint is up): each event becomes a dead letter with the
+    endpoint and the last answer (and is acked); once the receiver is fixed,
     `healthplane webhooks replay ENDPOINT --since 1h` delivers them, same ids, signed afresh."""
-    down = True
-    receiver = await receivers(answer=lambda _: 503 if down else 204)
+    broken = True
+    receiver = await receivers(answer=lambda _: 422 if broken else 204)
     other = await receivers()
     await apply_hooks(js, {"url": receiver.url, "secret": SECRET, "maxAttempts": 2},
                       {"url": other.url, "secret": SECRET})
@@ -193,11 +196,11 @@ async def test_int2_receiver_down_past_its_attempts_then_webhooks_replay_deliver
     events = [node_event(node_id=f"cn-{i:02d}") for i in range(20)]
     await publish(js, *events)
     label = endpoint_label(receiver.url)
-    await until(lambda: sample("healthplane_webhook_dead_letters_total", endpoint=label, reason="max_attempts") == 20)
+    await until(lambda: sample("healthplane_webhook_dead_letters_total", endpoint=label, reason="rejected") == 20)
     await other.wait_for(20)
     letters = [d for d in await deadletters.read(nc, js, "webhook-dispatcher") if d.endpoint == label]
     assert sorted(wire.decode(wire.NodeEvent, d.payload).id for d in letters) == sorted(e.id for e in events)
-    assert {d.reason for d in letters} == {"undelivered"} and all("HTTP 503" in d.error for d in letters)
+    assert {d.reason for d in letters} == {"undelivered"} and all("HTTP 422" in d.error for d in letters)
     lane = running.dispatcher.lanes[label]
     async with asyncio.timeout(10):  # each acked once its dead letter is stored
         while (info := await js.consumer_info(STREAM, lane.consumer)).num_ack_pending:
@@ -218,7 +221,7 @@ async def test_int2_receiver_down_past_its_attempts_then_webhooks_replay_deliver
     code, _, err = await cli(nats_server, "webhooks", "replay", label, "--since", "1h",
                              creds=creds_for(nats_server, "viewer", "victor"))
     assert code == 1 and "permission denied" in err and len(err.strip().splitlines()) == 1
-    down = False
+    broken = False
     before = len(receiver.received)
     code, out, err = await cli(nats_server, "webhooks", "replay", label, "--since", "1h")
     assert code == 0, err
@@ -232,6 +235,160 @@ async def test_int2_receiver_down_past_its_attempts_then_webhooks_replay_deliver
 
     code, _, err = await cli(nats_server, "webhooks", "replay", "http://127.0.0.1:1/nowhere", "--since", "1h")
     assert code == 1 and "no webhook endpoint http://127.0.0.1:1/nowhere in force" in err
+
+
+# ---------------------------------------------------------------------------- INT-2: an outage lags, never loses
+
+# The outage the test plays: a minute by default, the issue's ten with
+# HEALTHPLANE_TEST_WEBHOOK_OUTAGE_SECONDS=600.
+OUTAGE_S = float(os.environ.get("HEALTHPLANE_TEST_WEBHOOK_OUTAGE_SECONDS", "60"))
+OUTAGE_SETTINGS = Settings(queue_size=512, concurrency=8, timeout_s=2.0, connect_timeout_s=1.0,
+                           backoff_base_s=0.05, backoff_cap_s=1.0, ack_wait_s=2.0, drain_s=0.5)
+
+
+def in_order_per_node(accepted: list[str], seq_of: dict[str, int], node_of: dict[str, str]) -> dict[str, list[int]]:
+    """The stream sequences each node's events were accepted in."""
+    by_node: dict[str, list[int]] = {}
+    for event_id in accepted:
+        by_node.setdefault(node_of[event_id], []).append(seq_of[event_id])
+    return by_node
+
+
+async def test_int2_a_receiver_down_longer_than_its_attempts_lags_then_gets_every_event_in_order_per_node(
+        nc: NATS, js: JetStreamContext, start_dispatcher: Any, receivers: Any) -> None:
+    """INT-2 (issue 45: "a receiver down for 10 minutes then back: every event delivered, in
+    order per node"). The receiver answers 503 for the first half of the outage and is gone
+    (connection refused) for the second, far longer than maxAttempts x the backoff (~0.15 s);
+    events of several nodes are published all through it. The endpoint is down: the
+    dispatcher stops reading its consumer (the backlog grows there, and in the lag metric),
+    holds what it read without spending attempts or letting the server send it again (the
+    ack wait is 2 s), and probes one at a time. Back, it gets every event, none dead-lettered,
+    each node's in stream order."""
+    down = True
+    accepted: list[str] = []
+
+    def answer(received: Received) -> int:
+        if down:
+            return 503
+        accepted.append(received.event_id)
+        return 204
+
+    receiver: Receiver = await receivers(answer=answer)
+    port = int(receiver.url.split(":")[2].split("/")[0])
+    await apply_hooks(js, {"url": receiver.url, "secret": SECRET, "maxAttempts": 3})
+    running = await start_dispatcher(OUTAGE_SETTINGS)
+    label = endpoint_label(receiver.url)
+    [lane] = running.dispatcher.lanes.values()
+    nodes = [f"cn-{n:02d}" for n in range(12)]
+    seq_of: dict[str, int] = {}
+    node_of: dict[str, str] = {}
+
+    async def round_of_events(count_per_node: int) -> None:
+        for _ in range(count_per_node):
+            for node in nodes:
+                event = node_event("CONDITION_RAISED", node_id=node)
+                ack = await js.publish(subjects.event(event.cluster, node, event.type), wire.encode(event))
+                seq_of[event.id], node_of[event.id] = ack.seq, node
+
+    started = time.monotonic()
+    await round_of_events(3)
+    await until(lambda: sample("healthplane_webhook_endpoint_down", endpoint=label) == 1)
+    await asyncio.sleep(0.5)  # the batch in hand when it went down is held too
+    held_when_down = len(lane.held)
+    assert 0 < held_when_down <= len(seq_of)
+    rounds = 10
+    refused_at = started + OUTAGE_S / 2
+    for n in range(rounds):
+        await asyncio.sleep(max(0.0, started + (n + 1) * OUTAGE_S / (rounds + 1) - time.monotonic()))
+        if time.monotonic() >= refused_at and receiver._server is not None:
+            await receiver.close()  # gone: connections refused
+            receiver._server = None
+        await round_of_events(1)
+        # Paused: nothing more is read; the backlog is the consumer's, and nothing is spent.
+        assert len(lane.held) == held_when_down
+        assert sample("healthplane_webhook_endpoint_down", endpoint=label) == 1
+    await asyncio.sleep(max(0.0, started + OUTAGE_S - time.monotonic()))
+    info = await js.consumer_info(STREAM, lane.consumer)
+    assert info.num_pending >= 12 * rounds and info.num_ack_pending + info.num_pending == len(seq_of)
+    assert info.num_redelivered == 0  # kept from redelivery by in-progress acks
+    assert sample("healthplane_webhook_lag_events", endpoint=label) >= len(seq_of) - 12  # read every 5 s
+    requests_in_outage = len(receiver.received)
+    # Attempts before the endpoint was down, then one probe at a time on a backoff up to 1 s.
+    assert requests_in_outage <= 3 * 12 + 2 * OUTAGE_S / OUTAGE_SETTINGS.backoff_cap_s + 10
+
+    down = False
+    receiver._server = await asyncio.start_server(receiver._serve, "127.0.0.1", port)  # back, same port
+    back = time.monotonic()
+    async with asyncio.timeout(30):
+        while len(set(accepted)) < len(seq_of):
+            await asyncio.sleep(0.05)
+    print(f"\noutage {OUTAGE_S:.0f} s, {len(seq_of)} events of {len(nodes)} nodes, {requests_in_outage} "
+          f"requests while down ({lane.probes} probes); all delivered {time.monotonic() - back:.1f} s after")
+    assert sorted(set(accepted)) == sorted(seq_of)
+    assert len(accepted) == len(seq_of)  # each once
+    for node, seqs in in_order_per_node(accepted, seq_of, node_of).items():
+        assert seqs == sorted(seqs), f"{node} out of order: {seqs}"
+    assert sample("healthplane_webhook_dead_letters_total", endpoint=label, reason="max_attempts") == 0
+    assert sample("healthplane_webhook_dead_letters_total", endpoint=label, reason="rejected") == 0
+    assert not await deadletters.read(nc, js, "webhook-dispatcher")
+    assert sample("healthplane_webhook_endpoint_down", endpoint=label) == 0
+    [paused] = running.log.named("webhook endpoint down; deliveries paused")
+    assert paused["last_result"] == "HTTP 503"
+    [resumed] = running.log.named("webhook endpoint back; deliveries resumed")
+    assert resumed["down_for_s"] >= OUTAGE_S * 0.9
+    async with asyncio.timeout(10):
+        while (info := await js.consumer_info(STREAM, lane.consumer)).num_ack_pending or info.num_pending:
+            await asyncio.sleep(0.05)
+
+
+async def test_int2_one_poison_event_dead_letters_after_its_attempts_while_the_others_flow(
+        nc: NATS, js: JetStreamContext, start_dispatcher: Any, receivers: Any) -> None:
+    """INT-2 (issue 45): the receiver refuses one event (400) and fails another every time
+    (500) while it takes the rest: the endpoint is never down; the refused one is a dead
+    letter after its one attempt, the failing one after its maxAttempts; every other event
+    arrives, each node's in stream order, the two nodes' later events after them."""
+    refused: str | None = None
+    failing: str | None = None
+    accepted: list[str] = []
+
+    def answer(received: Received) -> int:
+        if received.event_id == refused:
+            return 400
+        if received.event_id == failing:
+            return 500
+        accepted.append(received.event_id)
+        return 204
+
+    receiver = await receivers(answer=answer)
+    await apply_hooks(js, {"url": receiver.url, "secret": SECRET, "maxAttempts": 4})
+    running = await start_dispatcher(OUTAGE_SETTINGS)
+    label = endpoint_label(receiver.url)
+    nodes = [f"cn-{n:02d}" for n in range(6)]
+    events = [node_event("CONDITION_RAISED", node_id=node) for _ in range(20) for node in nodes]
+    refused, failing = events[7 * 6 + 2].id, events[9 * 6 + 3].id  # mid-stream, nodes cn-02 and cn-03
+    seq_of = {}
+    for event in events:
+        ack = await js.publish(subjects.event(event.cluster, event.node_id, event.type), wire.encode(event))
+        seq_of[event.id] = ack.seq
+    node_of = {e.id: e.node_id for e in events}
+    await until(lambda: len(accepted) >= len(events) - 2, timeout=30)
+    await until(lambda: sample("healthplane_webhook_dead_letters_total", endpoint=label, reason="max_attempts") == 1)
+    assert sample("healthplane_webhook_dead_letters_total", endpoint=label, reason="rejected") == 1
+    assert sorted(accepted) == sorted(e.id for e in events if e.id not in (refused, failing))
+    for node, seqs in in_order_per_node(accepted, seq_of, node_of).items():
+        assert seqs == sorted(seqs), f"{node} out of order: {seqs}"
+    assert receiver.ids().count(refused) == 1 and receiver.ids().count(failing) == 4
+    # Each node's later events waited for its refused or failing one to be over.
+    for poison, node in ((refused, "cn-02"), (failing, "cn-03")):
+        last_try = max(r.at for r in receiver.received if r.event_id == poison)
+        later = [r.at for r in receiver.received if node_of[r.event_id] == node and seq_of[r.event_id] > seq_of[poison]]
+        assert later and min(later) > last_try
+    lines = {line["event_id"]: line for line in running.log.named("webhook delivery dead-lettered")}
+    assert (lines[refused]["reason"], lines[refused]["attempts"]) == ("rejected", 1)
+    assert (lines[failing]["reason"], lines[failing]["attempts"]) == ("max_attempts", 4)
+    assert {d.input_seq for d in await deadletters.read(nc, js, "webhook-dispatcher")} == {
+        seq_of[refused], seq_of[failing]}
+    assert not running.log.named("webhook endpoint down; deliveries paused")
 
 
 # ---------------------------------------------------------------------------- INT-2: slots across config changes

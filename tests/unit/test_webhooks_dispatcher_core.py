@@ -20,8 +20,10 @@ from healthplane_webhook_dispatcher.rules import (
     CONTENT_TYPE,
     SOURCE_SERVICE,
     Endpoint,
+    Reachability,
     Settings,
     after_attempt,
+    after_result,
     assign_slots,
     backoff_delay,
     cloud_event,
@@ -29,6 +31,7 @@ from healthplane_webhook_dispatcher.rules import (
     endpoints_from_config,
     envelope,
     event_type_of_subject,
+    fails_the_endpoint,
     judge,
     plan_reload,
     proxy_for,
@@ -176,6 +179,56 @@ def test_web4_backoff_schedule_and_retry_after() -> None:
     assert retry_after_seconds("12") == 12 and retry_after_seconds(" 3 ") == 3
     assert retry_after_seconds("Wed, 21 Oct 2026 07:28:00 GMT") is None
     assert retry_after_seconds(None) is None and retry_after_seconds("-1") is None
+
+
+# ---------------------------------------------------------------------------- INT-2 outage
+
+
+@pytest.mark.parametrize(("status", "fails"), [
+    (None, True), (500, True), (503, True), (408, True), (429, True), (307, True),
+    (200, False), (204, False), (400, False), (404, False), (422, False),
+])
+def test_int2_which_results_speak_against_the_endpoint(status: int | None, fails: bool) -> None:
+    """INT-2: no answer or a retried status fails the endpoint; a 2xx or a refusal answers."""
+    assert fails_the_endpoint(status) is fails
+
+
+def _results(*results: tuple[int, int | None] | tuple[int, int | None, bool]) -> list[Reachability]:
+    state, seen = Reachability(), []
+    for result in results:
+        event, status, *rest = result
+        state = after_result(state, event, status, connected=rest[0] if rest else True)
+        seen.append(state)
+    return seen
+
+
+def test_int2_one_event_failing_alone_never_puts_the_endpoint_down() -> None:
+    """INT-2: one event that keeps failing (a payload the receiver chokes on) is that event's
+    failure: its attempts are spent, the endpoint stays up."""
+    assert not any(s.down for s in _results((7, 500), (7, 500), (7, None), (7, 503), (7, 500)))
+
+
+def test_int2_two_events_failing_in_a_row_put_it_down_and_an_answer_brings_it_up() -> None:
+    """INT-2: attempts of two different events failing with no answer between: down; it
+    stays down through more failures; the first answer (a 2xx, or a refusal) is up again."""
+    states = _results((1, 503), (2, None), (3, 500), (2, 503), (3, 404), (4, 500))
+    assert [s.down for s in states] == [False, True, True, True, False, False]
+    assert [s.answers for s in states] == [0, 0, 0, 0, 1, 1]
+    assert len(states[3].failing) <= 2  # bounded, however long the outage
+
+
+def test_int2_an_answer_between_failures_keeps_it_up() -> None:
+    """INT-2: failures of different events with answers between them are each event's own."""
+    states = _results((1, 500), (2, 204), (3, 500), (4, 200), (1, 500), (5, 400), (3, 500))
+    assert not any(s.down for s in states)
+    assert states[-1].answers == 3
+
+
+def test_int2_a_refused_connection_puts_it_down_at_once() -> None:
+    """INT-2: an attempt that could not connect reached no receiver: it says nothing about the
+    event, so the endpoint is down even with one event in flight."""
+    assert _results((1, None, False))[-1].down
+    assert not _results((1, None, True))[-1].down
 
 
 # ---------------------------------------------------------------------------- WEB-4 bounded queue
