@@ -201,7 +201,10 @@ def test_ui3_a_bulk_command_takes_every_node_the_filter_matches_on_every_page(st
     page.fill("#confirm input[name=reason]", "every matching node")
     page.click("#confirm button[type=submit]")
     expect(page.locator("#summary")).to_have_text(f"cordon {len(matching)} node(s): {len(matching)} applied")
-    held = {v["nodeId"] for v in stack.get("/api/v1/nodes", hold="cordon", pageSize=1000).json()["nodes"]}
-    assert set(matching) <= held
-    assert held - set(matching) == {"sim-002", "sim-006", "sim-007"}  # held before, by the tests above
+
+    def held() -> set[str]:  # each hold reaches the node's view as the scorer rewrites it
+        return {v["nodeId"] for v in stack.get("/api/v1/nodes", hold="cordon", pageSize=1000).json()["nodes"]}
+
+    stack.wait_until(lambda: set(matching) <= held(), 20, "every matching node's cordon in its view")
+    assert held() - set(matching) == {"sim-002", "sim-006", "sim-007"}  # held before, by the tests above
     assert errors == []
