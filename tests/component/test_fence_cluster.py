@@ -8,10 +8,12 @@ what each stream lacks (REL-1), and a superseded holder is still refused by the 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 import subprocess
 import sys
 from collections import Counter
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -212,19 +214,29 @@ def _holder(nc: NATS, revision: int) -> Processor[ScorerState]:
     return fenced.holder(nc, revision, batch=64)
 
 
+@contextlib.asynccontextmanager
+async def _two_holders(cluster: NatsCluster) -> AsyncIterator[tuple[NATS, Processor[ScorerState], Processor[ScorerState]]]:
+    """The test's bus, and holders A (lease revision 5) and B (7) on connections of their own."""
+    nc = await _bus(cluster)
+    creds = creds_for(cluster, "scorer")
+    nc_a = await connect(cluster.url, name="holder-a", creds=creds, give_up_after=10)
+    nc_b = await connect(cluster.url, name="holder-b", creds=creds, give_up_after=10)
+    try:
+        yield nc, _holder(nc_a, 5), _holder(nc_b, 7)
+    finally:
+        await nc_a.close()
+        await nc_b.close()
+        await nc.close()
+
+
 async def test_ha6_a_superseded_holder_is_refused_by_the_servers_of_a_cluster(cluster: NatsCluster) -> None:
     # HA-3 on three servers, after HA-6: holder A (lease revision 5) writes; B (revision 7)
     # takes over and marks the streams; A, whose clock still says it leads, sends the write
     # it had queued (a view and an event: two streams' atomic batches in flight together):
     # the servers refuse both, A stops with LeaseLost, and every stored record after B's
     # mark is B's.
-    nc = await _bus(cluster)
-    js = nc.jetstream()
-    creds = creds_for(cluster, "scorer")
-    nc_a = await connect(cluster.url, name="holder-a", creds=creds, give_up_after=10)
-    nc_b = await connect(cluster.url, name="holder-b", creds=creds, give_up_after=10)
-    a, b = _holder(nc_a, 5), _holder(nc_b, 7)
-    try:
+    async with _two_holders(cluster) as (nc, a, b):
+        js = nc.jetstream()
         await a.start()
         running_a = asyncio.create_task(a.run())
         await js.publish(subjects.assessment("lab", "n1"), _assessment("n1", 1))
@@ -264,23 +276,14 @@ async def test_ha6_a_superseded_holder_is_refused_by_the_servers_of_a_cluster(cl
             assert not [m for m in after if (m.headers or {}).get(HEADER) == "5"], stream
         b.stop()
         await running_b
-    finally:
-        await nc_a.close()
-        await nc_b.close()
-        await nc.close()
 
 
 async def test_ha6_a_superseded_holders_snapshot_is_refused_as_lease_lost_on_a_cluster(cluster: NatsCluster) -> None:
     """HA-3 and HA-6 on three servers: holder A's snapshot after B marked the snapshots stream
     is refused by the fence and A stops with LeaseLost; every snapshot record after B's mark
     is bound to it."""
-    nc = await _bus(cluster)
-    js = nc.jetstream()
-    creds = creds_for(cluster, "scorer")
-    nc_a = await connect(cluster.url, name="holder-a", creds=creds, give_up_after=10)
-    nc_b = await connect(cluster.url, name="holder-b", creds=creds, give_up_after=10)
-    a, b = _holder(nc_a, 5), _holder(nc_b, 7)
-    try:
+    async with _two_holders(cluster) as (nc, a, b):
+        js = nc.jetstream()
         await a.start()
         await a.snapshot()  # A's own, while it holds the mark: stored
         await b.start()  # B marks every stream it writes, the snapshots too
@@ -293,10 +296,6 @@ async def test_ha6_a_superseded_holders_snapshot_is_refused_as_lease_lost_on_a_c
         after = await read_all(nc, js, "HP_SNAPSHOTS", list(streams.STREAMS_BY_NAME["HP_SNAPSHOTS"].subjects),
                                start_seq=marked_at + 1)
         assert after and all((m.headers or {}).get(EXPECT_SEQ) == str(marked_at) for m in after)
-    finally:
-        await nc_a.close()
-        await nc_b.close()
-        await nc.close()
 
 
 async def test_ha6_each_streams_batches_go_one_at_a_time_the_streams_together(cluster: NatsCluster) -> None:

@@ -104,14 +104,7 @@ def test_dom4_isolation_keeps_a_fabric_suites_domain_together_without_keep_toget
     keeps its domain's suspects together even with ``keepTogether: []``."""
     validation = {"suites": {"nccl": NCCL}, "defaultSuite": "nccl", "isolation": {"keepTogether": []}}
     loop = Loop(names(8), validation=validation, domains=NVL1)
-    loop.plant("gpu-05", [1])
-    loop.submit("train-9", steps=8)
-    loop.until(lambda: loop.job_failed("train-9"))
-    loop.run(15)
-    command = loop.command("isolate", "gpu-00", job_id="train-9")
-    loop.until(lambda: loop.outcome(command) is not None)
-    outcome = loop.outcome(command)
-    assert outcome is not None and outcome.faulty == DOMAIN
+    assert loop.isolate_planted().faulty == DOMAIN
     for job in loop.validation_jobs:
         members = set(job.nodes or [])
         assert members >= set(DOMAIN) or not members & set(DOMAIN), job.nodes

@@ -161,6 +161,19 @@ class Loop:
     def job_failed(self, job_id: str) -> bool:
         return any(a.job_id == job_id and a.state == "failed" for a in self.allocations)
 
+    def isolate_planted(self, node: str = "gpu-05", job_id: str = "train-9", steps: int = 8) -> wire.CommandOutcome:
+        """A silent fault on GPU 1 of ``node``, a job over ``steps`` nodes failing on it, then
+        ``isolate`` of that job until it ends: its outcome."""
+        self.plant(node, [1])
+        self.submit(job_id, steps=steps)
+        self.until(lambda: self.job_failed(job_id))
+        self.run(15)
+        command = self.command("isolate", "gpu-00", job_id=job_id)
+        self.until(lambda: self.outcome(command) is not None)
+        outcome = self.outcome(command)
+        assert outcome is not None
+        return outcome
+
 
 # ---------------------------------------------------------------------------- VAL-3
 
@@ -375,14 +388,8 @@ def test_dom4_an_nvlink_domain_is_isolated_as_one_and_named_whole() -> None:
     no validation ever splits it, and gpu-00..gpu-03 are cleared."""
     nodes = names(8)
     loop = Loop(nodes, domains={"rules": [{"kind": "nvlink", "regex": r"gpu-0[4-7]", "value": "nvl-1"}]})
-    loop.plant("gpu-05", [1])
-    loop.submit("train-9", steps=8)
-    loop.until(lambda: loop.job_failed("train-9"))
-    loop.run(15)
-    command = loop.command("isolate", "gpu-00", job_id="train-9")
-    loop.until(lambda: loop.outcome(command) is not None)
-    outcome = loop.outcome(command)
-    assert outcome is not None and outcome.result == "applied"
+    outcome = loop.isolate_planted()
+    assert outcome.result == "applied"
     domain = ["gpu-04", "gpu-05", "gpu-06", "gpu-07"]
     assert outcome.faulty == domain and outcome.cleared == ["gpu-00", "gpu-01", "gpu-02", "gpu-03"]
     assert loop.validation_jobs
