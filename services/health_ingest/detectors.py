@@ -22,7 +22,7 @@ from typing import Any, Final
 
 import msgspec
 
-from healthplane.contracts import wire
+from healthplane.contracts import domains, wire
 from healthplane.contracts.expressions import Bindings, compile_expression
 from healthplane.runtime import heap
 
@@ -61,12 +61,16 @@ class NodeFacts(msgspec.Struct, frozen=True, omit_defaults=True):
     memory_bytes: int = 0
     gpus: int = 0
     annotations: dict[str, str] = msgspec.field(default_factory=heap.empty)  # none: shared, never changed
+    # DOM-1: what the report tells of the node's domains (its NVLink domain, told annotations),
+    # for correlated silence (silence.py); the config's rules add the rest.
+    hardware_domains: dict[str, str] = msgspec.field(default_factory=heap.empty)
 
     @classmethod
     def of(cls, resources: wire.ResourceReport) -> NodeFacts:
         definition = sys.intern(resources.definition) if resources.definition else resources.definition
         return cls(definition, resources.provisioned, resources.cores, resources.memory_bytes,
-                   sum(1 for d in resources.devices if d.kind == "gpu"), dict(resources.annotations) or heap.EMPTY)
+                   sum(1 for d in resources.devices if d.kind == "gpu"), dict(resources.annotations) or heap.EMPTY,
+                   domains.hardware_domains(resources) or heap.EMPTY)
 
 
 def node_object(report: wire.HealthReport, facts: NodeFacts | None,

@@ -14,7 +14,6 @@ only; the heartbeat deadline index lives with the state, never on the core.
 
 from __future__ import annotations
 
-import heapq
 import sys
 from collections.abc import Mapping, Sequence
 from datetime import datetime
@@ -36,6 +35,7 @@ from healthplane.runtime.fold import (
     record_of,
 )
 from healthplane_health_ingest import detectors, jobs
+from healthplane_health_ingest.deadlines import Deadlines
 from healthplane_health_ingest.rules import (
     COUNTERS_MAX,
     STICKY_MAX,
@@ -44,6 +44,7 @@ from healthplane_health_ingest.rules import (
     IngestConfig,
     IngestState,
     NodeState,
+    SilenceWatch,
     assess,
     counters_capped,
     fault_observations,
@@ -63,6 +64,7 @@ from healthplane_health_ingest.rules import (
     sticky_capped,
     validated,
 )
+from healthplane_health_ingest.silence import Silence
 
 SERVICE = "health-ingest"
 INPUTS = (
@@ -88,10 +90,11 @@ HEARTBEAT_MISSED: Final = "heartbeat_missed"
 STICKY_CAPPED: Final = "sticky_capped"
 COUNTERS_CAPPED: Final = "counters_capped"
 
-# (due, node key, the report the node went silent after)
-Deadline = tuple[datetime, str, int]
-_DEADLINES: Final = "deadlines"
-_SCHEDULED: Final = "scheduled"
+# What the fold derives from the state and keeps beside it (IngestState.__dict__), never
+# encoded: rebuilt from the nodes on first use after a restart or a config change.
+_DEADLINES: Final = "deadlines"  # ING-4's heartbeat deadlines (deadlines.py)
+_SILENCE: Final = "silence"  # DOM-3's watched domains and overdue members (silence.py)
+_SEEN: Final = "seen"  # the newest stored time of a report folded: correlated silence's clock
 
 
 class IngestCore:
@@ -131,7 +134,7 @@ class IngestCore:
         detect = self._detect(state, notes) if state.config.detectors or self.plugins else None
         key = node_key(report.cluster, report.node_id)
         before = state.nodes.get(key)
-        capped, counting_capped = sticky_capped(before), counters_capped(before)
+        capped, counting_capped, new = sticky_capped(before), counters_capped(before), before is None
         if before is None:
             before = state.nodes[key] = NodeState(cluster=sys.intern(report.cluster), node_id=report.node_id)
         # RUL-1: the faults new in this report, read against the counters the last one left,
@@ -139,6 +142,7 @@ class IngestCore:
         observed = fault_observations(before, report)
         promoted = (observed_changes(observed) + promote(state, before, [promotion.of_fault(f, inbound.at) for f in observed])
                     if observed else [])
+        interval = before.interval_s
         node, changes = assess(state, report, inbound.at, inbound.seq, detect)
         if raised := raised_occurrences(state, changes, inbound.at):
             changes += promote_now(state, node, raised, inbound.at)
@@ -151,7 +155,7 @@ class IngestCore:
             notes.append(note("warning", "counters capped: the node's further devices are not followed",
                               counter=COUNTERS_CAPPED, node_id=report.node_id, cluster=report.cluster,
                               cap=COUNTERS_MAX, refused=node.counters_refused))
-        _schedule(state, node)
+        _reported(state, key, node, inbound.at, new, later=node.interval_s >= interval)
         return Step(state, self._records(node, changes, inbound, assessment=True), notes)
 
     def _on_event(self, state: IngestState, event: wire.NodeEvent, inbound: Inbound) -> Step[IngestState]:
@@ -182,6 +186,8 @@ class IngestCore:
         if event.type in ("NODE_DEPROVISIONED", "NODE_REPLACED"):
             key = node_key(event.cluster, event.node_id)
             state.nodes.pop(key, None)  # its deadline in the index goes stale and is skipped
+            if (silence := state.__dict__.get(_SILENCE)) is not None:
+                silence.forget(key)
             jobs.forget(state.jobs, event.cluster, event.node_id)
             state.gone = {**state.gone, key: event.occurred_at}
             return Step(state, [])
@@ -198,7 +204,12 @@ class IngestCore:
 
     @staticmethod
     def _on_resources(state: IngestState, resources: wire.ResourceReport) -> Step[IngestState]:
-        state.facts[node_key(resources.cluster, resources.node_id)] = detectors.NodeFacts.of(resources)
+        key = node_key(resources.cluster, resources.node_id)
+        facts = state.facts[key] = detectors.NodeFacts.of(resources)
+        silence: Silence | None = state.__dict__.get(_SILENCE)
+        if silence is not None and (node := state.nodes.get(key)) is not None:
+            silence.place(key, node, facts)  # its domains may have changed (DOM-1)
+            silence.reported(key, node)
         return Step(state, [])
 
     @staticmethod
@@ -211,13 +222,15 @@ class IngestCore:
             tuple(detectors.DetectorSpec(d.name, d.expression, d.condition, d.severity, d.message)
                   for d in health_config.detectors),
             tuple(rule.compiled() for rule in config.promotion_rules),
-            _job_test(health_config.job_outcomes))
+            _job_test(health_config.job_outcomes),
+            config.domains.spec(),
+            tuple(SilenceWatch(rule.kind, rule.share, rule.min_members) for rule in health_config.domain_faults))
         for node in state.nodes.values():  # RUL-1: the windows of rules no longer configured go
             if node.windows is not None:
                 promotion.forget(node.windows, state.config.promotion)
         state.config_version = envelope.version
         state.__dict__.pop(_DEADLINES, None)  # the threshold moves every deadline: rebuilt
-        state.__dict__.pop(_SCHEDULED, None)
+        state.__dict__.pop(_SILENCE, None)  # and the domains may be others
         return Step(state, [])
 
     # ------------------------------------------------------------------ detectors (POL-8)
@@ -236,32 +249,21 @@ class IngestCore:
     # ------------------------------------------------------------------ time
 
     def tick(self, state: IngestState, now: datetime) -> Step[IngestState]:
-        deadlines, scheduled = _deadlines(state)
-        threshold = state.config.heartbeat_miss_threshold
         emits: list[Emit] = []
-        while deadlines and deadlines[0][0] <= now:
-            due, key, report_seq = heapq.heappop(deadlines)
-            if scheduled.get(key) != due:
-                continue  # an earlier entry replaced this one (the node's interval shrank)
-            node = state.nodes.get(key)
-            if node is None or node.missed:
-                del scheduled[key]
-                continue
-            if node.last_report_seq != report_seq:
-                # It reported since: one entry per node, moved on to its deadline now.
-                deadline = miss_deadline(node, threshold)
-                if deadline is None:
-                    del scheduled[key]
-                else:
-                    heapq.heappush(deadlines, (deadline, key, node.last_report_seq))
-                    scheduled[key] = deadline
-                continue
-            del scheduled[key]
-            changes = missed(node, now)  # the warning is noted when this record is folded back
-            # One miss per silence: the id is the node and the report it went silent after.
-            stem = f"{SERVICE}:missed:{node.cluster}:{node.node_id}:{report_seq}"
-            emits += self._emits(node, changes, now, stem, assessment=True)
+        seen: datetime | None = state.__dict__.get(_SEEN)
+        if state.config.silence and seen is not None:  # DOM-3: a domain's members silent together
+            for node, why in _silence(state).sweep(state.nodes, min(seen, now)):
+                emits += self._missed(node, now, why)
+        for _, node in _deadlines(state).due(now, state.nodes):  # ING-4
+            if not node.missed:
+                emits += self._missed(node, now)
         return Step(state, emits)
+
+    def _missed(self, node: NodeState, now: datetime, why: str = "") -> list[Emit]:
+        changes = missed(node, now, why)  # the warning is noted when this record is folded back
+        # One miss per silence: the id is the node and the report it went silent after.
+        stem = f"{SERVICE}:missed:{node.cluster}:{node.node_id}:{node.last_report_seq}"
+        return self._emits(node, changes, now, stem, assessment=True)
 
     # ------------------------------------------------------------------ outputs
 
@@ -302,47 +304,35 @@ def _job_test(settings: JobOutcomeTest) -> jobs.JobTestConfig:
         user_failure_rate=settings.user_failure_rate, user_min_runs=settings.user_min_runs)
 
 
-# ---------------------------------------------------------------------------- heartbeat deadlines
+# ---------------------------------------------------------------------------- derived indexes
 
 
-def _deadlines(state: IngestState) -> tuple[list[Deadline], dict[str, datetime]]:
-    """ING-4's deadlines in a heap, so that one sweep pops only what is due. Derived from the
-    nodes and kept on the state object itself, not encoded: a state decoded from a snapshot
-    (or any new one) rebuilds it from its nodes on first use, so it can never index another.
-
-    One entry per node (``_scheduled``: node key -> the due time of its entry), not one per
-    report: a report moves the node's deadline later, and its entry, when due, finds the node
-    reported since and goes back in at the deadline it has now. Three of four entries a
-    report used to leave behind were stale, 0.6 KB per node at a 30 s interval."""
-    deadlines: list[Deadline] | None = state.__dict__.get(_DEADLINES)
-    if deadlines is None:
+def _deadlines(state: IngestState) -> Deadlines:
+    """ING-4's deadlines (deadlines.py), built from the nodes on first use."""
+    found: Deadlines | None = state.__dict__.get(_DEADLINES)
+    if found is None:
         threshold = state.config.heartbeat_miss_threshold
-        deadlines = []
-        scheduled: dict[str, datetime] = {}
-        for key, node in state.nodes.items():
-            deadline = miss_deadline(node, threshold)
-            if deadline is not None and not node.missed:
-                deadlines.append((deadline, key, node.last_report_seq))
-                scheduled[key] = deadline
-        heapq.heapify(deadlines)
-        state.__dict__[_DEADLINES] = deadlines
-        state.__dict__[_SCHEDULED] = scheduled
-    return deadlines, state.__dict__[_SCHEDULED]
+        found = state.__dict__[_DEADLINES] = Deadlines(lambda _, node: miss_deadline(node, threshold), state.nodes)
+    return found
 
 
-def _schedule(state: IngestState, node: NodeState) -> None:
-    """A report moved the node's deadline: a node without an entry gets one, and one whose
-    entry is due later than its new deadline (its interval shrank) an earlier one."""
-    deadlines: list[Deadline] | None = state.__dict__.get(_DEADLINES)
-    if deadlines is None:
-        return  # not built yet: built from the nodes, this one included, when first needed
-    deadline = miss_deadline(node, state.config.heartbeat_miss_threshold)
-    if deadline is None:
-        return
-    scheduled: dict[str, datetime] = state.__dict__[_SCHEDULED]
-    key = node_key(node.cluster, node.node_id)
-    due = scheduled.get(key)
-    if due is not None and due <= deadline:
-        return
-    heapq.heappush(deadlines, (deadline, key, node.last_report_seq))
-    scheduled[key] = deadline
+def _silence(state: IngestState) -> Silence:
+    """DOM-3's correlated silence (silence.py), built from the nodes and facts on first use."""
+    found: Silence | None = state.__dict__.get(_SILENCE)
+    if found is None:
+        found = state.__dict__[_SILENCE] = Silence(state)
+    return found
+
+
+def _reported(state: IngestState, key: str, node: NodeState, at: datetime, new: bool, later: bool) -> None:
+    """A report folded: the node's deadlines move on (only ``later``, unless its interval
+    shrank); the clock of reports seen moves to it."""
+    if (deadlines := state.__dict__.get(_DEADLINES)) is not None:
+        deadlines.schedule(key, node, later)  # not built yet: built from the nodes, this one included
+    if (silence := state.__dict__.get(_SILENCE)) is not None:
+        if new:
+            silence.place(key, node, state.facts.get(key))
+        silence.reported(key, node, later)
+    seen = state.__dict__.get(_SEEN)
+    if seen is None or at > seen:
+        state.__dict__[_SEEN] = at

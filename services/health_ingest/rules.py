@@ -32,7 +32,7 @@ from typing import Final
 
 import msgspec
 
-from healthplane.contracts import automation, promotion, wire
+from healthplane.contracts import automation, domains, promotion, wire
 from healthplane.contracts import xid as xid_catalog
 from healthplane.contracts.config import DEFAULT_PROMOTION_RULES, PromotionRule
 from healthplane.contracts.subjects import node_key
@@ -68,6 +68,14 @@ COUNTERS_MAX: Final = 16_384
 DEFAULT_RULES: Final = tuple(PromotionRule.model_validate(rule).compiled() for rule in DEFAULT_PROMOTION_RULES)
 
 
+class SilenceWatch(msgspec.Struct, frozen=True):
+    """A ``nodeHealth.domainFaults`` entry as correlated silence reads it (silence.py, DOM-3)."""
+
+    kind: str
+    share: int = 50
+    min_members: int = 4
+
+
 class IngestConfig(msgspec.Struct, frozen=True):
     heartbeat_miss_threshold: int = 3
     quiet_reports_to_clear: int = 1
@@ -75,6 +83,9 @@ class IngestConfig(msgspec.Struct, frozen=True):
     detectors: tuple[DetectorSpec, ...] = ()
     promotion: tuple[promotion.Rule, ...] = DEFAULT_RULES
     jobs: jobs.JobTestConfig = jobs.JobTestConfig()  # JOB-2
+    # DOM-3: the domains (DOM-1) whose members' silence together is told early (silence.py).
+    domain_spec: domains.Spec = domains.Spec()
+    silence: tuple[SilenceWatch, ...] = ()
 
 
 class Finding(msgspec.Struct, frozen=True, omit_defaults=True):
@@ -757,13 +768,14 @@ def _job_condition(state: IngestState, cluster: str, node_id: str, record: jobs.
                   for kind, change in condition_events(before, node.conditions)]
 
 
-def missed(node: NodeState, now: datetime) -> list[Change]:
-    """ING-4: the node went silent past its deadline."""
+def missed(node: NodeState, now: datetime, why: str = "") -> list[Change]:
+    """ING-4: the node went silent past its deadline (or, with ``why``, with its domain: DOM-3)."""
     node.missed = True
     before = dict(node.conditions)
     node.conditions = {**node.conditions, "heartbeat_missed": heartbeat_condition(node, now)}
     last = node.last_report_at.isoformat().replace("+00:00", "Z") if node.last_report_at else "never"
-    return [Change("HEARTBEAT_MISSED", f"Node {node.node_id} missed its heartbeat; last report {last}")] + [
+    message = f"Node {node.node_id} missed its heartbeat; last report {last}" + (f"; {why}" if why else "")
+    return [Change("HEARTBEAT_MISSED", message)] + [
         Change(kind, _condition_message(kind, change), change) for kind, change in condition_events(before, node.conditions)]
 
 

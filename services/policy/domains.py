@@ -27,9 +27,7 @@ from typing import Literal
 import msgspec
 
 from healthplane.contracts import wire
-
-# A domain fault is at least this many nodes failing together: one node is the per-node path's.
-MIN_FAILING = 2
+from healthplane.contracts.domains import fault_threshold
 
 
 class LimitSettings(msgspec.Struct, frozen=True):
@@ -182,9 +180,8 @@ def over_budget(limit: LimitSettings, domain: Domain, node_key: str) -> str | No
 
 
 def threshold(settings: FaultSettings, members: int) -> int:
-    """Failing members that make a ``members``-node domain one fault: ``share`` % rounded up,
-    never fewer than :data:`MIN_FAILING`."""
-    return max(MIN_FAILING, -(-settings.share * members // 100))
+    """Failing members that make a ``members``-node domain one fault (:func:`fault_threshold`)."""
+    return fault_threshold(settings.share, members)
 
 
 def failing_within(domain: Domain, now: datetime, window_s: float) -> int:

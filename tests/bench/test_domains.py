@@ -128,11 +128,12 @@ def test_dom3_time_from_the_last_members_silence_to_domain_degraded_under_2_hear
         tmp_path: Any) -> None:
     """DOM-3's figure end to end on a real ``up``: a fleet of 256 simulated nodes in racks of 32
     reporting every 5 s (``sim run --rack-size``), one rack's power cut at a time (``sim inject
-    --domain rack=rK --fault power-loss``); per rack, the seconds from the heartbeat miss of the
-    last member DOMAIN_DEGRADED counts (ING-4 declares a silent node at its deadline) to
-    DOMAIN_DEGRADED, as a ratio of the heartbeat interval. The goal: under 2 intervals. From
-    that member's last report it is ING-4's deadline more (max(15 s, 3 intervals)), recorded
-    beside it without a goal: that is the heartbeat rule's, not the domain's."""
+    --domain rack=rK --fault power-loss``); per rack, the seconds from the last report of the
+    last member DOMAIN_DEGRADED counts to DOMAIN_DEGRADED, as a ratio of the heartbeat interval.
+    The goal: under 2 intervals, which ING-4's deadline alone (max(15 s, 3 intervals)) cannot
+    meet and health-ingest's correlated silence does (a domain's members overdue together at 1.5
+    intervals). Beside it, from that member's heartbeat miss (the domain's own part) and from
+    the report that did not come (one interval after the last)."""
     import asyncio
     import statistics
 
@@ -161,10 +162,10 @@ def test_dom3_time_from_the_last_members_silence_to_domain_degraded_under_2_hear
           f"worst {worst:.2f} s after the miss ({worst / HEARTBEAT_S:.2f} intervals); from the last report median "
           f"{statistics.median(after_report):.2f} s, worst {max(after_report):.2f} s")
     harness.record("domains.time_to_domain_degraded_s.after_last_member_missed.worst_of_4_racks",
-                   worst, "s", baseline=HEARTBEAT_S, target="ratio < 2")
+                   worst, "s", baseline=HEARTBEAT_S)
     harness.record("domains.time_to_domain_degraded_s.after_last_member_report.worst_of_4_racks",
-                   max(after_report), "s", baseline=HEARTBEAT_S)
-    # From the report that did not come (one interval after the last): ING-4's deadline less one interval.
+                   max(after_report), "s", baseline=HEARTBEAT_S, target="ratio < 2")
+    # From the report that did not come (one interval after the last).
     harness.record("domains.time_to_domain_degraded_s.after_first_report_missing.worst_of_4_racks",
                    max(after_report) - HEARTBEAT_S, "s", baseline=HEARTBEAT_S)
-    assert worst < 2 * HEARTBEAT_S
+    assert max(after_report) < 2 * HEARTBEAT_S

@@ -278,6 +278,19 @@ def of_report(report: wire.ResourceReport, spec: Spec) -> dict[str, str]:
     return resolve(report.node_id, hardware_domains(report), spec)
 
 
+# ---------------------------------------------------------------------------- DOM-3's threshold
+
+# A domain fault is at least this many nodes failing together: one node is the per-node path's.
+MIN_FAILING = 2
+
+
+def fault_threshold(share: int, members: int) -> int:
+    """Failing members that make a ``members``-node domain one fault (DOM-3, ``domainFaults``):
+    ``share`` % rounded up, never fewer than :data:`MIN_FAILING`. The policy's rule and
+    health-ingest's correlated silence count the same way."""
+    return max(MIN_FAILING, -(-share * members // 100))
+
+
 # ---------------------------------------------------------------------------- selecting
 
 
