@@ -51,7 +51,7 @@ from healthplane.client.errors import (
 )
 from healthplane.client.nodes import find_node
 from healthplane.contracts import joboutcomes, wire
-from healthplane.runtime import configstore
+from healthplane.runtime import configstore, replay
 from healthplane_api import auth, fold, live, members, openapi, pages
 from healthplane_api.metrics import COMMANDS, REQUESTS
 from healthplane_api.server import MembersWatched
@@ -196,7 +196,7 @@ def build(backend: Backend) -> Starlette:
                 response = _error(status, str(exc))
             except (fold.PageError, wire.WireError) as exc:
                 response = _error(400, str(exc))
-            except (ConnectionError, TimeoutError, OSError) as exc:
+            except (ConnectionError, TimeoutError, OSError, replay.ReadError) as exc:
                 response = _error(503, f"cannot read the control plane's data now: {exc or type(exc).__name__}; retry")
             REQUESTS.labels(route=handler.__name__, code=str(response.status_code)).observe(
                 time.perf_counter() - started)
@@ -206,8 +206,9 @@ def build(backend: Backend) -> Starlette:
     # -- reads
 
     async def nodes(request: Request, caller: auth.Caller | None) -> Response:
-        """A page: its order from the live index, its views by direct gets. The whole list
-        (no ``pageSize``), or a page before the index is loaded: the stream read as ``node list``."""
+        """A page: its order from the live index, its views in one multi-subject direct get. The
+        whole list (no ``pageSize``), or a page before the index is loaded: the stream read as
+        ``node list``."""
         query = request.query_params
         if _bool(query.get("federation")):  # FED-1: every attached cluster's nodes, the whole list
             found = await federated(query.get("cluster"))
@@ -248,7 +249,7 @@ def build(backend: Backend) -> Starlette:
     async def node(request: Request, caller: auth.Caller | None) -> Response:
         node_id = request.path_params["node_id"]
         view = await find_node(backend.nc, backend.js, node_id, cluster_of(node_id, request.query_params.get("cluster")))
-        why = await reads.automation_status(backend.js, view, datetime.now(UTC))
+        why = await reads.automation_status(backend.js, view, datetime.now(UTC), config=backend.feed.config)
         return JSONResponse(reads.shown(view, why))
 
     async def events(request: Request, caller: auth.Caller | None) -> Response:
@@ -611,20 +612,24 @@ def build(backend: Backend) -> Starlette:
             return render("node.html", request, caller, view=None, node_id=node_id, history=[], trend=None,
                           automation=None, stale=None, verbs=VERBS, **nothing)
         view = await find_node(backend.nc, backend.js, node_id, cluster_of(node_id, cluster))
-        history, scores, recorded = await _node_events(backend.nc, backend.js, view)
-        shown = {**nothing, "timeline": pages.timeline(recorded), "attributions": pages.attributions(recorded),
+        read = await _node_events(backend.nc, backend.js, view)
+        shown = {**nothing, "timeline": pages.timeline(read.recorded), "attributions": pages.attributions(read.recorded),
                  "grafana": pages.grafana_links(backend.grafana_url, view.cluster, view.node_id)}
         if may_command(caller):
             shown |= await command_choices(view)
         now = datetime.now(UTC)
-        return render("node.html", request, caller, view=view, node_id=view.node_id, history=history,
-                      trend=pages.trend(scores, now), automation=await reads.automation_status(backend.js, view, now),
+        # API-4 from the events just read: only its domains' events (and an input older than
+        # the read) cost a request, one for all of them.
+        automation = await reads.automation_status(backend.js, view, now, known=read.newest, complete=read.complete,
+                                                   config=backend.feed.config)
+        return render("node.html", request, caller, view=view, node_id=view.node_id, history=read.history,
+                      trend=pages.trend(read.scores, now), automation=automation,
                       stale=reads.staleness(view, datetime.now(UTC)), verbs=VERBS, **shown)
 
     async def command_choices(view: wire.NodeView) -> dict[str, Any]:
         """What the node page offers an admin to validate with (the config's suites) and to
         isolate (the node's newest failed multi-node jobs, JOB-1)."""
-        applied = (await configstore.read(backend.js)).in_force
+        applied = (backend.feed.config or await configstore.read(backend.js)).in_force
         validation = applied.config.validation if applied is not None else None
         outcomes = await jobs.node_outcomes(backend.nc, backend.js, view.cluster, view.node_id)
         failed = {o.job_id: o for o in reversed(outcomes) if o.outcome in joboutcomes.FAILURES and o.size > 1}
@@ -750,26 +755,34 @@ def _same_origin(request: Request) -> bool:
     return origin is None or origin == f"{request.url.scheme}://{request.url.netloc}"
 
 
-async def _node_events(nc: NATS, js: JetStreamContext, view: wire.NodeView
-                       ) -> tuple[list[wire.NodeEvent], list[wire.NodeEvent], list[wire.NodeEvent]]:
-    """The node page's events: its history (the newest page, newest first), its score trend
-    (the newest TREND_EVENTS score changes) and its timeline and attributions (UI-4: the newest
-    NODE_PAGE_EVENTS of their types), picked from one read of the node's newest NODE_PAGE_READ
-    events. A node with more events than that, whose read came up short of a kind, has that
-    kind read on its own."""
-    newest = (await reads.event_page(nc, js, view.node_id, view.cluster, latest=True,
-                                     page_size=NODE_PAGE_READ)).events
-    history = list(reversed(newest[-reads.DEFAULT_PAGE_SIZE:]))
+@dataclass(frozen=True, slots=True)
+class NodeEvents:
+    """The node page's events, picked from one read of the node's newest NODE_PAGE_READ."""
+
+    newest: list[wire.NodeEvent]  # that read, oldest first: also the automation line's inputs (API-4)
+    complete: bool  # the read holds every event the node has: an input not in it has none
+    history: list[wire.NodeEvent]  # the newest page, newest first
+    scores: list[wire.NodeEvent]  # the score trend: the newest TREND_EVENTS score changes
+    recorded: list[wire.NodeEvent]  # timeline and attributions (UI-4): the newest NODE_PAGE_EVENTS of their types
+
+
+async def _node_events(nc: NATS, js: JetStreamContext, view: wire.NodeView) -> NodeEvents:
+    """The node page's events from one read of its newest NODE_PAGE_READ events. A node with
+    more events than that, whose read came up short of a kind, has that kind read on its own."""
+    newest = (await reads.event_page(nc, js, view.node_id, view.cluster, latest=True, page_size=NODE_PAGE_READ,
+                                     viewed=True)).events
+    complete = len(newest) < NODE_PAGE_READ  # else the read may not reach back far enough
     chosen = {"scores": (("SCORE_CHANGED",), TREND_EVENTS),
               "recorded": ((*pages.TIMELINE_EVENTS, *pages.ATTRIBUTION_EVENTS), NODE_PAGE_EVENTS)}
     picked: dict[str, list[wire.NodeEvent]] = {}
     for name, (types, count) in chosen.items():
         found = [e for e in newest if e.type in types][-count:]
-        if len(found) < count and len(newest) >= NODE_PAGE_READ:  # the read may not reach back far enough
+        if len(found) < count and not complete:
             found = (await reads.event_page(nc, js, view.node_id, view.cluster, types=list(types), latest=True,
-                                            page_size=count)).events
+                                            page_size=count, viewed=True)).events
         picked[name] = found
-    return history, picked["scores"], picked["recorded"]
+    return NodeEvents(newest, complete, list(reversed(newest[-reads.DEFAULT_PAGE_SIZE:])), picked["scores"],
+                      picked["recorded"])
 
 
 async def _event_messages(nc: NATS, selection: tails.Selection, begun: tails.Start,

@@ -5,7 +5,8 @@ The views are followed by direct gets from the last one seen (every view first, 
 new one), the only reader; each open page holds a bounded queue of change notices. A page that falls behind
 loses notices, not memory: one "changed" is as good as many, it re-reads its part.
 Whether the data can be read is a fact kept here too (reference 000: a cluster that cannot
-be read reports no health): the connection's state.
+be read reports no health): the connection's state. So is the config in force, followed from
+``HP_CONFIG`` like the views, so that a node page or ``GET /api/v1/nodes/{id}`` does not read it.
 
 The dashboard (UI-2) has three more inputs, each read here and folded by a pure core:
 ``Recent`` follows the node events of the last 24 hours into ``timeline``, ``Plane`` asks
@@ -46,6 +47,8 @@ EVENTS_EVERY_S: Final = 2.0  # how far behind the events the timeline may be
 TRIM_EVERY_S: Final = 60.0
 READ_EVERY_S: Final = 5.0  # consumer, stream and config info: at most this often, whoever asks
 READ_TIMEOUT_S: Final = 5.0
+CONFIG_EVERY_S: Final = 1.0  # how far behind `config apply` the node page's automation line may be
+CONFIG_RECORDS: Final = streams.STREAMS_BY_NAME[configstore.STREAM].max_msgs  # what HP_CONFIG keeps (100)
 BREAKER_RESET_CLUSTERS: Final = 100  # clusters whose breaker reset is looked up, at most
 BOARD_EVERY_S: Final = 1.0  # the figures are computed at most this often, however much changes
 BOARD_SHARE: Final = 0.2  # and at most this share of the loop's time
@@ -62,6 +65,9 @@ class Feed:
         self.unreadable_reason = "not read yet"
         self._subscriptions: list[Any] = []
         self.generation = 0  # moves on every notice: what the dashboard's figures were computed from
+        # The config in force as ``configstore.read`` says it, kept from HP_CONFIG as it is written
+        # (at most CONFIG_EVERY_S behind); ``None`` until read to the end: then ask the stream.
+        self.config: configstore.ConfigRead | None = None
 
     # -- readability
 
@@ -104,8 +110,17 @@ class Feed:
                 if self.index.remove(event.cluster, event.node_id, event.occurred_at):
                     self._notify(ALL)
 
+        followed = configstore.ConfigRead(None)
+
+        def on_config(batch: list[StoredMsg], caught_up: bool) -> None:
+            nonlocal followed
+            for stored in batch:
+                followed = _config_after(followed, stored.seq, stored.data)
+            if caught_up:  # never a config that was in force only part way through the stream
+                self.config = followed
+
         def on_error(exc: Exception) -> None:
-            self._log.debug("following the views failed; trying again", error=str(exc) or type(exc).__name__)
+            self._log.debug("following the views, their removals or the config failed; trying again", error=str(exc) or type(exc).__name__)
 
         # From now on: the views already purged were never loaded.
         events = await js.stream_info("HP_NODE_EVENTS")
@@ -115,6 +130,8 @@ class Feed:
                                              start_seq=events.state.last_seq + 1, stopping=stopping,
                                              every_s=FOLLOW_EVERY_S, on_error=on_error))
                   for kind in DECOMMISSIONED]
+        tails.append(asyncio.create_task(follow(nc, configstore.STREAM, subjects.CONFIG, on_config, start_seq=1,
+                                                stopping=stopping, every_s=CONFIG_EVERY_S, on_error=on_error)))
         try:
             while not stopping.is_set():
                 with contextlib.suppress(TimeoutError):
@@ -253,6 +270,18 @@ class Breakfix:
 
         await follow(nc, "HP_NODE_EVENTS", f"{subjects.PREFIX}.event.>", self.fold, start_seq=1,
                      stopping=stopping, every_s=EVENTS_EVERY_S, on_error=on_error)
+
+
+def _config_after(held: configstore.ConfigRead, seq: int, data: bytes) -> configstore.ConfigRead:
+    """``configstore.read``'s answer once record ``seq`` follows the records it said ``held``
+    of: a valid record is in force; a bad one is passed over (REL-3) and named, newest first,
+    as many as the stream keeps."""
+    try:
+        envelope, config = configstore.validated(data)
+    except ValueError as exc:
+        skipped = [configstore.SkippedRecord(seq, str(exc)), *held.skipped][:CONFIG_RECORDS]
+        return configstore.ConfigRead(held.in_force, skipped, seq)
+    return configstore.ConfigRead(configstore.InForce(envelope, config, seq), [], seq)
 
 
 async def _first_since(nc: NATS, js: JetStreamContext, since: datetime) -> int:

@@ -40,10 +40,11 @@ async def test_ui4_the_node_page_picks_history_trend_and_timeline_from_one_read(
     await js.publish(subjects.node_view("default", "n1"), wire.encode(_view("n1")))
     await _events(js, "n1", ["SCORE_CHANGED", "VALIDATION_STARTED", "SCORE_CHANGED", "VALIDATION_PASSED"] * 20)
     await _events(js, "n2", ["VALIDATION_FAILED"] * 5)
-    history, scores, recorded = await app._node_events(nc, js, _view("n1"))
-    assert [e.id for e in history] == [f"n1-{i}" for i in range(79, 29, -1)]
-    assert len(scores) == 40 and all(e.type == "SCORE_CHANGED" for e in scores)
-    assert [e.type for e in recorded] == ["VALIDATION_STARTED", "VALIDATION_PASSED"] * 20
+    read = await app._node_events(nc, js, _view("n1"))
+    assert [e.id for e in read.history] == [f"n1-{i}" for i in range(79, 29, -1)]
+    assert len(read.scores) == 40 and all(e.type == "SCORE_CHANGED" for e in read.scores)
+    assert [e.type for e in read.recorded] == ["VALIDATION_STARTED", "VALIDATION_PASSED"] * 20
+    assert read.complete and len(read.newest) == 80  # every event of n1: API-4's inputs need no read
 
 
 async def test_ui4_a_node_busier_than_the_read_still_shows_its_older_timeline(
@@ -53,7 +54,8 @@ async def test_ui4_a_node_busier_than_the_read_still_shows_its_older_timeline(
     await js.publish(subjects.node_view("default", "n1"), wire.encode(_view("n1")))
     await _events(js, "n1", ["VALIDATION_STARTED", "VALIDATION_FAILED",
                              *["SCORE_CHANGED"] * (app.NODE_PAGE_READ + 10)])
-    history, scores, recorded = await app._node_events(nc, js, _view("n1"))
-    assert [e.type for e in recorded] == ["VALIDATION_STARTED", "VALIDATION_FAILED"]
-    assert len(scores) == app.TREND_EVENTS and scores[-1].id == f"n1-{app.NODE_PAGE_READ + 11}"
-    assert len(history) == 50 and history[0].id == f"n1-{app.NODE_PAGE_READ + 11}"
+    read = await app._node_events(nc, js, _view("n1"))
+    assert [e.type for e in read.recorded] == ["VALIDATION_STARTED", "VALIDATION_FAILED"]
+    assert len(read.scores) == app.TREND_EVENTS and read.scores[-1].id == f"n1-{app.NODE_PAGE_READ + 11}"
+    assert len(read.history) == 50 and read.history[0].id == f"n1-{app.NODE_PAGE_READ + 11}"
+    assert not read.complete and len(read.newest) == app.NODE_PAGE_READ

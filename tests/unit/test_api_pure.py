@@ -180,6 +180,18 @@ def test_api4_why_automation_is_not_acting_names_the_mode_or_guardrail_with_its_
     assert said in found
 
 
+def test_api4_each_input_is_the_newest_event_of_its_types_in_stream_order() -> None:
+    """API-4: the page (from the events it read) and ``automation_status`` (from the latest of
+    each type) pick an input the same way: the last of its types in stream order."""
+    stored = [_event("POLICY_HALTED", "first"), _event("SCORE_CHANGED"), _event("POLICY_ACTED", "then"),
+              _event("NODE_UNCORDONED", actor="alice"), _event("SCORE_CHANGED", "newest score")]
+    assert reads.newest(stored, automation.POLICY_EVENTS) == stored[2]
+    assert reads.newest(stored, reads.SCORE_INPUT) == stored[4]
+    assert reads.newest(stored, reads.UNCORDON_INPUT) == stored[3]
+    assert reads.newest(stored, automation.DOMAIN_EVENTS) is None
+    assert reads.newest([], reads.SCORE_INPUT) is None
+
+
 def test_api3_the_trend_steps_through_each_score_change_and_holds_to_now() -> None:
     changes = [msgspec.structs.replace(_event("SCORE_CHANGED", actor="scorer", minutes_ago=10), score=100),
                msgspec.structs.replace(_event("SCORE_CHANGED", actor="scorer", minutes_ago=5), score=55)]

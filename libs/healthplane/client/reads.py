@@ -8,23 +8,21 @@ staleness rule are pure functions of the rows.
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 import msgspec
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
-from nats.js.errors import NotFoundError
 
 from healthplane.client.connection import decoded
 from healthplane.client.errors import EXIT_USAGE, CommandFailed
 from healthplane.client.nodes import find_node, is_view
-from healthplane.contracts import automation, streams, subjects, wire
+from healthplane.contracts import automation, subjects, wire
 from healthplane.contracts.config import NodeHealth
 from healthplane.contracts.views import (
     STALE_AFTER_INTERVALS,
@@ -34,7 +32,7 @@ from healthplane.contracts.views import (
     share_digits,
 )
 from healthplane.runtime import configstore
-from healthplane.runtime.replay import read_all, read_payloads, start_of_last
+from healthplane.runtime.replay import read_all, read_last, read_payloads, start_of_last
 
 DEFAULT_PAGE_SIZE = 50
 
@@ -64,20 +62,14 @@ async def read_listing(nc: NATS, js: JetStreamContext, cluster: str | None = Non
     return Listing(payloads, rows)
 
 
-async def latest_views(js: JetStreamContext, nodes: Sequence[tuple[str, str]], in_flight: int = 64) -> list[bytes]:
-    """The stored views of ``(cluster, node)``s, in that order, by direct gets (a page of a
-    listing whose order is already known); a node without a view is left out."""
-    gate = asyncio.Semaphore(in_flight)
-
-    async def one(cluster: str, node_id: str) -> bytes | None:
-        async with gate:
-            try:
-                return (await js.get_last_msg("HP_NODES", subjects.node_view(cluster, node_id))).data
-            except NotFoundError:
-                return None
-
-    found = await asyncio.gather(*(one(cluster, node_id) for cluster, node_id in nodes))
-    return [payload for payload in found if payload]
+async def latest_views(js: JetStreamContext, nodes: Sequence[tuple[str, str]]) -> list[bytes]:
+    """The stored views of ``(cluster, node)``s, in that order (a page of a listing whose order
+    is already known): one multi-subject direct get for up to ``replay.MULTI_LAST_MAX`` of them,
+    where a get per view made a page of 1,000 a thousand requests. A node without a view is left
+    out."""
+    wanted = [subjects.node_view(cluster, node_id) for cluster, node_id in nodes]
+    stored = {m.subject: m.data for m in await read_last(js, "HP_NODES", wanted)} if wanted else {}
+    return [payload for subject in wanted if (payload := stored.get(subject))]
 
 
 # ---------------------------------------------------------------------------- staleness
@@ -237,9 +229,11 @@ class EventPage:
 
 async def event_page(nc: NATS, js: JetStreamContext, node_id: str, cluster: str | None, *,
                      types: Sequence[str] = (), since: str | None = None, latest: bool = False,
-                     page_size: int = DEFAULT_PAGE_SIZE, token: str | None = None) -> EventPage:
+                     page_size: int = DEFAULT_PAGE_SIZE, token: str | None = None,
+                     viewed: bool = False) -> EventPage:
     """One page of a node's events, oldest first (EVT-1); usage errors are ``CommandFailed``
-    with ``EXIT_USAGE``, an unknown node ``NodeNotFound``."""
+    with ``EXIT_USAGE``, an unknown node ``NodeNotFound``. ``viewed``: ``cluster`` is that of
+    the node's view the caller has just read, so the view is not looked up again."""
     if page_size < 1:
         raise CommandFailed("--page-size must be at least 1", EXIT_USAGE)
     if latest and token:
@@ -249,7 +243,7 @@ async def event_page(nc: NATS, js: JetStreamContext, node_id: str, cluster: str 
         raise CommandFailed(f"--type {unknown[0]!r} is not an event type ({', '.join(wire.EVENT_TYPES)})", EXIT_USAGE)
     start_after = parse_since(since, datetime.now(UTC)) if since else None
     start_seq = from_page_token(token) if token else None
-    found_cluster = await history_cluster(nc, js, node_id, cluster)
+    found_cluster = cluster if viewed else await history_cluster(nc, js, node_id, cluster)
     filters = ([subjects.node_events(found_cluster, node_id, t) for t in dict.fromkeys(types)]
                or [subjects.node_events(found_cluster, node_id)])
     if latest:
@@ -270,38 +264,64 @@ async def event_page(nc: NATS, js: JetStreamContext, node_id: str, cluster: str 
 # ---------------------------------------------------------------------------- automation
 
 
-async def latest_event(js: JetStreamContext, cluster: str, node_id: str, types: Iterable[str]) -> wire.NodeEvent | None:
-    """The node's newest event of any of ``types``: one direct get per type (the server finds
-    the last message of a subject without a scan), whatever the install's partitions."""
-    found: list[tuple[int, bytes]] = []
-    for event_type in types:
-        for stored in streams.stored_filters("HP_NODE_EVENTS", [subjects.node_events(cluster, node_id, event_type)]):
-            try:
-                msg = await js.get_last_msg("HP_NODE_EVENTS", stored)
-            except NotFoundError:
-                continue
-            if msg.data is not None and msg.seq is not None:
-                found.append((msg.seq, msg.data))
-    for _, data in sorted(found, reverse=True):
+def newest(events: Sequence[wire.NodeEvent], types: Iterable[str]) -> wire.NodeEvent | None:
+    """The newest of ``events`` (in stream order, oldest first) of any of ``types``: how the
+    automation line picks each of its inputs, from events read for it or already read (API-4)."""
+    wanted = frozenset(types)
+    return next((e for e in reversed(events) if e.type in wanted), None)
+
+
+async def latest_events(js: JetStreamContext, cluster: str, wanted: Mapping[str, Iterable[str]]
+                        ) -> dict[str, list[wire.NodeEvent]]:
+    """The latest stored event of each type of ``wanted`` (node id -> types), by node id and in
+    stream order, in one request (``replay.read_last``) whatever the install's partitions. A
+    record that is not an event of its subject's type is passed over (REL-3: the subject's type
+    is its writer's permission), so the one before it answers."""
+    filters = [subjects.node_events(cluster, node_id, t) for node_id, types in wanted.items() for t in types]
+    if not filters:
+        return {}
+    node_of = {subjects.encode_token(node_id): node_id for node_id in wanted}
+    found: dict[str, list[wire.NodeEvent]] = {}
+    for stored in await read_last(js, "HP_NODE_EVENTS", filters):
+        tokens = stored.subject.split(".")  # hp.event.{cluster}.{node}.{TYPE}[.{slot}]
+        node_id = node_of.get(tokens[3]) if len(tokens) > 4 else None
         try:
-            return wire.decode(wire.NodeEvent, data)
+            event = wire.decode(wire.NodeEvent, stored.data)
         except wire.WireError:
-            continue  # not an event (REL-3): the one before it answers
-    return None
+            continue
+        if node_id is not None and event.type == tokens[4]:
+            found.setdefault(node_id, []).append(event)
+    return found
 
 
-async def automation_status(js: JetStreamContext, view: wire.NodeView, now: datetime) -> str:
-    """API-4 for one node: what ``node show``, the API and the node page say."""
-    applied = (await configstore.read(js)).in_force
+# API-4's inputs from the node's own events: the newest of each of these (``automation.explain``).
+POLICY_INPUT: Final = automation.POLICY_EVENTS
+UNCORDON_INPUT: Final = ("NODE_UNCORDONED",)
+SCORE_INPUT: Final = ("SCORE_CHANGED",)
+
+
+async def automation_status(js: JetStreamContext, view: wire.NodeView, now: datetime, *,
+                            known: Sequence[wire.NodeEvent] = (), complete: bool = False,
+                            config: configstore.ConfigRead | None = None) -> str:
+    """API-4 for one node: what ``node show``, the API and the node page say.
+
+    ``known``: the node's newest events the caller has already read (stream order), all of its
+    events when ``complete``; an input found among them (or, when complete, known to be absent)
+    is not read again. The others, and the newest DOMAIN_* event of each of the node's domains,
+    are read in one request; ``config``: the config as the caller holds it (else read here)."""
+    applied = (config if config is not None else await configstore.read(js)).in_force
     health = applied.config.node_health_for(view.definition) if applied is not None else NodeHealth()
+    unread = [] if complete else [t for types in (POLICY_INPUT, UNCORDON_INPUT, SCORE_INPUT)
+                                  if newest(known, types) is None for t in types]
+    domains = [subjects.domain_node_id(kind, value) for kind, value in sorted(view.domains.items())]
+    read = await latest_events(js, view.cluster, {**({view.node_id: unread} if unread else {}),
+                                                  **{domain: automation.DOMAIN_EVENTS for domain in domains}})
+    events = [*known, *read.get(view.node_id, [])]  # each input's events are all in one or the other
     return automation.explain(
-        view, health, now=now,
-        last_policy=await latest_event(js, view.cluster, view.node_id, automation.POLICY_EVENTS),
-        last_uncordon=await latest_event(js, view.cluster, view.node_id, ["NODE_UNCORDONED"]),
-        last_score=await latest_event(js, view.cluster, view.node_id, ["SCORE_CHANGED"]),
-        domain_events=[found for kind, value in sorted(view.domains.items())
-                       if (found := await latest_event(js, view.cluster, subjects.domain_node_id(kind, value),
-                                                       automation.DOMAIN_EVENTS)) is not None])
+        view, health, now=now, last_policy=newest(events, POLICY_INPUT),
+        last_uncordon=newest(events, UNCORDON_INPUT), last_score=newest(events, SCORE_INPUT),
+        domain_events=[found for domain in domains
+                       if (found := newest(read.get(domain, []), automation.DOMAIN_EVENTS)) is not None])
 
 
 def shown(view: wire.NodeView, automation_line: str) -> dict[str, Any]:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Final
@@ -42,7 +42,11 @@ PAYLOADS_BATCH: Final = 50_000
 MAX_BYTES: Final = 16 * 1024 * 1024
 EMPTY: Final = "404"
 END_OF_BATCH: Final = "204"
+TOO_MANY: Final = "413"
 NO_RESPONDERS: Final = "503"
+# Records nats-server sends for one multi-subject direct get at most: past it the answer is a
+# 413 and no record (nats-server 2.11 to 2.15).
+MULTI_LAST_MAX: Final = 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +63,10 @@ class StoredMsg:
 
 class ReadError(Exception):
     """The stream answered a read with an error (not 'nothing here')."""
+
+
+class TooManyResults(ReadError):
+    """A multi-subject direct get matched more records than one answer may carry (413)."""
 
 
 def _time(text: str) -> datetime:
@@ -107,6 +115,8 @@ async def _ask(nc: NATS, stream: str, body: bytes, timeout_s: float) -> list[Msg
         await sub.unsubscribe()
     if status == NO_RESPONDERS:
         raise ReadError(f"reading {stream}: the stream does not answer direct gets (allow_direct)")
+    if status == TOO_MANY:
+        raise TooManyResults(f"reading {stream}: more records match than one answer carries")
     if status not in (END_OF_BATCH, EMPTY, ""):
         raise ReadError(f"reading {stream}: the stream answered {status}")
     return answers.records
@@ -253,6 +263,34 @@ async def start_of_last(js: JetStreamContext, stream: str, subjects_: list[str],
         else:
             high = middle
     return high
+
+
+async def read_last(js: JetStreamContext, stream: str, subjects_: Sequence[str], *,
+                    timeout_s: float = 10.0) -> list[StoredMsg]:
+    """The latest record of every subject matching ``subjects_`` (wildcards allowed), in stream
+    order: nats-server's multi-subject direct get (``{"multi_last": [...]}``, ADR-31), one
+    request for what ``get_last_msg`` asks one subject at a time. Filters go MULTI_LAST_MAX to a
+    request; one whose filters match more subjects than an answer carries is asked in halves."""
+    nc = nats_internals.connection_of(js)
+    found: dict[int, StoredMsg] = {}
+
+    async def ask(filters: list[str]) -> None:
+        try:
+            records = await _ask(nc, stream, msgspec.json.encode({"multi_last": filters}), timeout_s)
+        except TooManyResults:
+            if len(filters) == 1:
+                raise
+            await ask(filters[: len(filters) // 2])
+            await ask(filters[len(filters) // 2:])
+            return
+        for msg in records:
+            stored = _stored(stream, msg)
+            found[stored.seq] = stored
+
+    wanted = list(streams.stored_filters(stream, subjects_))
+    for start in range(0, len(wanted), MULTI_LAST_MAX):
+        await ask(wanted[start:start + MULTI_LAST_MAX])
+    return [found[seq] for seq in sorted(found)]
 
 
 # ---------------------------------------------------------------------------- following
