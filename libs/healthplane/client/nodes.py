@@ -11,17 +11,18 @@ from nats.js import JetStreamContext
 from healthplane.client.connection import decoded, decoded_or_skipped
 from healthplane.client.errors import EXIT_USAGE, CommandFailed, NodeNotFound
 from healthplane.contracts import subjects, wire
-from healthplane.runtime.replay import read_all, read_payloads
+from healthplane.runtime.replay import read_last, read_payloads
 
 
 async def find_node(nc: NATS, js: JetStreamContext, node_id: str, cluster: str | None,
                     streams: Iterable[str] = ("HP_NODES",)) -> wire.NodeView:
     """The node's view: in ``cluster``, or in whichever cluster holds it (a node id in several
     is a usage error naming them). ``streams``: where views are kept (a federation hub keeps
-    one aggregate per member)."""
+    one aggregate per member). One multi-subject direct get per stream (``read_last``), where a
+    batch read took three requests (its stream info, the batch, a check at its end)."""
     subject = subjects.node_view(cluster, node_id) if cluster else subjects.node_view_in_any_cluster(node_id)
     found = [view for stream in streams for _, view in
-             decoded(wire.NodeView, await read_all(nc, js, stream, subject, last_per_subject=True))]
+             decoded(wire.NodeView, await read_last(js, stream, [subject]))]
     if not found:
         where = f" in cluster {cluster}" if cluster else ""
         raise NodeNotFound(f"node {node_id} not found{where}")
