@@ -49,16 +49,33 @@ NO_RESPONDERS: Final = "503"
 MULTI_LAST_MAX: Final = 1024
 
 
+# What nats-server adds to a direct get's answer: not the record's own headers.
+SERVER_HEADERS: Final = frozenset({"Nats-Stream", "Nats-Sequence", "Nats-Subject", "Nats-Time-Stamp",
+                                   "Nats-Num-Pending", "Nats-Last-Sequence"})
+
+
 @dataclass(frozen=True, slots=True)
 class StoredMsg:
-    """One stored record, as a direct get returns it."""
+    """One stored record, as a direct get returns it. Its time and its own headers are worked
+    out when asked: a follower of 100,000 nodes' views (the api) takes 3,000 a second and reads
+    neither, where parsing both for each cost 5 µs of its ~25."""
 
     stream: str
     seq: int
     subject: str
-    time: datetime
-    headers: dict[str, str]
+    stamp: str  # Nats-Time-Stamp as the server wrote it ("" if it did not)
+    answer_headers: dict[str, str]  # the answer's, the server's own among them
     data: bytes
+
+    @property
+    def time(self) -> datetime:
+        """When the record was stored."""
+        return _time(self.stamp) if self.stamp else datetime.now(UTC)
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """The record's own headers, as its writer set them."""
+        return {name: value for name, value in self.answer_headers.items() if name not in SERVER_HEADERS}
 
 
 class ReadError(Exception):
@@ -133,13 +150,9 @@ async def _extent(js: JetStreamContext, stream: str) -> tuple[int, bool]:
 
 
 def _stored(stream: str, msg: Msg) -> StoredMsg:
-    headers = dict(msg.headers or {})
-    seq = int(headers.pop("Nats-Sequence"))
-    subject = headers.pop("Nats-Subject", "")
-    stamp = headers.pop("Nats-Time-Stamp", "")
-    for name in ("Nats-Stream", "Nats-Num-Pending", "Nats-Last-Sequence"):
-        headers.pop(name, None)
-    return StoredMsg(stream, seq, subject, _time(stamp) if stamp else datetime.now(UTC), headers, msg.data)
+    headers = msg.headers or {}
+    return StoredMsg(stream, int(headers["Nats-Sequence"]), headers.get("Nats-Subject", ""),
+                     headers.get("Nats-Time-Stamp", ""), headers, msg.data)
 
 
 async def _scan(nc: NATS, stream: str, subject: str, *, start_seq: int, end: int, start_time: datetime | None,
