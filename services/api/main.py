@@ -11,7 +11,7 @@ import uvicorn
 from healthplane.client import federation
 from healthplane.runtime import metrics
 from healthplane.runtime.connect import default_creds
-from healthplane.runtime.lifecycle import ServiceContext, run_service
+from healthplane.runtime.lifecycle import ServiceContext, port_in_use, run_service
 from healthplane_api import auth, live
 from healthplane_api.app import Backend, build
 from healthplane_api.metrics import BreakfixSeries
@@ -62,7 +62,7 @@ def main(args: argparse.Namespace) -> int:
             listening = _listen(settings.host, settings.port)
         except OSError as exc:
             ctx.log.error("api cannot listen", host=settings.host, port=settings.port, error=str(exc))
-            raise SystemExit(1) from None
+            raise SystemExit(port_in_use(exc)) from None
         folding = asyncio.create_task(feed.run(ctx.nc, ctx.js, ctx.stopping))
         recalling = asyncio.create_task(recent.run(ctx.nc, ctx.js, ctx.stopping)) if not settings.federation_hub else None
         counting = asyncio.create_task(figures.run(ctx.nc, ctx.stopping)) if not settings.federation_hub else None

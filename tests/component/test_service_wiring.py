@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -74,3 +75,62 @@ async def test_the_schedulers_say_ready_only_once_caught_up(nats_server: NatsSer
     finally:
         process.send_signal(signal.SIGTERM)
         assert process.wait(30) == 0, (tmp_path / f"{service}.log").read_text()[-2000:]
+
+
+# ---------------------------------------------------------------------------- a port taken
+
+
+@pytest.mark.parametrize(("service", "which"), [("scheduler", "metrics"), ("api", "api")])
+async def test_a_port_taken_is_one_line_and_the_port_in_use_status(nats_server: NatsServer, js: JetStreamContext,
+                                                                    tmp_path: Path, service: str, which: str) -> None:
+    """`healthplane up` (API): a service told to listen on a port another process holds says so
+    in one line and exits EXIT_PORT_IN_USE, no traceback, so that its supervisor can tell a
+    taken port from a crash."""
+    from healthplane.runtime.lifecycle import EXIT_PORT_IN_USE
+
+    await converge.ensure(js)  # as `up` does: a service's identity may not create streams
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        taken = held.getsockname()[1]
+        metrics_port = taken if which == "metrics" else free_port()
+        extra = {"HEALTHPLANE_API_PORT": str(taken)} if which == "api" else {}
+        done = subprocess.run([sys.executable, "-m", "healthplane.cli", "service", service,
+                               "--metrics-port", str(metrics_port)], env=env_for(nats_server, service, **extra),
+                              capture_output=True, text=True, timeout=60)
+    assert done.returncode == EXIT_PORT_IN_USE, (done.returncode, done.stdout[-2000:], done.stderr[-2000:])
+    said = [line for line in done.stdout.splitlines() + done.stderr.splitlines() if "cannot listen" in line]
+    assert len(said) == 1 and str(taken) in said[0], (done.stdout, done.stderr)
+    assert "Traceback" not in done.stdout + done.stderr
+
+
+async def test_up_starts_a_child_again_on_new_ports_when_the_one_it_picked_was_taken(nats_server: NatsServer,
+                                                                                     js: JetStreamContext,
+                                                                                     tmp_path: Path) -> None:
+    """`healthplane up` (API): a port up picked was free when picked; another process on the
+    host may take it before the child listens. The child exits saying so, and up starts it again
+    on ports it picks anew, the api's own included (a port named with --api-port stays)."""
+    from healthplane.cli import up
+    from tests.support.secure import creds_for
+
+    await converge.ensure(js)  # as `up` does: a service's identity may not create streams
+    creds = creds_for(nats_server, "api")
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        taken = held.getsockname()[1]
+        env = {"HEALTHPLANE_API_PORT": str(taken), "HEALTHPLANE_INSTANCE": "test-api"}
+        child = up.Child("api", ["service", "api"], free_port(),
+                         up._spawn("api", ["service", "api"], free_port(), nats_server.url, tmp_path,
+                                   Path(creds) if creds else None, env),
+                         Path(creds) if creds else None, env=env, http_port=taken, http_port_picked=True)
+        try:
+            up._check_alive([child], tmp_path, nats_server.url)
+            assert child.process.poll() is None and child.http_port not in (None, taken)
+            assert child.env["HEALTHPLANE_API_PORT"] == str(child.http_port)
+            log = (tmp_path / "api.log").read_text(encoding="utf-8")
+            assert "api cannot listen" in log  # the first start's, on the port taken
+        finally:
+            child.process.terminate()
+            child.process.wait(10)
+

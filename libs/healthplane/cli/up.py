@@ -45,6 +45,7 @@ from healthplane.runtime import tls as client_tls
 from healthplane.runtime.connect import connect
 from healthplane.runtime.creds import CredsError
 from healthplane.runtime.lease import INSTANCE_ENV
+from healthplane.runtime.lifecycle import EXIT_PORT_IN_USE
 from healthplane.stack import tls
 from healthplane.stack.keystore import RENEW_WITHIN_S, Keystore, write_secret
 from healthplane.stack.natsserver import (
@@ -87,6 +88,7 @@ class Child:
     replica: int = 1  # --replicas: the second scorer is replica 2
     env: dict[str, str] = field(default_factory=dict)  # the child's own settings (the api's port, keys)
     http_port: int | None = None  # the api's pages and API (its metrics stay on ``port``)
+    http_port_picked: bool = False  # up chose it (no --api-port): another may be chosen
 
     @property
     def url(self) -> str | None:
@@ -185,7 +187,7 @@ def run(args: argparse.Namespace) -> int:
             fleet = ["sim", "run", "--nodes", str(args.nodes), "--provisioned", str(args.nodes // 2),
                      "--cluster", config.cluster, "--nvlink-domain-size", str(UP_NVLINK_DOMAIN_SIZE)]
             children.append(_start_child("sim", fleet, nats_url, log_dir, identities))
-        _check_alive(children, log_dir)
+        _check_alive(children, log_dir, nats_url)
 
         def write_stack() -> None:
             _write_stack(data_dir, nats_url, _members(nats), children, identities, server_tls, fed)
@@ -431,7 +433,9 @@ def _start_service(name: str, nats_url: str, log_dir: Path, identities: Identiti
         env["HEALTHPLANE_API_PORT"] = str(http_port)
         if hub:
             env["HEALTHPLANE_FEDERATION_HUB"] = "1"
-    return _start_child(name, command, nats_url, log_dir, identities, replica, env=env, http_port=http_port)
+    child = _start_child(name, command, nats_url, log_dir, identities, replica, env=env, http_port=http_port)
+    child.http_port_picked = http_port is not None and not api_port
+    return child
 
 
 def _start_child(name: str, command: list[str], nats_url: str, log_dir: Path, identities: Identities | None,
@@ -461,14 +465,30 @@ def _spawn(name: str, command: list[str], port: int, nats_url: str, log_dir: Pat
         )
 
 
-def _check_alive(children: list[Child], log_dir: Path, timeout_s: float = 60.0) -> None:
+# A child whose port was taken between up's pick and its listen is started again on others.
+PORT_PICKS = 3
+
+
+def _check_alive(children: list[Child], log_dir: Path, nats_url: str, timeout_s: float = 60.0) -> None:
     """Wait until every child answers on its metrics endpoint: the table and stack.json
-    describe a running stack, not one still starting."""
+    describe a running stack, not one still starting. A port up picked is free when picked,
+    not when the child listens (another process on the host may take it meanwhile): a child
+    that exits saying its port was taken (EXIT_PORT_IN_USE) is started again on new ones, up
+    to PORT_PICKS times; a port the operator named (--api-port) is theirs to free."""
     deadline = time.monotonic() + timeout_s
     waiting = list(children)
+    picks = dict.fromkeys((id(child) for child in children), 0)
     while waiting:
         for child in list(waiting):
-            if child.process.poll() is not None:
+            status = child.process.poll()
+            if (status == EXIT_PORT_IN_USE and picks[id(child)] < PORT_PICKS
+                    and (child.name != "api" or child.http_port_picked)):
+                picks[id(child)] += 1
+                _repick_ports(child)
+                child.process = _spawn(child.label, child.command, child.port, nats_url, log_dir, child.creds,
+                                       child.env)
+                continue
+            if status is not None:
                 raise CannotStart(f"{child.label} exited at start; see {log_dir / child.label}.log")
             try:
                 with urllib.request.urlopen(child.metrics_url, timeout=1) as answer:
@@ -480,6 +500,14 @@ def _check_alive(children: list[Child], log_dir: Path, timeout_s: float = 60.0) 
             raise CannotStart(f"{waiting[0].label} did not answer within {timeout_s:g}s; "
                               f"see {log_dir / waiting[0].label}.log")
         time.sleep(0.1)
+
+
+def _repick_ports(child: Child) -> None:
+    """New ports for a child whose port was taken (its metrics', and the api's own if up chose it)."""
+    child.port = free_port()
+    if child.name == "api" and child.http_port_picked:
+        child.http_port = free_port()
+        child.env["HEALTHPLANE_API_PORT"] = str(child.http_port)
 
 
 def _stop_all(children: list[Child]) -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import os
 import signal
 import sys
@@ -52,6 +53,15 @@ class ServiceContext:
 
 ServiceMain = Callable[[ServiceContext], Awaitable[None]]
 
+# A service exits with this when a port it was told to listen on is taken (EADDRINUSE): a
+# supervisor that picked the port itself (``healthplane up``) picks another and starts it again.
+EXIT_PORT_IN_USE = 98
+
+
+def port_in_use(exc: OSError) -> int:
+    """The exit status for a failed listen: EXIT_PORT_IN_USE for a port taken, else 1."""
+    return EXIT_PORT_IN_USE if exc.errno == errno.EADDRINUSE else 1
+
 
 async def _run(name: str, main: ServiceMain, nats_url: str | None, creds: str | None,
                metrics_port: int, settings: EnvSettings | None) -> int:
@@ -62,7 +72,11 @@ async def _run(name: str, main: ServiceMain, nats_url: str | None, creds: str | 
     # Not ready until the service says what it waits for: /readyz answers from the moment the
     # endpoint listens, before the connection and any replay.
     metrics.readiness(name, lambda: (False, "starting"))
-    endpoint = metrics.serve(metrics_port)
+    try:
+        endpoint = metrics.serve(metrics_port)
+    except OSError as exc:
+        log.error("metrics endpoint cannot listen", port=metrics_port, error=str(exc))
+        return port_in_use(exc)
     log.info("metrics endpoint", url=endpoint.url)
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()
