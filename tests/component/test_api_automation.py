@@ -182,3 +182,23 @@ async def test_api4_the_apis_followed_config_is_what_a_read_of_the_stream_says(
         await until(followed, 10, "the new config")
         page, api, cli = await _lines(nats_server, client)
     assert page == api == cli == "observe mode: recommended drain at 30 (mode observe recommends, never acts)"
+
+
+async def test_sec7_api4_a_domain_event_naming_another_domain_on_its_subject_is_not_believed(
+        nats_server: NatsServer, js: JetStreamContext) -> None:
+    """SEC-7, API-4: the newest record on rack r0's DOMAIN_DEGRADED subject says it is rack r9's
+    (another payload on this subject): the line is what the records that are rack r0's say, on
+    the page, the API and ``node show`` alike."""
+    async with as_admin(js) as admin:
+        await apply_config(admin, parse_cluster_config({"cluster": CLUSTER, "nodeHealth": {"mode": "drain"}}))
+    await js.publish(subjects.node_view(CLUSTER, NODE), wire.encode(_view()))
+    await _put(js, [*RECOVERED, Record(NODE, "NODE_UNCORDONED", 120, actor="alice"),
+                    Record(NODE, "SCORE_CHANGED", 60), Record(NODE, "POLICY_HALTED", 50, message=HALTED)])
+    forged = wire.NodeEvent(id="forged", node_id="domain:rack=r9", cluster=CLUSTER, type="DOMAIN_DEGRADED",
+                            occurred_at=NOW - timedelta(minutes=1), message="domain rack=r9: 8 of 8 members silent",
+                            actor="policy")
+    await js.publish(subjects.event(CLUSTER, RACK, "DOMAIN_DEGRADED"), wire.encode(forged))
+    async with _api(nats_server) as (client, _, _):
+        page, api, cli = await _lines(nats_server, client)
+    assert page == api == cli
+    assert page.startswith(f"{HALTED} (since "), page

@@ -280,17 +280,17 @@ async def latest_events(js: JetStreamContext, cluster: str, wanted: Mapping[str,
     filters = [subjects.node_events(cluster, node_id, t) for node_id, types in wanted.items() for t in types]
     if not filters:
         return {}
-    node_of = {subjects.encode_token(node_id): node_id for node_id in wanted}
     found: dict[str, list[wire.NodeEvent]] = {}
     for stored in await read_last(js, "HP_NODE_EVENTS", filters):
-        tokens = stored.subject.split(".")  # hp.event.{cluster}.{node}.{TYPE}[.{slot}]
-        node_id = node_of.get(tokens[3]) if len(tokens) > 4 else None
         try:
+            where = subjects.parse(stored.subject)  # hp.event.{cluster}.{node}.{TYPE}[.{slot}]
             event = wire.decode(wire.NodeEvent, stored.data)
-        except wire.WireError:
+        except (subjects.SubjectError, wire.WireError):
             continue
-        if node_id is not None and event.type == tokens[4]:
-            found.setdefault(node_id, []).append(event)
+        # SEC-7: an event whose payload names another node or type than its subject is not believed.
+        if (where.node_id in wanted and event.type == where.rest
+                and (event.cluster, event.node_id) == (where.cluster, where.node_id)):
+            found.setdefault(where.node_id, []).append(event)
     return found
 
 
