@@ -178,9 +178,8 @@ async def _latest_view_at(nc: NATS, js: JetStreamContext) -> datetime:
 async def test_ha3_ha8_the_scorer_holder_killed_under_load_is_replaced_within_the_lease_ttl(
         nats_server: NatsServer, tmp_path: Path) -> None:
     # HA-3: kill -9 the scorer replica that holds the lease under load: the standby writes
-    # views within the TTL of the holder's last renewal, and its state equals a replay.
-    # HA-8: the TTL is the leases bucket's, set by stream administration (3 s here, not the
-    # default): the services time their leases by it.
+    # views, and its state equals a replay. HA-8: at the default TTL (10 s), sooner than the
+    # key could lapse: the standby sees its holder gone from the bus (runtime.lease).
     async def lose_the_holder(nc: NATS, js: JetStreamContext, processes: dict[str, subprocess.Popen[bytes]],
                               fleet: Fleet) -> float:
         kv = await js.key_value(streams.LEASES_BUCKET)
@@ -193,10 +192,11 @@ async def test_ha3_ha8_the_scorer_holder_killed_under_load_is_replaced_within_th
 
         return await until(taken_over, 30, "the standby scorer writing views")
 
-    ttl_s = 3.0
-    takeover_s = await _under_load(nats_server, tmp_path, lose_the_holder, lease_ttl_s=ttl_s)
+    takeover_s = await _under_load(nats_server, tmp_path, lose_the_holder)
     print(f"HA-3: the standby scorer wrote {takeover_s:.2f} s after kill -9 of the holder")
-    assert takeover_s < ttl_s + 2.0 < streams.LEASE_TTL_S
+    # The holder renewed at most a third of the TTL before the kill: the key lapses no sooner
+    # than two thirds of it after. (Under 3 s alone: docs/operations.md, "The lease TTL".)
+    assert takeover_s < streams.LEASE_TTL_S * 2 / 3
 
 
 async def _latest_revision(nc, js: JetStreamContext) -> int:  # type: ignore[no-untyped-def]

@@ -222,9 +222,10 @@ def _extra_publish(role: str) -> tuple[str, ...]:
         owned = tuple(f"$JS.API.STREAM.PURGE.{s.name}" for s in streams.STREAMS
                       if all(c.writers == (role,) for c in s.channels if not c.address.startswith(streams.FENCE_PREFIX)))
         common = (*common, *owned)
+        common = (*common, own_lease, own_lease_tree, *_lease_presence(role))
         if role == "substrate-bridge":  # it writes the nodes bucket; the maintainer sizes it (BRG-1, SEC-10)
-            return (*common, own_lease, own_lease_tree, f"$KV.{streams.NODES_BUCKET}.>")
-        return (*common, own_lease, own_lease_tree)
+            return (*common, f"$KV.{streams.NODES_BUCKET}.>")
+        return common
     if role == ADMIN:
         # Commands as itself (its channels above), applies config, drives the simulator, asks
         # the webhook dispatcher to send dead-lettered deliveries again (INT-2), as itself.
@@ -245,6 +246,14 @@ def _extra_publish(role: str) -> tuple[str, ...]:
     return common
 
 
+def _lease_presence(role: str) -> tuple[str, ...]:
+    """Where its lease holders answer and its standbys ask whether they are still connected
+    (runtime.lease): its own leases' only, so no other identity can keep a dead holder's lease
+    alive or pass for it."""
+    own = streams.lease_presence_subject(encode_token(role))
+    return (own, f"{own}.>")
+
+
 def _extra_subscribe(role: str) -> tuple[str, ...]:
     if role == SIM:  # the simulator's injected faults, the provisioner's answers, its nodes' remediation (REM-2)
         return (f"hp.sim.{CLUSTER}.inject", f"hp.provision.{CLUSTER}.*", f"hp.remediate.{CLUSTER}.*")
@@ -256,7 +265,9 @@ def _extra_subscribe(role: str) -> tuple[str, ...]:
     if role in USER_ROLES:  # people read every record live too (the CLI waits for outcomes)
         return tuple(dict.fromkeys(c.subject for c in streams.CHANNELS))
     if role == WEBHOOK_DISPATCHER:  # `webhooks replay` requests, answered once each (INT-2)
-        return (f"{subjects.WEBHOOK_REPLAY}.*",)
+        return (f"{subjects.WEBHOOK_REPLAY}.*", *_lease_presence(role))
+    if role in SERVICE_ROLES:
+        return _lease_presence(role)
     return ()
 
 

@@ -31,6 +31,9 @@ NODES_BUCKET: Final = "substrate-nodes"
 NODES_BUCKET_DEFAULT_MAX_BYTES: Final = 64 * 1024 * 1024
 LEASES_BUCKET: Final = "healthplane-leases"
 LEASE_TTL_S: Final = 10.0
+# A lease holder answers requests here while it holds (runtime.lease): core NATS, never
+# stored. No subscriber anywhere means no connection of the holder's left on the bus.
+LEASE_PRESENCE_PREFIX: Final = "hp.lease"
 
 # HA-4: the per-node records the partitioned folds read carry one more token, last: the
 # node's slot, ``{{partition(PARTITION_SLOTS, cluster, node)}}``, written by the stream itself
@@ -318,6 +321,12 @@ def fence_subject(stream: str, service: str, partition: int | str = 0) -> str | 
     if address is None:
         return None
     return address.replace("{service}", service).replace("{partition}", str(partition))
+
+
+def lease_presence_subject(lease_name: str) -> str:
+    """Where the holder of lease ``lease_name`` (``scorer``, ``scorer.2of4``) answers while it
+    holds it."""
+    return f"{LEASE_PRESENCE_PREFIX}.{lease_name}"
 
 
 def slots_of(partition: int, partitions: int) -> tuple[int, ...]:

@@ -14,23 +14,42 @@ after the request was sent), so a holder that gets a revision is still the holde
 stamp it on their outputs (``Hp-Lease-Rev``); a new holder's revision is always higher (the
 bucket's sequence), and readers that fold those outputs pass over a lower revision after a
 higher one, which covers the last window: a write queued in the client before the stall.
+
+A dead holder is also seen sooner than its TTL (HA-8). While it holds, a holder subscribes to
+its lease's presence subject (``streams.lease_presence_subject``) and answers there; a standby
+that finds the key held by another asks there each round. nats-server answers *no responders*
+at once when no connection in the cluster subscribes: the holder's process is gone (kill -9
+closes its socket, and the server drops its subscriptions with it), or its connection is. Once
+that has been the answer for ``ABSENT_FOR_S`` without a break, the standby takes the key with
+a compare-and-set on the revision it read, so a holder that reconnected and renewed meanwhile
+keeps it. A holder that is slow to answer (a GC pause, a busy host, SIGSTOP) still has its
+subscription: its silence is a timeout, not an absence, and only the TTL ends its lease. A
+takeover this way is as safe as one at the TTL: the new holder's revision is higher, it marks
+the streams it writes (runtime.fencing), and the server refuses the old holder's writes from
+then on.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import socket
 import time
 from collections.abc import Callable
 from typing import Any
 
+from nats import errors as nats_errors
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
 from nats.js import JetStreamContext
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError, NotFoundError
 from nats.js.kv import KeyValue
 
 from healthplane.contracts.streams import LEASE_TTL_S as TTL_S
 from healthplane.contracts.streams import LEASES_BUCKET as BUCKET
+from healthplane.contracts.streams import lease_presence_subject
 
 HEADER = "Hp-Lease-Rev"
 RETRY_S = 0.5
@@ -44,6 +63,13 @@ ROUND_TIMEOUT_S = 2.0
 # own lease back at once instead of waiting out the TTL. Two live processes must never share
 # one; without it each process is its own (host:pid).
 INSTANCE_ENV = "HEALTHPLANE_INSTANCE"
+# How long a standby waits for its question to the holder: a live holder answers in
+# milliseconds, and one that does not answer in this time is slow, which is not dead.
+PROBE_TIMEOUT_S = 0.5
+# How long the holder must have had no connection on the bus before a standby takes its lease:
+# longer than a client's reconnect to another server after losing its own (sub-second on a
+# loaded 2-core host, docs/operations.md), so a server loss is ridden out, not taken over.
+ABSENT_FOR_S = 1.5
 
 
 def instance_name() -> str:
@@ -61,8 +87,13 @@ async def ttl_in_force(js: JetStreamContext) -> float:
 class Lease:
     def __init__(self, js: JetStreamContext, name: str, holder: str, *, ttl_s: float = TTL_S,
                  on_change: Callable[[bool], None] | None = None, log: Any = None,
-                 wanted: Callable[[], bool] | None = None, rides_out: bool = False) -> None:
+                 wanted: Callable[[], bool] | None = None, rides_out: bool = False,
+                 nc: NATS | None = None) -> None:
         self._js, self.name, self.holder = js, name, holder
+        # The connection the holder answers on and the standby asks on (None: the TTL alone).
+        self._nc = nc
+        self._presence: Subscription | None = None
+        self._absent: tuple[int, float] | None = None  # (the key's revision, monotonic) first found absent
         # A holder whose writes wait on its fence (a Processor's do) is told it lost the lease
         # only when it has: a fence that closes while the bus elects a leader, and reopens
         # with the next renewal, then costs a pause instead of a takeover from the snapshot
@@ -119,6 +150,7 @@ class Lease:
                 self._log.warning("lease renewal failed", lease=self.name, error=str(exc) or type(exc).__name__)
             return self.fence() is not None
         self.unanswered = False
+        await self._answer_presence(self._revision is not None)
         self._set(self._revision is not None)
         return self.is_leader
 
@@ -138,9 +170,51 @@ class Lease:
             return await kv.create(self.name, value)
         except KeyWrongLastSequenceError:
             entry = await kv.get(self.name)
-            if entry.value != value or entry.revision is None:
+            if entry.revision is None or (entry.value != value and not await self._holder_gone(entry.revision)):
                 raise
+            if entry.value != value and self._log is not None:
+                self._log.warning("lease holder gone from the bus: taking over before its TTL", lease=self.name,
+                                  holder=(entry.value or b"").decode(errors="replace"), absent_for_s=ABSENT_FOR_S)
             return await kv.update(self.name, value, last=entry.revision)
+
+    async def _holder_gone(self, revision: int) -> bool:
+        """Whether the holder of ``revision`` has had no connection on the bus for
+        ``ABSENT_FOR_S``: every question since the first unanswered one met no responders."""
+        if self._nc is None:
+            return False
+        try:
+            await self._nc.request(lease_presence_subject(self.name), b"", timeout=PROBE_TIMEOUT_S)
+        except nats_errors.NoRespondersError:
+            now = time.monotonic()
+            if self._absent is None or self._absent[0] != revision:
+                self._absent = (revision, now)
+            return now - self._absent[1] >= ABSENT_FOR_S
+        except Exception:
+            pass  # no answer in time (a slow holder), or our own connection down: proves nothing
+        self._absent = None
+        return False
+
+    async def _answer_presence(self, holding: bool) -> None:
+        """Subscribe to the lease's presence subject while this replica holds the lease (its
+        revision kept, even while the fence is closed riding out an election), and leave it
+        once it does not."""
+        if self._nc is None or holding == (self._presence is not None):
+            return
+        try:
+            if holding:
+                self._presence = await self._nc.subscribe(lease_presence_subject(self.name), cb=self._present)
+            elif self._presence is not None:
+                presence, self._presence = self._presence, None
+                await presence.unsubscribe()
+        except Exception as exc:  # the connection closing: the server drops the subscription anyway
+            if self._log is not None:
+                self._log.warning("lease presence not changed", lease=self.name, error=str(exc) or type(exc).__name__)
+
+    async def _present(self, msg: Msg) -> None:
+        if msg.reply:
+            # A respond that fails is a connection going away, whose subscription goes with it.
+            with contextlib.suppress(nats_errors.Error):
+                await msg.respond(self.holder.encode())
 
     def fence(self) -> int | None:
         """The lease's revision while this holder may still write; ``None`` once it may not
@@ -179,4 +253,5 @@ class Lease:
             except Exception:
                 pass  # it expires with the TTL
             self._revision = None
+        await self._answer_presence(False)
         self._set(False)

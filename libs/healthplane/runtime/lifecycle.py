@@ -206,7 +206,7 @@ async def serve_replicated(ctx: ServiceContext, lease_name: str,
             if ctx.stopping.is_set():
                 return
     lease = Lease(rounds, lease_name, instance_name(), ttl_s=ttl_s, on_change=on_change,
-                  log=ctx.log, wanted=wanted, rides_out=rides_out)
+                  log=ctx.log, wanted=wanted, rides_out=rides_out, nc=ctx.nc)
     # The lease is renewed until the runners have stopped: their last snapshot goes out under
     # it (a lease released at the signal, before the snapshot, would fence the snapshot off).
     released = asyncio.Event()
