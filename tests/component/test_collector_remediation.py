@@ -7,6 +7,7 @@ nodes the same way. The server, not the agent, keeps other identities off the su
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import signal
 import subprocess
@@ -299,14 +300,24 @@ async def test_rem2_sec1_only_the_node_reads_its_subject_and_only_eviction_write
 
         await node_a.subscribe(mine, cb=on_request)
         await node_a.flush(timeout=5)
-        await send(sender, request("s3"))
-        # A bound for a loaded machine (4 workers, 2 cores), not a speed: the request arrives or never does.
-        assert wire.decode(wire.RemediationRequest, await asyncio.wait_for(heard.get(), 30)).id == "s3"
+        # Live delivery is at most once: a request published while the node's connection is
+        # re-established (a loaded CI machine starving the test's loop past its pings, once) is
+        # not delivered, and eviction's ladder tries the rung again after its timeout. So does the test:
+        # what it checks is that the node may read its own subject, not the bus's luck.
+        sent = 0
+        for _ in range(3):
+            await send(sender, request("s3"))
+            sent += 1
+            with contextlib.suppress(TimeoutError):
+                assert wire.decode(wire.RemediationRequest, await asyncio.wait_for(heard.get(), 10)).id == "s3"
+                break
+        else:
+            raise AssertionError("node A never heard its own remediation request, sent 3 times")
         # No node may publish a request: not to itself, not to another.
         for nc, subject in ((node_a, mine), (node_a, theirs), (node_b, mine), (node_b, theirs)):
             assert await _publish_refused(nc, subject), f"a node published {subject}"
         stored = (await js.stream_info("HP_REMEDIATION")).state.messages
-        assert stored == 3  # eviction's three, nothing forged
+        assert stored == 2 + sent  # eviction's, nothing forged
     finally:
         for nc in (sender, node_a, node_b):
             await nc.close()

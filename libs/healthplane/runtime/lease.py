@@ -211,7 +211,7 @@ class Lease:
                 self._log.warning("lease presence not changed", lease=self.name, error=str(exc) or type(exc).__name__)
 
     async def _present(self, msg: Msg) -> None:
-        if msg.reply:
+        if msg.reply and self._revision is not None:
             # A respond that fails is a connection going away, whose subscription goes with it.
             with contextlib.suppress(nats_errors.Error):
                 await msg.respond(self.holder.encode())
