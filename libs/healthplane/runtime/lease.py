@@ -84,16 +84,63 @@ async def ttl_in_force(js: JetStreamContext) -> float:
     return float(info.config.max_age or TTL_S)
 
 
+class Presence:
+    """Whether the replica behind a key in the leases bucket still has a connection on the bus
+    (HA-8): it answers on the key's presence subject (``streams.lease_presence_subject``) while
+    it holds the key; another asks there. One per key: a lease's holder and its standbys, or a
+    partitioned service's member keys (runtime.lifecycle.Members)."""
+
+    def __init__(self, nc: NATS, key: str, answer: bytes, log: Any = None) -> None:
+        self._nc, self.key, self._answer, self._log = nc, key, answer, log
+        self._subject = lease_presence_subject(key)
+        self._subscription: Subscription | None = None
+        self._absent: tuple[int, float] | None = None  # (the key's revision, monotonic) first found absent
+
+    async def hold(self, holding: bool) -> None:
+        """Answer while ``holding``, and stop answering once not."""
+        if holding == (self._subscription is not None):
+            return
+        try:
+            if holding:
+                self._subscription = await self._nc.subscribe(self._subject, cb=self._present)
+            elif self._subscription is not None:
+                subscription, self._subscription = self._subscription, None
+                await subscription.unsubscribe()
+        except Exception as exc:  # the connection closing: the server drops the subscription anyway
+            if self._log is not None:
+                self._log.warning("lease presence not changed", key=self.key, error=str(exc) or type(exc).__name__)
+
+    async def _present(self, msg: Msg) -> None:
+        if msg.reply and self._subscription is not None:
+            # A respond that fails is a connection going away, whose subscription goes with it.
+            with contextlib.suppress(nats_errors.Error):
+                await msg.respond(self._answer)
+
+    async def gone(self, revision: int) -> bool:
+        """Whether the replica that wrote ``revision`` of the key has had no connection on the
+        bus for ``ABSENT_FOR_S``: every question since the first unanswered one met *no
+        responders*. A newer revision (it wrote again) starts the count afresh."""
+        try:
+            await self._nc.request(self._subject, b"", timeout=PROBE_TIMEOUT_S)
+        except nats_errors.NoRespondersError:
+            now = time.monotonic()
+            if self._absent is None or self._absent[0] != revision:
+                self._absent = (revision, now)
+            return now - self._absent[1] >= ABSENT_FOR_S
+        except Exception:
+            pass  # no answer in time (a slow holder), or our own connection down: proves nothing
+        self._absent = None
+        return False
+
+
 class Lease:
     def __init__(self, js: JetStreamContext, name: str, holder: str, *, ttl_s: float = TTL_S,
                  on_change: Callable[[bool], None] | None = None, log: Any = None,
                  wanted: Callable[[], bool] | None = None, rides_out: bool = False,
                  nc: NATS | None = None) -> None:
         self._js, self.name, self.holder = js, name, holder
-        # The connection the holder answers on and the standby asks on (None: the TTL alone).
-        self._nc = nc
-        self._presence: Subscription | None = None
-        self._absent: tuple[int, float] | None = None  # (the key's revision, monotonic) first found absent
+        # Where the holder answers and the standby asks (no connection given: the TTL alone).
+        self._presence = Presence(nc, name, holder.encode(), log) if nc is not None else None
         # A holder whose writes wait on its fence (a Processor's do) is told it lost the lease
         # only when it has: a fence that closes while the bus elects a leader, and reopens
         # with the next renewal, then costs a pause instead of a takeover from the snapshot
@@ -150,7 +197,8 @@ class Lease:
                 self._log.warning("lease renewal failed", lease=self.name, error=str(exc) or type(exc).__name__)
             return self.fence() is not None
         self.unanswered = False
-        await self._answer_presence(self._revision is not None)
+        if self._presence is not None:
+            await self._presence.hold(self._revision is not None)
         self._set(self._revision is not None)
         return self.is_leader
 
@@ -178,43 +226,7 @@ class Lease:
             return await kv.update(self.name, value, last=entry.revision)
 
     async def _holder_gone(self, revision: int) -> bool:
-        """Whether the holder of ``revision`` has had no connection on the bus for
-        ``ABSENT_FOR_S``: every question since the first unanswered one met no responders."""
-        if self._nc is None:
-            return False
-        try:
-            await self._nc.request(lease_presence_subject(self.name), b"", timeout=PROBE_TIMEOUT_S)
-        except nats_errors.NoRespondersError:
-            now = time.monotonic()
-            if self._absent is None or self._absent[0] != revision:
-                self._absent = (revision, now)
-            return now - self._absent[1] >= ABSENT_FOR_S
-        except Exception:
-            pass  # no answer in time (a slow holder), or our own connection down: proves nothing
-        self._absent = None
-        return False
-
-    async def _answer_presence(self, holding: bool) -> None:
-        """Subscribe to the lease's presence subject while this replica holds the lease (its
-        revision kept, even while the fence is closed riding out an election), and leave it
-        once it does not."""
-        if self._nc is None or holding == (self._presence is not None):
-            return
-        try:
-            if holding:
-                self._presence = await self._nc.subscribe(lease_presence_subject(self.name), cb=self._present)
-            elif self._presence is not None:
-                presence, self._presence = self._presence, None
-                await presence.unsubscribe()
-        except Exception as exc:  # the connection closing: the server drops the subscription anyway
-            if self._log is not None:
-                self._log.warning("lease presence not changed", lease=self.name, error=str(exc) or type(exc).__name__)
-
-    async def _present(self, msg: Msg) -> None:
-        if msg.reply and self._revision is not None:
-            # A respond that fails is a connection going away, whose subscription goes with it.
-            with contextlib.suppress(nats_errors.Error):
-                await msg.respond(self.holder.encode())
+        return self._presence is not None and await self._presence.gone(revision)
 
     def fence(self) -> int | None:
         """The lease's revision while this holder may still write; ``None`` once it may not
@@ -253,5 +265,6 @@ class Lease:
             except Exception:
                 pass  # it expires with the TTL
             self._revision = None
-        await self._answer_presence(False)
+        if self._presence is not None:
+            await self._presence.hold(False)
         self._set(False)

@@ -33,7 +33,7 @@ from prometheus_client.registry import Collector
 from healthplane.contracts import streams, subjects
 from healthplane.runtime import connect, converge, gzipped, logs, metrics, telemetry
 from healthplane.runtime.fold import Core, Input
-from healthplane.runtime.lease import ROUND_TIMEOUT_S, Lease, instance_name, ttl_in_force
+from healthplane.runtime.lease import ROUND_TIMEOUT_S, Lease, Presence, instance_name, ttl_in_force
 from healthplane.runtime.processor import LeaseLost, Processor
 from healthplane.runtime.settings import EnvSettings, SettingsError
 
@@ -276,12 +276,20 @@ class Members:
     every replica computes the same answer from the same keys, a joining one takes its share
     from the others and a dead one's share goes to the rest, each move through the partition's
     own lease. A replica that sees another run with a different P owns nothing until it is
-    gone: two layouts at once would fold one node twice."""
+    gone: two layouts at once would fold one node twice.
 
-    def __init__(self, js: JetStreamContext, service: str, instance: str, partitions: int, log: Any) -> None:
+    A replica killed with -9 leaves its key until the TTL; each member answers on its key's
+    presence subject (runtime.lease.Presence) and asks after the others' every round, so one
+    gone from the bus for ``lease.ABSENT_FOR_S`` is no longer counted (HA-8): its partitions
+    go to the rest within seconds, each through its lease's own presence check."""
+
+    def __init__(self, js: JetStreamContext, service: str, instance: str, partitions: int, log: Any,
+                 nc: NATS | None = None) -> None:
         self._js, self._service, self._partitions, self._log = js, service, partitions, log
         self._prefix = f"{service}.members"
         self._key = f"{self._prefix}.{subjects.encode_token(instance)}"
+        self._nc = nc
+        self._presence: dict[str, Presence] = {}  # by member key: our own answers, the others' asked
         self._live: list[str] = []
         self._layouts_agree = False
         self._layouts: set[str] = set()  # the Ps the live replicas run with
@@ -300,16 +308,20 @@ class Members:
         try:
             kv = await self._js.key_value(streams.LEASES_BUCKET)
             await kv.put(self._key, str(self._partitions).encode())
-            live, layouts = [], set()
+            found: dict[str, tuple[int, str]] = {}  # key: (revision, the P it runs with)
             # nats-py's keys(filters=) matches substrings of every key; a watch of the members'
             # subject reads only theirs (and ends, with None, once it has the current ones).
             watcher = await kv.watch(f"{self._prefix}.*", ignore_deletes=True)
             try:
                 while (entry := await watcher.updates(timeout=MEMBERS_EVERY_S * 2)) is not None:  # type: ignore[no-untyped-call]
-                    live.append(entry.key)
-                    layouts.add((entry.value or b"").decode())
+                    found[entry.key] = (entry.revision or 0, (entry.value or b"").decode())
             finally:
                 await watcher.stop()  # type: ignore[no-untyped-call]
+            for key in await self._gone(found):
+                del found[key]
+                if key in self._live:
+                    self._log.warning("partition member gone from the bus: not counted before its TTL", member=key)
+            live, layouts = list(found), {layout for _, layout in found.values()}
         except (nats_errors.Error, APIError) as exc:
             # No answer: keep what we knew (a lease we hold stays fenced by its own TTL).
             self._log.warning("partition members unknown this round", error=str(exc) or type(exc).__name__)
@@ -331,6 +343,20 @@ class Members:
             self._changed = asyncio.Event()
         self._live, self._layouts_agree, self._layouts = live, agree, layouts
 
+    async def _gone(self, found: dict[str, tuple[int, str]]) -> list[str]:
+        """Answer for our own key; the other members' keys whose replica is gone from the bus
+        (none known without a connection to ask on: the TTL alone then)."""
+        if self._nc is None:
+            return []
+        for key in {*found, self._key} - self._presence.keys():
+            self._presence[key] = Presence(self._nc, key, key.encode(), self._log)
+        for key in self._presence.keys() - {*found, self._key}:
+            del self._presence[key]  # its key deleted or lapsed: nothing left to ask after
+        await self._presence[self._key].hold(True)
+        others = [key for key in found if key != self._key]
+        gone = await asyncio.gather(*(self._presence[key].gone(found[key][0]) for key in others))
+        return [key for key, dead in zip(others, gone, strict=True) if dead]
+
     async def run(self, stopping: asyncio.Event) -> None:
         while not stopping.is_set():
             await self.round()
@@ -346,7 +372,7 @@ async def serve_partitioned(ctx: ServiceContext, partitions: int,
                             lead: Callable[[Lease, int], Awaitable[Sequence[Runner]]]) -> None:
     """HA-4: run partition ``k`` of ``partitions`` (what ``lead(lease, k)`` builds) for each
     ``k`` this replica owns among the live ones, each behind its own lease."""
-    members = Members(ctx.js, ctx.name, instance_name(), partitions, ctx.log)
+    members = Members(ctx.js, ctx.name, instance_name(), partitions, ctx.log, nc=ctx.nc)
     await members.round()
     tasks = [asyncio.create_task(members.run(ctx.stopping))]
     for k in range(partitions):
