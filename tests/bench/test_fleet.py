@@ -38,6 +38,7 @@ import asyncio
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -437,11 +438,20 @@ def _us(seconds: float | None) -> float:
     return -1 if seconds is None else seconds * 1e6
 
 
+def _drop_stores(run: Path) -> None:
+    """A run's JetStream stores once it is measured (its logs stay): 100,000 nodes on three
+    servers write tens of GB, and pytest keeps three sessions' directories; one session of
+    every size filled this machine's disk mid-run (2026-12-07)."""
+    for store in list(run.rglob("jetstream")):
+        shutil.rmtree(store, ignore_errors=True)
+
+
 async def _measure(tmp: Path, servers: int, nodes: int, one_server: Measured | None) -> Measured:
     """The pipeline, then the engine alone, on ``servers``; figures against ``one_server``'s
     of the same size and run where there is one."""
     name_of = f"{_prefix(servers)}.{nodes}"
     windows, idle_rss, wave = await _pipeline(tmp, servers, nodes)
+    _drop_stores(tmp / f"up-r{servers}-{nodes}")
     steady = _steady(windows, wave.settled_s) or windows[-1:]
     for w in windows:
         print(f"r{servers} {nodes} t={w.at_s:.0f}s lag={w.lag} records={w.generated} p50={w.p(0.5)} p99={w.p(0.99)} "
@@ -458,6 +468,7 @@ async def _measure(tmp: Path, servers: int, nodes: int, one_server: Measured | N
     harness.record(f"{name_of}.service_restarts", sum(wave.restarts.values()), "restarts", target="value <= 0")
 
     alone, alone_settled_s = await _engine_alone(tmp, servers, nodes)
+    _drop_stores(tmp / f"alone-r{servers}-{nodes}")
     for w in alone:
         print(f"r{servers} {nodes} engine alone t={w.at_s:.0f}s lag={w.lag} records={w.generated} "
               f"cpu={ {k: round(v) for k, v in w.cpu.items()} }", flush=True)
