@@ -105,7 +105,7 @@ class Presence:
                 self._subscription = await self._nc.subscribe(self._subject, cb=self._present)
                 # On the server before we lead: nats-py sends a SUB with its next flush, and a
                 # holder stalled before that would be taken for gone (seen in a loaded run).
-                await self._nc.flush(timeout=PROBE_TIMEOUT_S * 4)
+                await self._nc.flush(timeout=2)  # seconds; nats-py takes an int
             elif self._subscription is not None:
                 subscription, self._subscription = self._subscription, None
                 await subscription.unsubscribe()
