@@ -221,8 +221,7 @@ def _extra_publish(role: str) -> tuple[str, ...]:
         # the replicas' fence marks (runtime.fencing) are every service's and do not count.
         owned = tuple(f"$JS.API.STREAM.PURGE.{s.name}" for s in streams.STREAMS
                       if all(c.writers == (role,) for c in s.channels if not c.address.startswith(streams.FENCE_PREFIX)))
-        common = (*common, *owned)
-        common = (*common, own_lease, own_lease_tree, *_lease_presence(role))
+        common = (*common, *owned, own_lease, own_lease_tree, *_lease_presence(role))
         if role == "substrate-bridge":  # it writes the nodes bucket; the maintainer sizes it (BRG-1, SEC-10)
             return (*common, f"$KV.{streams.NODES_BUCKET}.>")
         return common
