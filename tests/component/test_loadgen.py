@@ -62,5 +62,8 @@ async def test_loadgen_reports_every_node_on_schedule_takes_a_fault_and_stops_at
         assert load.wait(10) == 0
     took_s = time.monotonic() - stopped_at
     print(f"issue 25: sim load stopped {took_s:.2f} s after SIGINT with the server gone")
-    assert took_s < 2.0
+    # What it rules out is a generator that waits on a bus that is gone (nats-py reconnects
+    # forever): that never exits, and load.wait(10) above fails. The bound is for a loaded
+    # machine, not a speed: 0.2 s alone, 2.3 s once in a fresh-clone CI run on 2 cores.
+    assert took_s < 5.0
     assert "Traceback" not in log.read_text()
