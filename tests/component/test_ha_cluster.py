@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
+import socket
 import subprocess
 import time
 from collections import Counter
@@ -203,3 +204,20 @@ async def _latest_revision(nc, js: JetStreamContext) -> int:  # type: ignore[no-
     found = await read_all(nc, js, "HP_NODES", "hp.node.>", last_per_subject=True)
     return max((int((m.headers or {}).get("Hp-Lease-Rev", "0")) for m in found), default=0)
 
+
+
+def test_ha1_a_cluster_whose_picked_route_port_was_taken_starts_on_new_ones(tmp_path: Path) -> None:
+    # Another process on the host may take a port the cluster picked free before its server
+    # binds it (another test's cluster picking the same port; seen in a fresh-clone CI run):
+    # the cluster picks again instead of failing its caller.
+    servers = NatsCluster(tmp_path / "nats")
+    taken = servers.servers[1].routes.port  # type: ignore[union-attr]
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", taken))
+        squatter.listen()
+        servers.start()
+        try:
+            assert all(s.routes is not None and s.routes.port != taken for s in servers.servers)
+            assert all(server.healthy() for server in servers.servers)
+        finally:
+            servers.stop()

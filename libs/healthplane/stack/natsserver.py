@@ -299,6 +299,7 @@ class NatsServer:
 
 
 CLUSTER_READY_TIMEOUT_S = 30.0
+PORT_TRIES = 3  # starts of a cluster whose picked ports another process took first
 
 
 class NatsCluster:
@@ -323,6 +324,7 @@ class NatsCluster:
         self.keystore = keystore
         route_ports = tuple(free_port(host) for _ in range(size))
         client_ports = ports or [0] * size
+        self._name, self._host, self._picked_client_ports = name, host, ports is None
         prefix = "hp"
         parts: list[Federation | None] = [None] * size
         if federation is not None:
@@ -347,14 +349,31 @@ class NatsCluster:
         return [server.url for server in self.servers]
 
     def start(self) -> NatsCluster:
-        try:
-            for server in self.servers:
-                server.start()
-            self.wait_ready()
-        except BaseException:
-            self.stop()
-            raise
-        return self
+        attempt = 1
+        while True:
+            try:
+                for server in self.servers:
+                    server.start()
+                self.wait_ready()
+                return self
+            except NatsServerError as exc:
+                self.stop()
+                # A port picked free was taken before its server bound it (another process on
+                # the host picked it too): pick again, as `up` does for its services.
+                if "address already in use" not in str(exc) or attempt == PORT_TRIES:
+                    raise
+                attempt += 1
+                self._pick_ports_again()
+            except BaseException:
+                self.stop()
+                raise
+
+    def _pick_ports_again(self) -> None:
+        route_ports = tuple(free_port(self._host) for _ in self.servers)
+        for i, server in enumerate(self.servers):
+            server.routes = Routes(self._name, route_ports[i], route_ports)
+            if self._picked_client_ports:
+                server.port = free_port(self._host)
 
     def wait_ready(self, timeout_s: float = CLUSTER_READY_TIMEOUT_S) -> None:
         """Until every running member says healthy: the routes are up and a meta leader is
