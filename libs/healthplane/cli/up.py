@@ -49,6 +49,7 @@ from healthplane.runtime.lifecycle import EXIT_PORT_IN_USE
 from healthplane.stack import tls
 from healthplane.stack.keystore import RENEW_WITHIN_S, Keystore, write_secret
 from healthplane.stack.natsserver import (
+    PORT_PICKS,
     Federation,
     NatsCluster,
     NatsServer,
@@ -463,10 +464,6 @@ def _spawn(name: str, command: list[str], port: int, nats_url: str, log_dir: Pat
             env=env,
             start_new_session=True,  # Ctrl-C reaches us only; we stop children in order
         )
-
-
-# A child whose port was taken between up's pick and its listen is started again on others.
-PORT_PICKS = 3
 
 
 def _check_alive(children: list[Child], log_dir: Path, nats_url: str, timeout_s: float = 60.0) -> None:

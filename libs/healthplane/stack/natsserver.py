@@ -299,7 +299,9 @@ class NatsServer:
 
 
 CLUSTER_READY_TIMEOUT_S = 30.0
-PORT_TRIES = 3  # starts of a cluster whose picked ports another process took first
+# How many times a port picked free is picked again when another process took it before the
+# listen: a cluster's servers here, `up`'s children (cli.up).
+PORT_PICKS = 3
 
 
 class NatsCluster:
@@ -360,7 +362,7 @@ class NatsCluster:
                 self.stop()
                 # A port picked free was taken before its server bound it (another process on
                 # the host picked it too): pick again, as `up` does for its services.
-                if "address already in use" not in str(exc) or attempt == PORT_TRIES:
+                if "address already in use" not in str(exc) or attempt == PORT_PICKS:
                     raise
                 attempt += 1
                 self._pick_ports_again()
