@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -59,6 +60,19 @@ def test_a_killed_service_is_restarted_and_a_crash_loop_given_up(tmp_path: Path)
 
         _wait("the fault in node show", degraded, timeout=90)
 
+        # Its metrics port taken by another process while it is down: the restart there exits
+        # saying so (EXIT_PORT_IN_USE), and the next one runs on a port picked again, rather
+        # than failing on the same one until up gives up (a CI run lost its scheduler so).
+        policy = _service(stack_path, "policy")
+        squatter = socket.socket()
+        squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        os.kill(policy["pid"], signal.SIGKILL)
+        _wait("policy's port free", lambda: _bound(squatter, policy["metricsUrl"]))
+        with squatter:
+            moved = _wait("policy on another port", lambda: (s := _service(stack_path, "policy"))["state"] == "running"
+                          and s["metricsUrl"] != policy["metricsUrl"] and s)
+            _wait("its metrics on the new port", lambda: _answers(moved["metricsUrl"]))
+
         # A crash loop: killed each time it comes back, five failures within a minute.
         for _ in range(4):
             pid = _service(stack_path, "scheduler")["pid"]
@@ -77,6 +91,16 @@ def test_a_killed_service_is_restarted_and_a_crash_loop_given_up(tmp_path: Path)
     assert "health-ingest restarted (pid" in err
     assert "scheduler killed by SIGKILL and failed 5 times within 60s; not restarting it" in err
     assert "Traceback" not in err
+    assert "policy exited with 98; restarting in" in err, err
+
+
+def _bound(sock: socket.socket, url: str) -> bool:
+    try:
+        sock.bind(("127.0.0.1", int(url.rsplit(":", 1)[1].split("/")[0])))
+    except OSError:
+        return False
+    sock.listen()
+    return True
 
 
 def _answers(url: str) -> bool:

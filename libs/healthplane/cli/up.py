@@ -90,6 +90,7 @@ class Child:
     env: dict[str, str] = field(default_factory=dict)  # the child's own settings (the api's port, keys)
     http_port: int | None = None  # the api's pages and API (its metrics stay on ``port``)
     http_port_picked: bool = False  # up chose it (no --api-port): another may be chosen
+    port_taken: bool = False  # it last exited saying a port of its was taken (EXIT_PORT_IN_USE)
 
     @property
     def url(self) -> str | None:
@@ -230,7 +231,7 @@ def _federation(args: argparse.Namespace, config: ClusterConfig) -> Federation |
         raise federation.FederationError("--federation-hub and --attach configure the server up starts; for your "
                                          "own servers set their domain and leaf nodes (docs/federation.md)")
     if args.federation_hub:
-        return Federation(federation.HUB_DOMAIN, leaf_port=args.leaf_port or free_port())
+        return Federation(federation.HUB_DOMAIN, leaf_port=args.leaf_port or _pick_port())
     if not args.insecure and not args.attach_creds:
         raise federation.FederationError("--attach needs --attach-creds FILE: the member credentials "
                                          "`healthplane federation attach NAME` printed on the hub")
@@ -362,6 +363,9 @@ def _supervise(child: Child, nats_url: str, log_dir: Path, now: float) -> bool:
     what ``stack.json`` says of it changed."""
     log = log_dir / f"{child.label}.log"
     if child.state == "restarting" and child.restart_at is not None and now >= child.restart_at:
+        if child.port_taken:  # another process took its port while it was down: a restart there fails again
+            _repick_ports(child)
+            child.port_taken = False
         child.process = _spawn(child.label, child.command, child.port, nats_url, log_dir, child.creds, child.env)
         child.restarts += 1
         child.state, child.restart_at = "running", None
@@ -372,6 +376,8 @@ def _supervise(child: Child, nats_url: str, log_dir: Path, now: float) -> bool:
     if code is None:
         return False
     decision = after_exit(RESTART_POLICY, code, child.failures_at, now)
+    # Otherwise a restart keeps its ports: a scraper's target and an open page stay where they were.
+    child.port_taken = code == EXIT_PORT_IN_USE and (child.name != "api" or child.http_port_picked)
     if code != 0:  # only the start limit's window is kept: a service that fails once a day stays small
         child.failures_at = [t for t in child.failures_at if now - t < RESTART_POLICY.window_s] + [now]
     match decision:
@@ -430,7 +436,7 @@ def _start_service(name: str, nats_url: str, log_dir: Path, identities: Identiti
     env: dict[str, str] = {}
     http_port = None
     if name == "api":  # its port is kept across restarts: an open page reconnects by itself
-        http_port = api_port or free_port()
+        http_port = api_port or _pick_port()
         env["HEALTHPLANE_API_PORT"] = str(http_port)
         if hub:
             env["HEALTHPLANE_FEDERATION_HUB"] = "1"
@@ -441,7 +447,7 @@ def _start_service(name: str, nats_url: str, log_dir: Path, identities: Identiti
 
 def _start_child(name: str, command: list[str], nats_url: str, log_dir: Path, identities: Identities | None,
                  replica: int = 1, *, env: dict[str, str] | None = None, http_port: int | None = None) -> Child:
-    port = free_port()
+    port = _pick_port()
     creds = identities.by_child[name] if identities else None  # replicas share their service's identity
     process = _spawn(_label(name, replica), command, port, nats_url, log_dir, creds, env or {})
     return Child(name, command, port, process, creds, replica=replica, env=env or {}, http_port=http_port)
@@ -499,11 +505,25 @@ def _check_alive(children: list[Child], log_dir: Path, nats_url: str, timeout_s:
         time.sleep(0.1)
 
 
+# Every port this `up` handed a child. A port is picked free, and is bound only when the child
+# listens: two picks in a row can name the same port (seen: eviction and the scheduler given one
+# metrics port; the scheduler, restarted on it again and again, never ran).
+_HANDED_OUT: set[int] = set()
+
+
+def _pick_port() -> int:
+    """A free port no other child of this `up` was given."""
+    while (port := free_port()) in _HANDED_OUT:
+        pass
+    _HANDED_OUT.add(port)
+    return port
+
+
 def _repick_ports(child: Child) -> None:
     """New ports for a child whose port was taken (its metrics', and the api's own if up chose it)."""
-    child.port = free_port()
+    child.port = _pick_port()
     if child.name == "api" and child.http_port_picked:
-        child.http_port = free_port()
+        child.http_port = _pick_port()
         child.env["HEALTHPLANE_API_PORT"] = str(child.http_port)
 
 
