@@ -34,7 +34,7 @@ from healthplane.client import reads
 from healthplane.contracts import breakfix, streams, subjects, wire
 from healthplane.contracts.config import ClusterConfig
 from healthplane.runtime import configstore
-from healthplane.runtime.replay import StoredMsg, follow, read_all
+from healthplane.runtime.replay import StoredMsg, Tail, follow, read_all
 from healthplane_api import dashboard, plane, timeline
 from healthplane_api.fold import ViewIndex, key_of
 
@@ -43,7 +43,7 @@ FOLLOW_EVERY_S: Final = 0.25  # how stale a page may be: a quarter second behind
 DECOMMISSIONED: Final = ("NODE_DEPROVISIONED", "NODE_REPLACED")
 ALL: Final = "*"  # a notice every page wants: the fleet changed shape, or readability did
 DASHBOARD: Final = "#dashboard"  # a notice for the dashboard (and the table): an event it counts
-EVENTS_EVERY_S: Final = 2.0  # how far behind the events the timeline may be
+EVENTS_EVERY_S: Final = 2.0  # how soon the timeline asks again where its 24 h begin, the bus away
 TRIM_EVERY_S: Final = 60.0
 READ_EVERY_S: Final = 5.0  # consumer, stream and config info: at most this often, whoever asks
 READ_TIMEOUT_S: Final = 5.0
@@ -88,10 +88,11 @@ class Feed:
 
     # -- the fold
 
-    async def run(self, nc: NATS, js: JetStreamContext, stopping: asyncio.Event) -> None:
+    async def run(self, nc: NATS, js: JetStreamContext, stopping: asyncio.Event, events: Tail) -> None:
         """Fold views until ``stopping``; watch the connection. The views are followed by
-        direct gets from the last one seen (``runtime.replay.follow``): the api holds no
-        consumer, so its identity needs no right over any (SEC-8)."""
+        direct gets from the last one seen (``runtime.replay.Tail``): the api holds no
+        consumer, so its identity needs no right over any (SEC-8). The removals come from
+        ``events``, the api's one tail of the node events."""
         def on_views(batch: list[StoredMsg], caught_up: bool) -> None:
             for stored in batch:
                 row = self.index.apply(stored.data, stored.subject)
@@ -123,13 +124,11 @@ class Feed:
             self._log.debug("following the views, their removals or the config failed; trying again", error=str(exc) or type(exc).__name__)
 
         # From now on: the views already purged were never loaded.
-        events = await js.stream_info("HP_NODE_EVENTS")
-        tails = [asyncio.create_task(follow(nc, "HP_NODES", subjects.node_views(), on_views, start_seq=1,
-                                            stopping=stopping, every_s=FOLLOW_EVERY_S, on_error=on_error))]
-        tails += [asyncio.create_task(follow(nc, "HP_NODE_EVENTS", f"{subjects.PREFIX}.event.*.*.{kind}", on_gone,
-                                             start_seq=events.state.last_seq + 1, stopping=stopping,
-                                             every_s=FOLLOW_EVERY_S, on_error=on_error))
-                  for kind in DECOMMISSIONED]
+        stored = await js.stream_info("HP_NODE_EVENTS")
+        events.add(subjects.event_type_filters(DECOMMISSIONED), on_gone, start_seq=stored.state.last_seq + 1)
+        views = Tail(nc, "HP_NODES", every_s=FOLLOW_EVERY_S, on_error=on_error)
+        views.add(subjects.node_views(), on_views, start_seq=1)
+        tails = [asyncio.create_task(views.run(stopping))]
         tails.append(asyncio.create_task(follow(nc, configstore.STREAM, subjects.CONFIG, on_config, start_seq=1,
                                                 stopping=stopping, every_s=CONFIG_EVERY_S, on_error=on_error)))
         try:
@@ -172,22 +171,16 @@ class Feed:
 
 class Recent:
     """The node events of the last 24 hours, folded into ``timeline.Timeline``: replayed from 24
-    hours ago at start, then followed. One tail per event type the fold reads (the stream
-    filters: the frequent types, scores and conditions, are never sent here), by direct gets
-    like the views (no consumer: the api's identity reads every stream, SEC-8)."""
+    hours ago at start, then followed, from the api's one tail of the node events (no
+    consumer: the api's identity reads every stream, SEC-8)."""
 
     def __init__(self, log: Any, feed: Feed) -> None:
         self.state = timeline.Timeline()
         self._log = log
         self._feed = feed
-        self._caught_up: set[str] = set()
+        self.complete = False  # what was stored when the tail began is read: the 24 h are all counted
 
-    @property
-    def complete(self) -> bool:
-        """Every tail has read what was stored when it began: the 24 h are all counted."""
-        return len(self._caught_up) == len(timeline.WANTED)
-
-    async def run(self, nc: NATS, js: JetStreamContext, stopping: asyncio.Event) -> None:
+    async def run(self, nc: NATS, js: JetStreamContext, stopping: asyncio.Event, events: Tail) -> None:
         start = None
         while start is None:
             try:
@@ -199,39 +192,28 @@ class Recent:
                 if stopping.is_set():
                     return
 
-        def folding(kind: str) -> Any:
-            def on_batch(batch: list[StoredMsg], caught_up: bool) -> None:
-                changed = False
-                for stored in batch:
-                    try:
-                        event = wire.decode(wire.NodeEvent, stored.data)
-                    except wire.WireError:
-                        self.state.skipped += 1
-                        continue
-                    if event.type == kind:  # the subject's type is its writer's permission: trust no other
-                        changed = timeline.apply(self.state, event, stored.seq) or changed
-                if caught_up:
-                    self._caught_up.add(kind)
-                if changed:
-                    self._feed.notify(DASHBOARD)
-            return on_batch
+        def on_batch(batch: list[StoredMsg], caught_up: bool) -> None:
+            changed = False
+            for stored in batch:
+                kind = subjects.published(stored.subject).rpartition(".")[2]
+                try:
+                    event = wire.decode(wire.NodeEvent, stored.data)
+                except wire.WireError:
+                    self.state.skipped += 1
+                    continue
+                if event.type == kind:  # the subject's type is its writer's permission: trust no other
+                    changed = timeline.apply(self.state, event, stored.seq) or changed
+            self.complete = self.complete or caught_up
+            if changed:
+                self._feed.notify(DASHBOARD)
 
-        def on_error(exc: Exception) -> None:
-            self._log.debug("following node events failed; trying again", error=str(exc) or type(exc).__name__)
-
-        tails = [asyncio.create_task(follow(nc, "HP_NODE_EVENTS", f"{subjects.PREFIX}.event.*.*.{kind}",
-                                            folding(kind), start_seq=start, stopping=stopping,
-                                            every_s=EVENTS_EVERY_S, on_error=on_error))
-                 for kind in timeline.WANTED]
-        try:
-            while not stopping.is_set():
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stopping.wait(), TRIM_EVERY_S)
-                timeline.trim(self.state, datetime.now(UTC), caught_up=self.complete)
-        finally:
-            for tail in tails:
-                tail.cancel()
-            await asyncio.gather(*tails, return_exceptions=True)
+        # The tail's filters send only the types the fold reads: scores and conditions, the
+        # frequent ones, are never decoded here.
+        events.add(subjects.event_type_filters(timeline.WANTED), on_batch, start_seq=start)
+        while not stopping.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stopping.wait(), TRIM_EVERY_S)
+            timeline.trim(self.state, datetime.now(UTC), caught_up=self.complete)
 
 
 class Breakfix:
@@ -263,13 +245,19 @@ class Breakfix:
         if caught_up:
             self.caught_up = True
 
-    async def run(self, nc: NATS, stopping: asyncio.Event) -> None:
-        def on_error(exc: Exception) -> None:
-            self._log.debug("following node events for breakfix failed; trying again",
-                            error=str(exc) or type(exc).__name__)
+    def follow(self, events: Tail) -> None:
+        """Fold from the first event the stream keeps, on the api's one tail of the node events."""
+        events.add(f"{subjects.PREFIX}.event.>", self.fold, start_seq=1)
 
-        await follow(nc, "HP_NODE_EVENTS", f"{subjects.PREFIX}.event.>", self.fold, start_seq=1,
-                     stopping=stopping, every_s=EVENTS_EVERY_S, on_error=on_error)
+
+def node_events(nc: NATS, log: Any) -> Tail:
+    """The api's one tail of HP_NODE_EVENTS, which the removals (``Feed``), the timeline
+    (``Recent``) and the breakfix figures (``Breakfix``) each take their part of: one read of
+    what is stored, whatever the readers (``runtime.replay.Tail``)."""
+    def on_error(exc: Exception) -> None:
+        log.debug("following node events failed; trying again", error=str(exc) or type(exc).__name__)
+
+    return Tail(nc, "HP_NODE_EVENTS", every_s=FOLLOW_EVERY_S, on_error=on_error)
 
 
 def _config_after(held: configstore.ConfigRead, seq: int, data: bytes) -> configstore.ConfigRead:

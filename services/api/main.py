@@ -63,9 +63,13 @@ def main(args: argparse.Namespace) -> int:
         except OSError as exc:
             ctx.log.error("api cannot listen", host=settings.host, port=settings.port, error=str(exc))
             raise SystemExit(port_in_use(exc)) from None
-        folding = asyncio.create_task(feed.run(ctx.nc, ctx.js, ctx.stopping))
-        recalling = asyncio.create_task(recent.run(ctx.nc, ctx.js, ctx.stopping)) if not settings.federation_hub else None
-        counting = asyncio.create_task(figures.run(ctx.nc, ctx.stopping)) if not settings.federation_hub else None
+        events = live.node_events(ctx.nc, ctx.log)  # one read of the node events for the three of them
+        folding = asyncio.create_task(feed.run(ctx.nc, ctx.js, ctx.stopping, events))
+        recalling = (asyncio.create_task(recent.run(ctx.nc, ctx.js, ctx.stopping, events))
+                     if not settings.federation_hub else None)
+        if not settings.federation_hub:
+            figures.follow(events)
+        tailing = asyncio.create_task(events.run(ctx.stopping))
         serving = asyncio.create_task(server.serve(sockets=[listening]))
         sweeping = asyncio.create_task(_sweep(callers, ctx.stopping))
         watching = asyncio.create_task(_watch_members(ctx, threshold, watched)) if settings.federation_hub else None
@@ -77,7 +81,7 @@ def main(args: argparse.Namespace) -> int:
                             "has not re-signed, or the file is damaged)")
         await ctx.stopping.wait()
         server.should_exit = True
-        await asyncio.gather(serving, folding, sweeping, *[t for t in (watching, recalling, counting) if t is not None],
+        await asyncio.gather(serving, folding, tailing, sweeping, *[t for t in (watching, recalling) if t is not None],
                              return_exceptions=True)
         await callers.close()
 

@@ -215,7 +215,9 @@ async def _api(nats_server: NatsServer, nc: NATS) -> AsyncIterator[httpx.AsyncCl
     log = structlog.get_logger("bench")
     feed = live.Feed(log)
     stopping = asyncio.Event()
-    following = asyncio.create_task(feed.run(following_nc, following_nc.jetstream(), stopping))
+    events = live.node_events(following_nc, log)
+    following = asyncio.gather(feed.run(following_nc, following_nc.jetstream(), stopping, events),
+                               events.run(stopping))
     try:
         await asyncio.wait_for(feed.loaded.wait(), 60)
         while feed.config is None:

@@ -96,7 +96,8 @@ async def _api(nats_server: NatsServer) -> AsyncIterator[tuple[httpx.AsyncClient
     log = structlog.get_logger("test")
     feed = live.Feed(log)
     stopping = asyncio.Event()
-    following = asyncio.create_task(feed.run(nc, nc.jetstream(), stopping))
+    events = live.node_events(nc, log)
+    following = asyncio.gather(feed.run(nc, nc.jetstream(), stopping, events), events.run(stopping))
     backend = app.Backend(nc, nc.jetstream(), feed, auth.Callers(None, open_bus=True), log)
     try:
         await asyncio.wait_for(feed.loaded.wait(), 10)

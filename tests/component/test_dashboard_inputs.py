@@ -62,7 +62,8 @@ async def test_ui2_the_timeline_replays_stored_events_then_follows_new_ones(js: 
     feed = live.Feed(log)
     recent = live.Recent(log, feed)
     stopping = asyncio.Event()
-    running = asyncio.create_task(recent.run(api_nc, api_nc.jetstream(), stopping))
+    events = live.node_events(api_nc, log)
+    running = asyncio.gather(recent.run(api_nc, api_nc.jetstream(), stopping, events), events.run(stopping))
     try:
         await _until(lambda: recent.complete, "the 24 h replay")
         counted = timeline.hourly(recent.state, datetime.now(UTC))
