@@ -264,3 +264,46 @@ async def test_a_route_removed_while_its_message_waits_leaves_it_to_nats_py() ->
     await connection._ps.parse(b"PING\r\n" + answer)
     header = answer.split(b"\r\n", 1)[1][:-len(b"hi\r\n")]
     assert payloads == [] and connection.calls == [("ping",), ("msg", 7, b"_INBOX.r", b"", b"hi", header)]
+
+
+async def _pulled(nc: NATS, js: JetStreamContext, durable: str, count: int) -> tuple[list[tuple[Any, ...]], bool]:
+    """Every record of the stream through a PullLoop: (subject, stream seq, data, headers) each,
+    and whether its deliveries came straight from the parser."""
+    from nats.js.api import AckPolicy, ConsumerConfig
+
+    from healthplane.runtime.pull import Delivery, PullLoop
+    await js.add_consumer(STREAM, ConsumerConfig(durable_name=durable, ack_policy=AckPolicy.EXPLICIT))
+    seen: list[tuple[Any, ...]] = []
+    done = asyncio.Event()
+
+    async def handler(batch: list[Delivery]) -> None:
+        seen.extend((d.msg.subject, d.stream_seq, d.msg.data, d.msg.headers) for d in batch)
+        if len(seen) >= count:
+            done.set()
+
+    loop = PullLoop(nc, STREAM, durable, handler, batch=64, idle_heartbeat_s=0.2)
+    running = asyncio.create_task(loop.run())
+    await asyncio.wait_for(done.wait(), 20)
+    tapped = loop._tap is not None
+    loop.stop()
+    await running
+    return seen, tapped
+
+
+async def test_a_pull_consumers_deliveries_from_the_parser_are_what_nats_py_builds(
+        nc: NATS, js: JetStreamContext, monkeypatch: pytest.MonkeyPatch) -> None:
+    """issue 46.5: the PullLoop's deliveries cut out of the socket buffer (``PullTap``) carry the
+    subject, sequence, payload and headers nats-py's own path gives, headers of every form a
+    peer may send included, and empty payloads; idle heartbeats (status messages) still reach
+    the loop through nats-py."""
+    await _stream(js)
+    odd = [None, {"Nats-Msg-Id": "id"}, {"K": "v with: colon", "Two": "x"}, {"Empty": ""}, {"Plain": "üñï", "Spaced": " padded "}]
+    for i in range(400):
+        headers = {k: f"{v}-{i}" if k == "Nats-Msg-Id" else v for k, v in (odd[i % len(odd)] or {}).items()} or None
+        await js.publish(f"fence.n{i % 7}.x", b"" if i % 9 == 0 else b"payload %d" % i, headers=headers)
+    tapped, on_tap = await _pulled(nc, js, "tapped", 400)
+    monkeypatch.setattr(nats_internals, "tap_pull", lambda *args: None)
+    plain, off_tap = await _pulled(nc, js, "plain", 400)
+    assert on_tap and not off_tap
+    assert len(tapped) == 400 and tapped == plain
+    assert [seq for _, seq, _, _ in tapped] == list(range(1, 401))

@@ -26,10 +26,11 @@ from typing import Any, Literal
 import msgspec
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
 from nats.errors import ConnectionClosedError
 from nats.js.errors import NotFoundError
 
-from healthplane.runtime import metrics
+from healthplane.runtime import metrics, nats_internals
 from healthplane.runtime.backoff import Backoff
 from healthplane.runtime.publish import pub_frame, write_frames, writes_frames
 
@@ -134,14 +135,21 @@ class PullLoop:
         self._reconnects_seen = nc.stats.get("reconnects", 0)
         self._lag = metrics.CONSUMER_LAG.labels(service, stream, consumer)
         self.delivered = 0
+        self._sub: Subscription | None = None
+        self._tap: nats_internals.PullTap | None = None
 
     # ------------------------------------------------------------------ inbound
 
     async def _on_msg(self, msg: Msg) -> None:
-        self._last_seen = time.monotonic()
         if not msg.reply:
+            self._last_seen = time.monotonic()
             await self._on_status(msg)
             return
+        self._take(msg)
+
+    def _take(self, msg: Msg) -> None:
+        """A delivery, from the subscription or straight from the parser (``nats_internals.PullTap``)."""
+        self._last_seen = time.monotonic()
         try:
             stream, delivered, seq, ts, pending = parse_ack_subject(msg.reply)
         except ValueError:
@@ -183,6 +191,12 @@ class PullLoop:
             self._outstanding += self._batch
             await self._nc.publish(self._next_subject, self._request, reply=self._inbox)
 
+    def _tap_deliveries(self) -> None:
+        """Deliveries straight from the connection's parser, where its fast path passed its
+        self-test; a parser in the middle of a message now is tried again at the next round."""
+        if self._tap is None and self._sub is not None and not self._stopping:
+            self._tap = nats_internals.tap_pull(self._nc, self._sub, self._take)
+
     # ------------------------------------------------------------------ watchdog
 
     async def _watchdog(self) -> None:
@@ -197,6 +211,7 @@ class PullLoop:
                 # Pull requests do not survive a reconnect.
                 self._reconnects_seen = reconnects
                 self._outstanding = 0
+            self._tap_deliveries()
             silent_for = time.monotonic() - self._last_seen
             if self._outstanding and silent_for > 3 * self._hb_s:
                 self._outstanding = 0
@@ -247,6 +262,9 @@ class PullLoop:
     async def run(self) -> None:
         sub = await self._nc.subscribe(self._inbox, cb=self._on_msg, pending_msgs_limit=-1,
                                        pending_bytes_limit=-1)
+        self._sub = sub
+        await nats_internals.engage(self._nc)  # the self-test, once per connection
+        self._tap_deliveries()
         watchdog = asyncio.create_task(self._watchdog())
         try:
             await self._top_up()
@@ -274,6 +292,8 @@ class PullLoop:
                 await self._top_up()
         finally:
             watchdog.cancel()
+            if self._tap is not None:
+                self._tap.remove()
             # Drain rather than unsubscribe: messages the server sent before it saw our
             # UNSUB still reach the buffer, and are handed back below instead of waiting
             # out ack_wait on the server.
