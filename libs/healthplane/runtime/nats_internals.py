@@ -33,7 +33,7 @@ import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import metadata
-from typing import Final, Literal
+from typing import Final, Literal, TypeVar
 
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
@@ -541,19 +541,50 @@ def tap_direct(nc: NATS, sub: Subscription, on_record: Callable[[int, bytes, byt
                on_status: Callable[[str], None]) -> DirectTap | None:
     """Tap the direct get answers reaching ``sub`` (see :class:`DirectTap`); None where the
     parser path is off or cannot be put in place now."""
+    return _tap(nc, sub, lambda router, sid: DirectTap(router, sid, on_record, on_status))
+
+
+_T = TypeVar("_T", bound=_Route)
+
+
+def _tap(nc: NATS, sub: Subscription, build: Callable[[_Router, int], _T]) -> _T | None:
+    """``build``'s route on ``sub``'s deliveries, where the parser path is on and the router
+    can be put in place now."""
     found = _router_for(nc, sub)
     if found is None:
         return None
     router, sid = found
-    tap = DirectTap(router, sid, on_record, on_status)
+    tap = build(router, sid)
     router.add(sid, tap)
     return tap
 
 
+# What ``str.isspace`` calls a space among the characters an ASCII name can hold.
+_ASCII_SPACES: Final = bytes(c for c in range(128) if chr(c).isspace())
+
+
+def header_lines(raw: bytes) -> dict[str, str]:
+    """A header block's lines (after ``NATS/1.0``) as nats-py 2.16 reads them
+    (``Client._parse_header_lines``: a name that is not ASCII or holds a space is passed over,
+    both sides stripped, a value decoded with replacement), in C-level string calls rather than
+    a generator per name: 2.6 µs for a record of ours against 6.3 (tests/unit/test_header_lines.py
+    holds them equal on any input)."""
+    out: dict[str, str] = {}
+    for line in raw.split(b"\r\n"):
+        name, sep, value = line.partition(b":")
+        if not sep:
+            continue
+        name = name.strip()
+        if not name.isascii() or len(name.translate(None, _ASCII_SPACES)) != len(name):
+            continue
+        out[name.decode("ascii")] = value.strip().decode("utf-8", "replace")
+    return out
+
+
 class PullTap(_Route):
     """A pull consumer's deliveries (``runtime.pull``): each record (``HMSG``/``MSG`` with a
-    ``$JS.ACK`` reply) goes to ``on_delivery`` as the ``Msg`` nats-py would have built, its
-    headers read by nats-py's own header parser, but cut out of the socket buffer here: no
+    ``$JS.ACK`` reply) goes to ``on_delivery`` as the ``Msg`` nats-py would have built (its
+    headers as nats-py reads them: :func:`header_lines`), cut out of the socket buffer here: no
     regular expression per control line, no queue entry and task per record (a fifth of the
     scorer's CPU at 100,000 nodes; docs/benchmarks.md, "Fleet"). Status messages (no reply:
     heartbeats, the end of a pull request) take nats-py's path to the subscription."""
@@ -571,7 +602,7 @@ class PullTap(_Route):
             body = start + int(line[4])
             if not data.startswith(b"NATS/1.0\r\n", start):
                 return False  # an inline status: nats-py's path
-            headers = self._nc._parse_header_lines(data[start + 10:body]) or None
+            headers = header_lines(data[start + 10:body]) or None
         elif line[0] == b"MSG" and len(line) == 5:  # MSG subject sid reply size
             body, headers = start, None
         else:
@@ -587,13 +618,7 @@ class PullTap(_Route):
 def tap_pull(nc: NATS, sub: Subscription, on_delivery: Callable[[Msg], None]) -> PullTap | None:
     """Tap the deliveries reaching ``sub`` (see :class:`PullTap`); None where the parser path is
     off or cannot be put in place now."""
-    found = _router_for(nc, sub)
-    if found is None:
-        return None
-    router, sid = found
-    tap = PullTap(nc, router, sid, on_delivery)
-    router.add(sid, tap)
-    return tap
+    return _tap(nc, sub, lambda router, sid: PullTap(nc, router, sid, on_delivery))
 
 
 def connection_of(js: JetStreamContext) -> NATS:
