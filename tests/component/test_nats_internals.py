@@ -307,3 +307,36 @@ async def test_a_pull_consumers_deliveries_from_the_parser_are_what_nats_py_buil
     assert on_tap and not off_tap
     assert len(tapped) == 400 and tapped == plain
     assert [seq for _, seq, _, _ in tapped] == list(range(1, 401))
+
+
+async def test_a_pull_loop_on_a_busy_connection_is_tapped_before_its_first_request(
+        nc: NATS, js: JetStreamContext) -> None:
+    """issue 46.5: the tap goes in before the loop's first pull request (a tap put in place while
+    deliveries flow would overtake those nats-py still queues), on a connection busy with other
+    traffic too; the deliveries keep the stream's order."""
+    await _stream(js)
+    for i in range(300):
+        await js.publish(f"fence.n{i % 7}.x", b"payload %d" % i)
+    received = 0
+
+    async def count(_msg: Any) -> None:
+        nonlocal received
+        received += 1
+
+    await nc.subscribe("chatter", cb=count)
+    busy = True
+
+    async def chatter() -> None:
+        while busy:
+            for _ in range(20):
+                await nc.publish("chatter", b"x" * 200)
+            await asyncio.sleep(0.002)
+
+    talking = asyncio.create_task(chatter())
+    try:
+        pulled, tapped = await _pulled(nc, js, "busy", 300)
+    finally:
+        busy = False
+        await talking
+    assert tapped and received > 0
+    assert [seq for _, seq, _, _ in pulled] == list(range(1, 301))

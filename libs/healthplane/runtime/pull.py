@@ -64,6 +64,7 @@ class Delivery:
 
 
 BatchHandler = Callable[[list[Delivery]], Awaitable[None]]
+TAP_TRIES = 5  # round trips a loop waits at start for a busy connection's parser to be between messages
 
 
 def _ack_tokens(reply: str) -> tuple[list[str], int]:
@@ -135,7 +136,6 @@ class PullLoop:
         self._reconnects_seen = nc.stats.get("reconnects", 0)
         self._lag = metrics.CONSUMER_LAG.labels(service, stream, consumer)
         self.delivered = 0
-        self._sub: Subscription | None = None
         self._tap: nats_internals.PullTap | None = None
 
     # ------------------------------------------------------------------ inbound
@@ -191,11 +191,21 @@ class PullLoop:
             self._outstanding += self._batch
             await self._nc.publish(self._next_subject, self._request, reply=self._inbox)
 
-    def _tap_deliveries(self) -> None:
+    async def _tap_deliveries(self, sub: Subscription) -> None:
         """Deliveries straight from the connection's parser, where its fast path passed its
-        self-test; a parser in the middle of a message now is tried again at the next round."""
-        if self._tap is None and self._sub is not None and not self._stopping:
-            self._tap = nats_internals.tap_pull(self._nc, self._sub, self._take)
+        self-test. Only before the first pull request: a tap put in place while deliveries
+        flow would hand on the next ones before those nats-py still holds in the subscription's
+        queue, out of order. Where the connection's parser is in the middle of a message (the
+        first route on a busy connection), it is tried again after a round trip, a few times;
+        then the loop keeps nats-py's path."""
+        for _ in range(TAP_TRIES):
+            self._tap = nats_internals.tap_pull(self._nc, sub, self._take)
+            if self._tap is not None or not nats_internals.fast_paths(self._nc).parser:
+                return
+            try:
+                await self._nc.flush(timeout=2)
+            except Exception:  # not connected: nats-py's path, and the watchdog sees to the rest
+                return
 
     # ------------------------------------------------------------------ watchdog
 
@@ -211,7 +221,6 @@ class PullLoop:
                 # Pull requests do not survive a reconnect.
                 self._reconnects_seen = reconnects
                 self._outstanding = 0
-            self._tap_deliveries()
             silent_for = time.monotonic() - self._last_seen
             if self._outstanding and silent_for > 3 * self._hb_s:
                 self._outstanding = 0
@@ -262,9 +271,8 @@ class PullLoop:
     async def run(self) -> None:
         sub = await self._nc.subscribe(self._inbox, cb=self._on_msg, pending_msgs_limit=-1,
                                        pending_bytes_limit=-1)
-        self._sub = sub
         await nats_internals.engage(self._nc)  # the self-test, once per connection
-        self._tap_deliveries()
+        await self._tap_deliveries(sub)
         watchdog = asyncio.create_task(self._watchdog())
         try:
             await self._top_up()
