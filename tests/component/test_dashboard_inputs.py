@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -50,6 +51,22 @@ async def _until(check: object, what: str, timeout: float = 10.0) -> None:
         await asyncio.sleep(0.1)
 
 
+@asynccontextmanager
+async def _recent(api_nc: NATS) -> AsyncIterator[tuple[live.Feed, live.Recent]]:
+    """The api's timeline fold on the api's own connection, on its one tail of the node events."""
+    log = structlog.get_logger("test")
+    feed = live.Feed(log)
+    recent = live.Recent(log, feed)
+    stopping = asyncio.Event()
+    events = live.node_events(api_nc, log)
+    running = asyncio.gather(recent.run(api_nc, api_nc.jetstream(), stopping, events), events.run(stopping))
+    try:
+        yield feed, recent
+    finally:
+        stopping.set()
+        await running
+
+
 async def test_ui2_the_timeline_replays_stored_events_then_follows_new_ones(js: JetStreamContext,
                                                                              api_nc: NATS) -> None:
     now = datetime.now(UTC)
@@ -58,13 +75,7 @@ async def test_ui2_the_timeline_replays_stored_events_then_follows_new_ones(js: 
     await _put(js, _event("SCORE_CHANGED", "n1", now))  # a type the timeline never asks for
     halted = "cordon: score 40; halted: circuit breaker TRIPPED (2 automated cordon(s) against maxNodes 2 node(s))"
     await _put(js, _event("POLICY_HALTED", "n3", now - timedelta(minutes=3), message=halted))
-    log = structlog.get_logger("test")
-    feed = live.Feed(log)
-    recent = live.Recent(log, feed)
-    stopping = asyncio.Event()
-    events = live.node_events(api_nc, log)
-    running = asyncio.gather(recent.run(api_nc, api_nc.jetstream(), stopping, events), events.run(stopping))
-    try:
+    async with _recent(api_nc) as (feed, recent):
         await _until(lambda: recent.complete, "the 24 h replay")
         counted = timeline.hourly(recent.state, datetime.now(UTC))
         assert sum(counted.counts["cordon"]) == 1 and sum(counted.counts["halted"]) == 1
@@ -74,9 +85,6 @@ async def test_ui2_the_timeline_replays_stored_events_then_follows_new_ones(js: 
         await _put(js, _event("VALIDATION_PASSED", "n2", datetime.now(UTC)))
         await _until(lambda: not timeline.open_marks(recent.state, "validating"), "the validation's end")
         assert feed.generation > before  # the dashboard was told
-    finally:
-        stopping.set()
-        await running
 
 
 async def test_ui2_the_control_planes_state_is_read_as_the_api_and_cached(
@@ -111,3 +119,21 @@ async def test_ui2_the_control_planes_state_is_read_as_the_api_and_cached(
     again = await watcher.read(api_nc.jetstream(), ["default"], fleet=2)
     assert again.problems[0][0].message.endswith("is 7 records behind HP_REPORTS")
     assert again.problems[0][1] == first_seen  # dated from its first sighting
+
+
+async def test_ui2_sec7_a_record_whose_type_is_not_its_subjects_is_not_counted(js: JetStreamContext,
+                                                                             api_nc: NATS) -> None:
+    """The timeline reads the node events on the api's one tail: a record's type is its
+    subject's (the type token is its writer's permission), so a cordon written on a score's
+    subject (the scorer's) or on a validation's is not a cordon."""
+    now = datetime.now(UTC)
+    forged = _event("NODE_CORDONED", "n1", now - timedelta(minutes=2), actor="scorer")
+    await js.publish(subjects.event("default", "n1", "SCORE_CHANGED"), wire.encode(forged))
+    await js.publish(subjects.event("default", "n2", "VALIDATION_STARTED"),
+                     wire.encode(_event("NODE_CORDONED", "n2", now - timedelta(minutes=1))))
+    await _put(js, _event("NODE_CORDONED", "n3", now - timedelta(minutes=1), actor="alice"))
+    async with _recent(api_nc) as (_feed, recent):
+        await _until(lambda: recent.complete, "the 24 h replay")
+        counted = timeline.hourly(recent.state, datetime.now(UTC))
+        assert sum(counted.counts["cordon"]) == 1  # n3's alone
+        assert not timeline.open_marks(recent.state, "validating")

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Final
 
@@ -333,3 +333,38 @@ def matches(pattern: str, subject: str) -> bool:
         if index >= len(tokens) or (token != "*" and token != tokens[index]):
             return False
     return len(tokens) == len(wanted)
+
+
+class _Node:
+    __slots__ = ("children", "end")
+
+    def __init__(self) -> None:
+        self.children: dict[str, _Node] = {}
+        self.end = False  # a pattern ends here
+
+
+def matcher(patterns: Iterable[str]) -> Callable[[str], bool]:
+    """Whether a subject matches any of ``patterns`` (:func:`matches`), with the patterns made
+    into a tree of their tokens once: a subject is split once and walked down it, rather than
+    tested against each pattern in turn (a follower of nineteen event types, on every record of
+    a fleet's node events)."""
+    root = _Node()
+    for pattern in patterns:
+        node = root
+        for token in pattern.split("."):
+            node = node.children.setdefault(token, _Node())
+        node.end = True
+
+    def walk(node: _Node, tokens: list[str], at: int) -> bool:
+        if at == len(tokens):
+            return node.end
+        rest = node.children.get(">")
+        if rest is not None and rest.end:
+            return True
+        for key in (tokens[at], "*"):
+            child = node.children.get(key)
+            if child is not None and walk(child, tokens, at + 1):
+                return True
+        return False
+
+    return lambda subject: walk(root, subject.split("."), 0)

@@ -352,7 +352,7 @@ async def _follow_one(nc: NATS, stream: str, filter_: str, on_batch: Callable[[l
 
 @dataclass(slots=True)
 class _Follower:
-    filters: tuple[str, ...]  # as the stream stores them (streams.stored_filters)
+    selects: Callable[[str], bool]  # its filters as the stream stores them (streams.stored_filters)
     on_batch: Callable[[list[StoredMsg], bool], None]
     next_seq: int
 
@@ -383,7 +383,8 @@ class Tail:
         """Hand ``on_batch`` every record matching ``subjects_`` from ``start_seq`` on, and
         whether the read reached the end of what was stored (caught up)."""
         wanted = [subjects_] if isinstance(subjects_, str) else list(subjects_)
-        self._followers.append(_Follower(streams.stored_filters(self._stream, wanted), on_batch, max(1, start_seq)))
+        selects = subjects.matcher(streams.stored_filters(self._stream, wanted))
+        self._followers.append(_Follower(selects, on_batch, max(1, start_seq)))
 
     async def run(self, stopping: asyncio.Event) -> None:
         while not stopping.is_set():
@@ -409,8 +410,7 @@ class Tail:
         for follower in list(self._followers):
             if follower.next_seq > end and not caught_up:
                 continue  # ahead of this read: its records are the next one's
-            mine = [stored for stored in batch if stored.seq >= follower.next_seq
-                    and any(subjects.matches(f, stored.subject) for f in follower.filters)]
+            mine = [stored for stored in batch if stored.seq >= follower.next_seq and follower.selects(stored.subject)]
             follower.next_seq = max(follower.next_seq, end)
             if mine or caught_up:
                 follower.on_batch(mine, caught_up)
