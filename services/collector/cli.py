@@ -1,7 +1,7 @@
 """``healthplane collector`` and ``healthplane sim``: the command groups this package adds to
 ``healthplane`` (``healthplane.cli.registry.COMMAND_GROUPS`` names them). Their arguments live
-here, apart from the code they run, so that building the ``healthplane`` parser imports
-nothing heavy; ``run_collector`` and ``run_sim`` import that code when called."""
+here, apart from the code they run (``healthplane_collector.main``, ``.sim_cli``), imported only
+when one of them runs."""
 
 from __future__ import annotations
 
@@ -116,20 +116,9 @@ def add_work_arguments(actions: argparse._SubParsersAction[argparse.ArgumentPars
     return [submit, jobs, reject, accept]
 
 
-def run_collector(args: argparse.Namespace) -> int:
-    from healthplane_collector.main import run
-
-    return run(args)
-
-
-def run_sim(args: argparse.Namespace) -> int:
-    from healthplane_collector.sim_cli import run_cli
-
-    return run_cli(args)
-
-
 COMMAND_GROUPS: Final = (
-    CommandGroup("collector", "the node agent (reads this machine, reports it)", add_collector_arguments,
-                 run_collector),
-    CommandGroup("sim", "the fleet simulator and fault injection", add_sim_arguments, run_sim),
+    CommandGroup("collector", "the node agent (reads this machine, reports it)",
+                 "healthplane_collector.cli:add_collector_arguments", "healthplane_collector.main:run"),
+    CommandGroup("sim", "the fleet simulator and fault injection", "healthplane_collector.cli:add_sim_arguments",
+                 "healthplane_collector.sim_cli:run_cli"),
 )

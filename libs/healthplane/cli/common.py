@@ -21,14 +21,15 @@ from healthplane.runtime.connect import DEFAULT_URL
 
 @dataclass(frozen=True, slots=True)
 class CommandGroup:
-    """``healthplane NAME …``: ``add_arguments`` fills the group's parser, ``run`` takes the
-    parsed arguments and returns the exit code. A ``run`` whose code is slow to import
-    imports it when called, so that building the parser stays cheap."""
+    """``healthplane NAME …``: ``arguments`` fills the group's parser, ``run`` takes the parsed
+    arguments and returns the exit code. Both are "module:function", imported only for the
+    group a command line names: a command pays for its own imports, not every group's (every
+    CLI call and every service process starts through this table)."""
 
     name: str
     help: str
-    add_arguments: Callable[[argparse.ArgumentParser], None]
-    run: Callable[[argparse.Namespace], int]
+    arguments: str
+    run: str
 
 
 class Choices(TypedDict):

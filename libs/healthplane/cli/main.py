@@ -11,26 +11,11 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Final
 
 from healthplane import __version__
-from healthplane.cli import (
-    breakfix_cmd,
-    creds_cmd,
-    dead_letters_cmd,
-    events_cmd,
-    federation_cmd,
-    jobs_cmd,
-    node_cmd,
-    policy_cmd,
-    registry,
-    rules_cmd,
-    streams_cmd,
-    validate_cmd,
-    webhooks_cmd,
-    xid_cmd,
-)
+from healthplane.cli import registry
 from healthplane.cli.common import (
     CommandGroup,
     connection_flags,
@@ -45,9 +30,9 @@ from healthplane.contracts.streams import PARTITION_SLOTS
 PARTITIONS_ENV: Final = "HEALTHPLANE_PARTITIONS"
 
 
-# `up` and `config` run code that is slow to import (the stack, the config models): their
-# arguments are here, and their modules are imported when they run.
-def _up_arguments(parser: argparse.ArgumentParser) -> None:
+# `up`, `service` and `config` run code that is slow to import (the stack, a service, the config
+# models): their arguments are here, and their modules are imported when they run.
+def up_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--nodes", type=int, default=8, help="simulated nodes (default 8)")
     parser.add_argument("--no-sim", action="store_true", help="no simulated fleet")
     where = parser.add_mutually_exclusive_group()
@@ -91,19 +76,13 @@ def _server_count(text: str) -> int:
     return int(text)
 
 
-def _run_up(args: argparse.Namespace) -> int:
-    from healthplane.cli import up
-
-    return up.run(args)
-
-
 def _partitions(text: str) -> int:
     if not text.isdigit() or not 1 <= int(text) <= PARTITION_SLOTS:
         raise argparse.ArgumentTypeError(f"{text!r}: a number of partitions from 1 to {PARTITION_SLOTS}")
     return int(text)
 
 
-def _service_arguments(parser: argparse.ArgumentParser) -> None:
+def service_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("name", **one_of(registry.SERVICE_NAMES), metavar="NAME",
                         help=", ".join(registry.SERVICE_NAMES))
     parser.add_argument("--config", help="service config file")
@@ -114,11 +93,11 @@ def _service_arguments(parser: argparse.ArgumentParser) -> None:
     connection_flags(parser)
 
 
-def _run_service(args: argparse.Namespace) -> int:
+def run_service(args: argparse.Namespace) -> int:
     return registry.run(args.name, args)
 
 
-def _config_arguments(parser: argparse.ArgumentParser) -> None:
+def config_arguments(parser: argparse.ArgumentParser) -> None:
     actions = parser.add_subparsers(dest="config_command", required=True, metavar="ACTION")
     validate = actions.add_parser("validate", help="check a config file")
     validate.add_argument("-f", "--file", required=True)
@@ -130,41 +109,39 @@ def _config_arguments(parser: argparse.ArgumentParser) -> None:
     output_flag(show)
 
 
-def _run_config(args: argparse.Namespace) -> int:
-    from healthplane.cli import config_cmd
-
-    return config_cmd.run(args)
-
-
 LIBRARY_GROUPS: Final = (
-    CommandGroup("up", "run the control plane on an embedded nats-server", _up_arguments, _run_up),
-    CommandGroup("service", "run one service (production entry point)", _service_arguments, _run_service),
+    CommandGroup("up", "run the control plane on an embedded nats-server", "healthplane.cli.main:up_arguments",
+                 "healthplane.cli.up:run"),
+    CommandGroup("service", "run one service (production entry point)", "healthplane.cli.main:service_arguments",
+                 "healthplane.cli.main:run_service"),
     CommandGroup("node", "nodes: list, show, events, cordon, drain, evict, deprovision, holds",
-                 node_cmd.add_arguments, node_cmd.run),
+                 "healthplane.cli.node_cmd:add_arguments", "healthplane.cli.node_cmd:run"),
     CommandGroup("events", "node events live: watch (filtered, JSON lines, resumable; INT-1)",
-                 events_cmd.add_arguments, events_cmd.run),
+                 "healthplane.cli.events_cmd:add_arguments", "healthplane.cli.events_cmd:run"),
     CommandGroup("isolate", "find the faulty node(s) of a failed multi-node job by validating halves (VAL-3)",
-                 validate_cmd.add_isolate, validate_cmd.run_isolate),
+                 "healthplane.cli.validate_cmd:add_isolate", "healthplane.cli.validate_cmd:run_isolate"),
     CommandGroup("jobs", "the scheduler as a sensor: impact (failed jobs, their nodes and conditions; JOB-1)",
-                 jobs_cmd.add_arguments, jobs_cmd.run),
-    CommandGroup("policy", "the policy service: circuit breaker reset", policy_cmd.add_arguments, policy_cmd.run),
-    CommandGroup("dead-letters", "inputs the services set aside: list, replay", dead_letters_cmd.add_arguments,
-                 dead_letters_cmd.run),
+                 "healthplane.cli.jobs_cmd:add_arguments", "healthplane.cli.jobs_cmd:run"),
+    CommandGroup("policy", "the policy service: circuit breaker reset", "healthplane.cli.policy_cmd:add_arguments",
+                 "healthplane.cli.policy_cmd:run"),
+    CommandGroup("dead-letters", "inputs the services set aside: list, replay",
+                 "healthplane.cli.dead_letters_cmd:add_arguments", "healthplane.cli.dead_letters_cmd:run"),
     CommandGroup("webhooks", "webhook endpoints: list (slot, lag), replay dead-lettered deliveries (INT-2)",
-                 webhooks_cmd.add_arguments, webhooks_cmd.run),
-    CommandGroup("config", "validate, apply and show the cluster config", _config_arguments, _run_config),
+                 "healthplane.cli.webhooks_cmd:add_arguments", "healthplane.cli.webhooks_cmd:run"),
+    CommandGroup("config", "validate, apply and show the cluster config", "healthplane.cli.main:config_arguments",
+                 "healthplane.cli.config_cmd:run"),
     CommandGroup("creds", "identities on the bus: init, node, user, service, token, revoke, list",
-                 creds_cmd.add_arguments, creds_cmd.run),
+                 "healthplane.cli.creds_cmd:add_arguments", "healthplane.cli.creds_cmd:run"),
     CommandGroup("federation", "a federation hub: attach a cluster, list the attached ones",
-                 federation_cmd.add_arguments, federation_cmd.run),
-    CommandGroup("streams", "stream administration as the maintainer: converge (SEC-10)", streams_cmd.add_arguments,
-                 streams_cmd.run),
+                 "healthplane.cli.federation_cmd:add_arguments", "healthplane.cli.federation_cmd:run"),
+    CommandGroup("streams", "stream administration as the maintainer: converge (SEC-10)",
+                 "healthplane.cli.streams_cmd:add_arguments", "healthplane.cli.streams_cmd:run"),
     CommandGroup("breakfix", "fault to out of service, remediated, back (MTTR) and between incidents, per fault class",
-                 breakfix_cmd.add_arguments, breakfix_cmd.run),
+                 "healthplane.cli.breakfix_cmd:add_arguments", "healthplane.cli.breakfix_cmd:run"),
     CommandGroup("rules", "promotion rules: show those in force, backtest a file over stored events (RUL-1..3)",
-                 rules_cmd.add_arguments, rules_cmd.run),
+                 "healthplane.cli.rules_cmd:add_arguments", "healthplane.cli.rules_cmd:run"),
     CommandGroup("xid", "what GPU Xid N means and what NVIDIA's catalog says to do (XID-1)",
-                 xid_cmd.add_arguments, xid_cmd.run),
+                 "healthplane.cli.xid_cmd:add_arguments", "healthplane.cli.xid_cmd:run"),
 )
 
 
@@ -173,19 +150,27 @@ def command_groups() -> tuple[CommandGroup, ...]:
     return (*LIBRARY_GROUPS, *registry.command_groups())
 
 
-def build_parser(groups: Sequence[CommandGroup] | None = None) -> argparse.ArgumentParser:
+def build_parser(groups: Sequence[CommandGroup] | None = None, only: str | None = None) -> argparse.ArgumentParser:
+    """Every group's parser; with ``only``, the arguments of that group alone (the others are
+    listed by name and help, their modules not imported)."""
     parser = argparse.ArgumentParser(prog="healthplane", description="Node-health control plane")
     parser.add_argument("--version", action="version", version=f"healthplane {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for group in command_groups() if groups is None else groups:
-        group.add_arguments(commands.add_parser(group.name, help=group.help))
+        group_parser = commands.add_parser(group.name, help=group.help)
+        if only is None or group.name == only:
+            registry.load(group.arguments)(group_parser)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
     groups = command_groups()
-    args = build_parser(groups).parse_args(argv)
-    run = next(group.run for group in groups if group.name == args.command)
+    # The group is the first word that is not an option (the top level's options take no
+    # value); none, or one that is no group, and argparse answers from the names alone.
+    named = next((word for word in argv if not word.startswith("-")), "")
+    args = build_parser(groups, only=named).parse_args(argv)
+    run: Callable[[argparse.Namespace], int] = registry.load(next(g.run for g in groups if g.name == args.command))
     export_tls_flags(args)
     try:
         return run(args)

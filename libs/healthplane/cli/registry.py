@@ -59,7 +59,8 @@ def control_plane(scheduler: str = "reference") -> tuple[str, ...]:
     return tuple(name for name in CONTROL_PLANE if name not in others)
 
 
-def _load(target: str) -> Any:
+def load(target: str) -> Any:
+    """The attribute a "module:attribute" target names, its module imported now."""
     module_name, _, attribute = target.partition(":")
     return getattr(importlib.import_module(module_name), attribute)
 
@@ -69,10 +70,10 @@ def run(name: str, args: argparse.Namespace) -> int:
     if target is None:
         print(f"healthplane: service {name} is not part of this build yet", file=sys.stderr)
         return 2
-    result: int = _load(target)(args)
+    result: int = load(target)(args)
     return result
 
 
 def command_groups() -> list[CommandGroup]:
     """Every service package's command groups, its package imported by name now."""
-    return [group for target in COMMAND_GROUPS.values() for group in _load(target)]
+    return [group for target in COMMAND_GROUPS.values() for group in load(target)]
