@@ -48,6 +48,7 @@ class BreakerState(msgspec.Struct):
     tripped_at: datetime | None = None
     tripped_by: Threshold | None = None
     tripped_count: int = 0
+    reset_at: datetime | None = None  # the operator's last reset: a trip read back from before it stays reset
 
 
 class Verdict(msgspec.Struct, frozen=True):
@@ -124,11 +125,21 @@ def record(state: BreakerState, node_id: str, now: datetime) -> None:
     state.recent[node_id] = now
 
 
-def reset(state: BreakerState) -> None:
+def reset(state: BreakerState, at: datetime | None = None) -> None:
     """``healthplane policy breaker reset``: closed again, and the cordons that filled the window
     are forgotten (an operator has judged them; otherwise the next cordon would trip it again)."""
     state.tripped, state.tripped_at, state.tripped_by, state.tripped_count = False, None, None, 0
     state.recent = {}
+    state.reset_at = at if at is not None else state.reset_at
+
+
+def restore_trip(state: BreakerState, threshold: Threshold | None, count: int, at: datetime) -> None:
+    """A trip read back from the policy's own event after a crash with no snapshot of it: the
+    breaker is tripped as it was (a trip holds until an operator resets it, and the cordons that
+    tripped it may have slid out of the window since), unless a reset came after it."""
+    if state.tripped or (state.reset_at is not None and at <= state.reset_at):
+        return
+    state.tripped, state.tripped_at, state.tripped_by, state.tripped_count = True, at, threshold, count
 
 
 def _trip(state: BreakerState, threshold: Threshold, count: int, now: datetime) -> Verdict:

@@ -19,7 +19,7 @@ import re
 import sys
 from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
-from typing import Final, Literal
+from typing import Final, Literal, cast
 
 import msgspec
 
@@ -332,7 +332,7 @@ def decide(state: PolicyState, record: Record, now: datetime | None, origin: str
             _on_outcome(decision, record)
         case wire.PolicyCommand():
             if record.action == "breaker-reset":
-                breaker.reset(state.breakers.setdefault(record.cluster, BreakerState()))
+                breaker.reset(state.breakers.setdefault(record.cluster, BreakerState()), record.issued_at)
         case PolicyConfig():
             state.config = record
             rulesets.compile_all(record.rule_sets)
@@ -442,6 +442,8 @@ def _on_own_event(state: PolicyState, node: Node, event: wire.NodeEvent) -> None
     node.issued = number
     if not event.message.startswith("rule set"):
         node.episode = episode_key(event.type, event.action or "", event.message)
+    if event.type == "POLICY_HALTED":
+        _restore_trip(state, node.cluster, event)  # a trip holds until reset, its window long gone
     verb = _VERB_OF_ACTION.get(event.action or "")
     if event.command_id is None or verb is None:
         return
@@ -738,6 +740,19 @@ def _guardrail(d: _Decision, node: Node, settings: Settings) -> tuple[str, str] 
         return "breaker", (f"halted: circuit breaker TRIPPED ({verdict.count} automated cordon(s) against "
                            f"{bound}); reset with `healthplane policy breaker reset --cluster {node.cluster}`")
     return None
+
+
+# The trip as _guardrail words it, read back from a POLICY_HALTED after a crash (_on_own_event).
+_TRIPPED = re.compile(r"circuit breaker TRIPPED \((\d+) automated cordon\(s\) against (?:(\w+) (\d+) node\(s\)|a bound)\)")
+
+
+def _restore_trip(state: PolicyState, cluster: str, event: wire.NodeEvent) -> None:
+    found = _TRIPPED.search(event.message)
+    if found is None:
+        return
+    count, bound, nodes = found.groups()
+    threshold = breaker.Threshold(int(nodes), cast(breaker.Bound, bound)) if bound is not None else None
+    breaker.restore_trip(state.breakers.setdefault(cluster, BreakerState()), threshold, int(count), event.occurred_at)
 
 
 def _replace(d: _Decision, node: Node, settings: Settings) -> None:

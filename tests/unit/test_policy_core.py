@@ -284,6 +284,24 @@ def test_pol6_the_breaker_lets_exactly_its_bound_through_and_stays_tripped_until
     assert len(drive.commands("cordon")) == 4
 
 
+def test_pol6_rel1_a_trip_outlives_a_crash_after_its_window_and_a_reset_before_it_stays() -> None:
+    """POL-6, REL-1: a restart with no snapshot refolds the facts and reads its own events back;
+    a trip holds until reset even once the cordons that tripped it slid out of the window (found
+    by hypothesis: after such a crash the breaker was closed and the next node was cordoned),
+    and a trip an operator reset before the crash is not tripped again by reading it back."""
+    setup = [config({"mode": "cordon", "maxUnavailablePercent": 100,
+                     "circuitBreaker": {"percentage": 0, "maxNodes": 3, "duration": "5m"}}), *fleet(10)]
+    tripping = [score(f"n{i}", 50, 100, at(0, i)) for i in range(5)]
+    late = [score("n6", 50, 100, at(60))]  # long after the window
+    uninterrupted, restarted = refold_after_crash(setup, [*tripping, *late], len(tripping))
+    assert restarted == uninterrupted
+    assert not [i for i in restarted if i.startswith("policy:lab:n6:") and i != "policy:lab:n6:1"]  # halted only
+    reset = wire.PolicyCommand(id="r1", cluster="lab", action="breaker-reset", actor="alice", issued_at=at(61))
+    uninterrupted, restarted = refold_after_crash(setup, [*tripping, reset, *late], len(tripping) + 1)
+    assert restarted == uninterrupted
+    assert "policy:lab:n6:2" in restarted  # the reset stood: n6 cordoned (its event and its command)
+
+
 def test_pol6_observe_is_never_counted_by_the_breaker() -> None:
     drive = Driver(config({"mode": "observe", "circuitBreaker": {"percentage": 0, "maxNodes": 1}}), *fleet(5))
     for i in range(5):

@@ -8,7 +8,7 @@ from typing import Any
 
 import msgspec
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from healthplane.contracts import subjects, wire
@@ -322,6 +322,10 @@ def test_dom2_automation_never_takes_more_of_a_domain_out_than_its_budget(
 @given(steps=st.lists(st.tuples(st.integers(0, 15), st.sampled_from(["silent", "resumed", "bad", "good"])),
                       max_size=40),
        action=st.sampled_from(["needs-attention", "drain"]), cut=st.integers(0, 40))
+# Found by hypothesis: the rack's drains trip the breaker, n8 is halted; after a crash the trip
+# was lost (its cordons out of the window by then) and n8 was drained.
+@example(steps=[(0, "silent"), (1, "silent"), (2, "silent"), (3, "silent"), (8, "bad"), (0, "silent"),
+                (0, "silent"), (0, "silent"), (8, "bad")], action="drain", cut=5)
 def test_dom3_rel1_members_are_held_while_degraded_and_a_refold_repeats_nothing(
         steps: list[tuple[int, str]], action: str, cut: int) -> None:
     setup = [config({**RACK_POWER, "domainFaults": [{"kind": "rack", "share": 50, "window": "5m", "action": action,
