@@ -35,6 +35,11 @@ class NatsServerError(RuntimeError):
     """The server could not start; the message is one line naming why."""
 
 
+class PortTaken(NatsServerError):
+    """A port the server was to listen on is another process's: found before the start, or
+    the server's own "address already in use"."""
+
+
 def terminate(process: subprocess.Popen[bytes] | None, timeout_s: float = 10.0) -> None:
     """SIGTERM, then SIGKILL after ``timeout_s``: a child process that will not stop is not
     waited for forever."""
@@ -248,7 +253,7 @@ class NatsServer:
 
     def start(self) -> NatsServer:
         if port_in_use(self.port, self.host):
-            raise NatsServerError(f"port {self.host}:{self.port} is taken; pick another with --nats-port")
+            raise PortTaken(f"port {self.host}:{self.port} is taken; pick another with --nats-port")
         binary = find_binary()
         conf = self._write_config()
         log_path = self.store_dir / "nats-server.log"
@@ -265,7 +270,8 @@ class NatsServer:
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 tail = log_path.read_text(errors="replace").strip().splitlines()[-1:] or ["(no output)"]
-                raise NatsServerError(f"nats-server exited at start: {tail[0]}")
+                taken = "address already in use" in tail[0]
+                raise (PortTaken if taken else NatsServerError)(f"nats-server exited at start: {tail[0]}")
             try:
                 with socket.create_connection((self.host, self.port), timeout=0.2):
                     return self
@@ -358,11 +364,12 @@ class NatsCluster:
                     server.start()
                 self.wait_ready()
                 return self
-            except NatsServerError as exc:
+            except PortTaken:
                 self.stop()
                 # A port picked free was taken before its server bound it (another process on
-                # the host picked it too): pick again, as `up` does for its services.
-                if "address already in use" not in str(exc) or attempt == PORT_PICKS:
+                # the host picked it too; seen both before the start and at the listen, in
+                # full parallel runs): pick again, as `up` does for its services.
+                if attempt == PORT_PICKS:
                     raise
                 attempt += 1
                 self._pick_ports_again()
