@@ -735,15 +735,19 @@ def _guardrail(d: _Decision, node: Node, settings: Settings) -> tuple[str, str] 
                             fleet=state.fleet.get(node.cluster, 0),
                             standing=len(state.automated.get(node.cluster, ())), now=d.now)
     if not verdict.allowed:
-        threshold = verdict.threshold
-        bound = f"{threshold.bound} {threshold.nodes} node(s)" if threshold is not None else "a bound"
-        return "breaker", (f"halted: circuit breaker TRIPPED ({verdict.count} automated cordon(s) against "
-                           f"{bound}); reset with `healthplane policy breaker reset --cluster {node.cluster}`")
+        return "breaker", (f"halted: {_tripped(verdict.count, verdict.threshold)}; "
+                           f"reset with `healthplane policy breaker reset --cluster {node.cluster}`")
     return None
 
 
-# The trip as _guardrail words it, read back from a POLICY_HALTED after a crash (_on_own_event).
+# A trip in words (a POLICY_HALTED's message), and the same words read back after a crash
+# (_restore_trip): one is the other's inverse, so they live together.
 _TRIPPED = re.compile(r"circuit breaker TRIPPED \((\d+) automated cordon\(s\) against (?:(\w+) (\d+) node\(s\)|a bound)\)")
+
+
+def _tripped(count: int, threshold: breaker.Threshold | None) -> str:
+    bound = f"{threshold.bound} {threshold.nodes} node(s)" if threshold is not None else "a bound"
+    return f"circuit breaker TRIPPED ({count} automated cordon(s) against {bound})"
 
 
 def _restore_trip(state: PolicyState, cluster: str, event: wire.NodeEvent) -> None:

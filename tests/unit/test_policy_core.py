@@ -3,6 +3,7 @@ observe in the fold (POL-6), replay determinism (REL-1)."""
 
 from __future__ import annotations
 
+import typing
 from typing import Any
 
 import msgspec
@@ -11,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from healthplane.contracts import wire
+from healthplane_policy import breaker, rules
 from healthplane_policy.rules import PolicyState
 from tests.support.policy import (
     Driver,
@@ -435,3 +437,14 @@ def test_rem1_the_breaker_counts_remediations_like_cordons_and_halts_the_sixth_a
     [halted] = drive.events("POLICY_HALTED")
     assert halted.node_id == "n5" and "circuit breaker TRIPPED (5 automated cordon(s) against maxNodes 5 node(s))" \
         in halted.message
+
+
+@given(count=st.integers(0, 10**6), bound=st.sampled_from([None, *typing.get_args(breaker.Bound)]),
+       nodes=st.integers(0, 10**6))
+def test_pol6_rel1_a_trip_in_words_reads_back_as_the_same_trip(count: int, bound: str | None, nodes: int) -> None:
+    """The halted event's words are what a restart rebuilds the trip from: any count and bound
+    worded reads back as itself (a change to the wording that the reading misses fails here)."""
+    threshold = breaker.Threshold(nodes, bound) if bound is not None else None  # type: ignore[arg-type]
+    found = rules._TRIPPED.search(f"drain: score 20; halted: {rules._tripped(count, threshold)}; reset with …")
+    assert found is not None
+    assert found.groups() == (str(count), bound, None if bound is None else str(nodes))
