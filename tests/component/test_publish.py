@@ -136,6 +136,26 @@ async def test_a_batch_the_connection_cannot_take_is_refused_whole(nc, js: JetSt
     assert len(await publisher.store_all(_records(0, 3))) == 3  # and the connection is fine
 
 
+@pytest.mark.parametrize("write", ["store_all", "store_each"])
+async def test_a_write_whose_connection_closes_while_it_waits_for_acks_raises_at_once(
+        nats_server: NatsServer, nc, write: str) -> None:  # type: ignore[no-untyped-def]
+    # REL-1: a service stopping (its connection closed) mid-write learns at once that no ack
+    # will come, instead of after the ack timeout: its stop, and the restart after it, are
+    # not held up. A listener that never answers keeps the acks away (no 503 either).
+    heard = await nc.subscribe("never.answered.>")
+    writer = await connect(nats_server.url, name="writer", give_up_after=5)
+    publisher = Publisher(writer, ack_timeout_s=60)
+    waiting = asyncio.create_task(getattr(publisher, write)([("never.answered.a", b"1", None)]))
+    assert (await heard.next_msg(timeout=5)).data == b"1"
+    closed_at = asyncio.get_running_loop().time()
+    await writer.close()
+    with pytest.raises(PublishError, match="connection closed"):
+        async with asyncio.timeout(5):
+            outcomes = await waiting
+            raise outcomes[0] if isinstance(outcomes[0], PublishError) else AssertionError(outcomes)
+    assert asyncio.get_running_loop().time() - closed_at < 2  # the 60 s ack timeout was not waited out
+
+
 async def test_without_the_frame_writer_the_same_batch_goes_message_by_message(
         nc, js: JetStreamContext, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
     # A nats-py whose internals differ: ordinary publishes, same outcomes.

@@ -356,9 +356,13 @@ class Publisher:
     async def _answered(self, done: asyncio.Future[None], reconnects: int) -> None:
         """Until every ack of a write is in, the ack timeout, or a reconnect since the write:
         a record written to a server that died with it (kill -9 of a cluster member) is never
-        answered, so the caller retries it at once, by its id, instead of at the timeout."""
+        answered, so the caller retries it at once, by its id, instead of at the timeout. A
+        connection closed meanwhile (a service stopping, its link cut) answers nothing more
+        either: that raises at once, instead of holding the stop for the ack timeout."""
         deadline = asyncio.get_running_loop().time() + self.ack_timeout_s
         while not done.done():
+            if self._nc.is_closed:
+                raise PublishError("connection closed before every ack came")
             remaining = deadline - asyncio.get_running_loop().time()
             if remaining <= 0 or self._nc.stats.get("reconnects", 0) != reconnects:
                 return
