@@ -639,10 +639,14 @@ async def run_agent(collector: Collector, publish: Callable[[str, bytes], Awaita
             trigger: wire.ReportTrigger = "start" if first else "scheduled"
             if not first and out_of_band.is_set():
                 await asyncio.sleep(OUT_OF_BAND_COALESCE_S)
-                out_of_band.clear()
                 trigger = "kmsg"
             else:
                 next_due = time.monotonic() + settings.interval_s
+            # This report carries every finding folded so far, so it answers an out-of-band
+            # call made before it too: at the start, an error the kernel logged before the first
+            # report. Another report right after would add nothing and read as quiet, which
+            # clears a climbing counter's condition (quietReportsToClear) the moment it rose.
+            out_of_band.clear()
             last_resources = await report_cycle(collector, send, trigger, last_resources)
             first = False
         await _wait_any(stopping, out_of_band, hotplug.pending if hotplug else None, collector.remediated,

@@ -3,11 +3,12 @@ the report where the real collector would put it (COL-14, COL-8)."""
 
 from __future__ import annotations
 
+import asyncio
 from datetime import UTC, datetime
 
 import pytest
 
-from healthplane.contracts import wire
+from healthplane.contracts import subjects, wire
 from healthplane_collector.agent import Collector, Settings
 from healthplane_collector.sim import FaultError, SimNode
 
@@ -82,3 +83,41 @@ def test_silence_resume_and_clear() -> None:
 def test_bad_injection_names_what_was_wrong(fault: str, gpu: int | None, message: str) -> None:
     with pytest.raises(FaultError, match=message):
         SimNode("sim-004").inject(fault, gpu, NOW)
+
+
+@pytest.mark.parametrize("fault", ["hw-error-corrected", "mce-corrected"])
+async def test_col2_a_kernel_error_logged_before_the_first_report_rises_and_stays(fault: str) -> None:
+    # COL-2 with health-ingest's climbing counters: an error logged before the agent's first
+    # report (`sim inject` as `up` starts) goes out in that report, and no second report
+    # follows at once, which would read as quiet and clear the condition it raised (a
+    # corrected error's warning lasted milliseconds, and `node show` never saw it).
+    from healthplane_collector.agent import run_agent
+    from healthplane_health_ingest.rules import IngestConfig, NodeState, findings
+
+    node = SimNode("sim-004")
+    node.inject(fault, None, NOW)
+    sent: list[wire.HealthReport] = []
+    stopping = asyncio.Event()
+
+    async def publish(subject: str, payload: bytes) -> None:
+        if subject == subjects.report("sim", node.node_id):
+            sent.append(wire.decode(wire.HealthReport, payload))
+
+    collector = Collector(Settings(node_id=node.node_id, cluster="sim", interval_s=30), node, node.kmsg)
+    agent = asyncio.create_task(run_agent(collector, publish, stopping, node.out_of_band, _Log()))
+    async with asyncio.timeout(10):
+        while not sent:
+            await asyncio.sleep(0.01)
+    await asyncio.sleep(1.0)  # well past the out-of-band coalescing (0.2 s)
+    stopping.set()
+    await agent
+
+    state = NodeState("sim", node.node_id)
+    latest = [findings(state, report, IngestConfig()) for report in sent][-1]  # health-ingest's fold
+    assert [f.type for f in latest] == ["machine_check_errors"], [r.trigger for r in sent]
+    assert [r.trigger for r in sent] == ["start"]
+
+
+class _Log:
+    def __getattr__(self, _: str):  # type: ignore[no-untyped-def]
+        return lambda *args, **kwargs: None
