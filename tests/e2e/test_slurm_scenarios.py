@@ -28,6 +28,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.nats, pytest.mark.slurm]
 # an operator's uncordon, and no breaker counting the scenarios' cordons together.
 SETTINGS = "  maxUnavailablePercent: 50\n  cordonSuppressionMinutes: 0\n  circuitBreaker: {enabled: false}\n"
 CONFIG = "nodeHealth:\n  mode: cordon\n" + SETTINGS
+# VAL-4: how long a validation's job waits behind a user's before the user's ends: well
+# beyond the smoke suite's own run, so that a duration counting the wait would show.
+QUEUED_S = 6
 
 
 class Site:
@@ -199,7 +202,8 @@ def test_evi7_a_job_failing_on_a_node_with_a_gpu_fault_is_attributed_and_moves_t
     """SLU-3, EVI-7: a real Slurm job that fails on a node carrying a GPU fault →
     JOB_FAILURE_ATTRIBUTED (GPU_XID_ERRORS), and the node's score counts it."""
     async def scenario() -> None:
-        job = site.slurm.sbatch("sleep 14; exit 1", node="sim-002", requeue=False)  # fails once the fault is in
+        script, fail = site.slurm.held(then="exit 1")  # fails once the fault is in
+        job = site.slurm.sbatch(script, node="sim-002", requeue=False)
         await site.wait(lambda: site.job_state(job) == "RUNNING", "the job running")
         # GPU 1: sim-002's GPU 0 had its Xid in the first scenario, serviced since.
         site.ok("sim", "inject", "sim-002", "--fault", "xid:48", "--gpu", "1")
@@ -208,6 +212,7 @@ def test_evi7_a_job_failing_on_a_node_with_a_gpu_fault_is_attributed_and_moves_t
             return (await site.stack.view("sim-002")).score == 55
 
         await until(faulted)
+        fail()
 
         async def attributed() -> bool:
             return any(e.node_id == "sim-002" for e in await site.stack.events("JOB_FAILURE_ATTRIBUTED"))
@@ -259,7 +264,8 @@ def test_pol4_replace_mode_waits_for_the_nodes_running_slurm_job(site: Site, tmp
         config = tmp_path / "replace.yaml"
         config.write_text("nodeHealth:\n  mode: replace\n" + SETTINGS)
         site.ok("config", "apply", "-f", str(config))
-        job = site.slurm.sbatch("sleep 30", node="sim-003", requeue=False)  # still running when policy acts
+        script, end_job = site.slurm.held()  # still running when policy acts
+        job = site.slurm.sbatch(script, node="sim-003", requeue=False)
         await site.wait(lambda: site.job_state(job) == "RUNNING", "the job running")
 
         async def counted() -> bool:  # the adapter's record of the job is in before the fault
@@ -279,6 +285,7 @@ def test_pol4_replace_mode_waits_for_the_nodes_running_slurm_job(site: Site, tmp
         records = [(a.id, a.state, a.reason) for a in (await site.stack.allocations()).values()
                    if a.node_id == "sim-003"]
         assert not terminations, f"terminated while job {job} runs; sim-003's allocations: {records}"
+        end_job()
 
         async def answered() -> list[wire.TerminationResult]:
             return [wire.decode(wire.TerminationResult, m.data)
@@ -369,13 +376,21 @@ def test_val1_val4_a_held_busy_node_is_validated_once_its_job_ends_and_drained_a
     duration is its own, not its queued time; afterwards the node is drained again for its
     hold and the reservation is gone."""
     async def scenario() -> None:
-        # 40 s: the cordon, the drain and `node validate` must come while it runs (they took
-        # over 15 s once in a loaded full run, and the run then had nothing to wait for).
-        user = site.slurm.sbatch("sleep 40", node="sim-001", requeue=False)
+        # The user job runs until the validation's own job has queued behind it for a while:
+        # the cordon, the drain and `node validate` all come while it runs, however loaded
+        # the machine (a fixed `sleep 40` once had them take over 15 s).
+        script, end_user_job = site.slurm.held()
+        user = site.slurm.sbatch(script, node="sim-001", requeue=False)
         await site.wait(lambda: site.job_state(user) == "RUNNING", "the user job running")
         site.ok("node", "cordon", "sim-001", "--reason", "suspect NVLink")
         await site.wait(lambda: site.drained("sim-001"), "sim-001 drained in Slurm")
-        done = site.stack.cli("node", "validate", "sim-001", "--timeout", "100", timeout=120)
+        validating = asyncio.create_task(asyncio.to_thread(
+            site.stack.cli, "node", "validate", "sim-001", "--timeout", "100", timeout=120))
+        await site.wait(lambda: site.slurm.run("squeue", "-h", "-t", "PENDING", "-o", "%i").stdout.split() != [],
+                        "the validation's job queued behind the user's")
+        await asyncio.sleep(QUEUED_S)
+        end_user_job()
+        done = await validating
         assert done.returncode == 0, done.stdout + done.stderr
         event = await validation_event(site, "VALIDATION_PASSED", "sim-001")
         assert event.validation is not None and event.validation.suite == "smoke"
@@ -383,7 +398,7 @@ def test_val1_val4_a_held_busy_node_is_validated_once_its_job_ends_and_drained_a
         waited = site.slurm.job(user) or {}
         assert ran["nodes"] == "sim-001" and waited["job_state"] == "COMPLETED"
         queued = int(waited["end_time"]) - int(str(ran["submit_time"]))
-        assert queued >= 3 and int(str(ran["start_time"])) >= int(waited["end_time"])
+        assert queued >= QUEUED_S - 1 and int(str(ran["start_time"])) >= int(waited["end_time"])
         assert (event.validation.duration_seconds or 0) < queued  # VAL-4: the wait is not the run's
         await site.wait(lambda: site.drained("sim-001") and our_reservations(site) == [], "drained again, unreserved")
         assert site.reason("sim-001").endswith("(cordon: suspect NVLink)")

@@ -157,6 +157,17 @@ class SlurmCluster:
         argv += ["--wrap", script]
         return self.run(*argv).stdout.strip().split(";")[0]  # "<id>;<cluster>" on federations
 
+    def held(self, then: str = "", bound_s: int = 300) -> tuple[str, Callable[[], None]]:
+        """A job script that runs until the test releases it, then runs ``then`` (an exit
+        status, say); and the release. A test whose job must still run while something
+        happens ends it when that has happened, instead of guessing a ``sleep N`` long
+        enough for a loaded machine. ``bound_s``: the job ends by itself then, whatever the
+        test did (a failed test leaves no job behind)."""
+        flag = self.jobs_dir / f"release-{os.urandom(4).hex()}"
+        script = (f"for _ in $(seq {bound_s * 10}); do [ -e {flag} ] && break; sleep 0.1; done"
+                  + (f"; {then}" if then else ""))
+        return script, flag.touch
+
     def nodes_json(self) -> list[dict[str, Any]]:
         """`sinfo --json`'s node entries: 22.05's scontrol has no --json, and sinfo's entry
         holds every node field (state, state_flags, reason, ...)."""
