@@ -18,7 +18,7 @@ slot in one list and its reports are cut from bytes encoded once:
   publish that fails is not retried (the node's next report supersedes it, as an agent's
   does), and failures pause the loop with a jittered backoff instead of storming.
 * **Faults keep their meaning.** ``sim inject`` (the same subject as ``sim run``) moves the
-  node to a full SimNode and agent, which reports the fault at once (out of band) and from
+  node to a full SimNode and agent, which reports the fault at once (its first report) and from
   then on; a terminated instance goes silent.
 """
 
@@ -219,7 +219,7 @@ class LoadFleet:
             if not node.silent:
                 await publisher.wait(subject, await publisher.submit(subject, payload))
 
-        node.out_of_band.set()  # the fault is reported at once, as a kmsg line would make it
+        # Its first report, at once, carries the fault, as the report a kmsg line makes would.
         await run_agent(collector, publish, stopping, node.out_of_band, log.bind(node_id=node.node_id))
 
     async def _send_due(self, publisher: Any, templates: Templates, stopping: asyncio.Event, log: Any) -> None:
