@@ -327,3 +327,39 @@ async def test_rel1_a_snapshot_taken_mid_refold_sends_the_next_restart_where_thi
     assert await _restart_to(nc, js, suffix, len(inputs), snapshot_every=10**9) == toy.fold(inputs)
     _assert_exactly_once(await _outputs(js, suffix), inputs)
     await nc.close()
+
+
+async def test_rel1_a_clean_stop_with_the_bus_gone_is_prompt_and_the_restart_refolds(nats_server: NatsServer) -> None:
+    """REL-1: a service told to stop while its server is down stops at once, without the
+    snapshot it cannot store (it used to wait out the stream-info request and the ack, 7 s
+    and more, until its supervisor killed it); back up, the restart refolds from the last
+    snapshot stored and ends with the same state, every output once."""
+    suffix = "busgone"
+    inputs = _inputs(300)
+    nc, js = await _toy_bus(nats_server, suffix, inputs, duplicate_window=0.1)
+    life = await connect(nats_server.url, name="life", give_up_after=5)
+    proc = toy.processor(life, life.jetstream(), suffix, snapshot_every=100, batch=16)
+    await proc.start()
+    running = asyncio.create_task(proc.run())
+    async with asyncio.timeout(20):
+        while proc.positions.get(f"TOY_IN{suffix}", 0) < len(inputs):
+            await asyncio.sleep(0.01)
+    await asyncio.to_thread(nats_server.stop)
+    async with asyncio.timeout(5):
+        while life.is_connected:
+            await asyncio.sleep(0.02)
+    stop_at = asyncio.get_running_loop().time()
+    proc.stop()
+    await asyncio.wait_for(running, 10)
+    assert asyncio.get_running_loop().time() - stop_at < 1.5
+    await life.close()
+
+    await asyncio.to_thread(nats_server.start)
+    async with asyncio.timeout(15):
+        while not nc.is_connected:
+            await asyncio.sleep(0.05)
+    again = await connect(nats_server.url, name="again", give_up_after=5)
+    assert await _restart_to(again, again.jetstream(), suffix, len(inputs), 100) == toy.fold(inputs)
+    _assert_exactly_once(await _outputs(js, suffix), inputs)
+    await again.close()
+    await nc.close()

@@ -16,7 +16,8 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
 from healthplane.contracts import subjects
-from healthplane.runtime.replay import StoredMsg, Tail
+from healthplane.runtime.replay import StoredMsg, Tail, follow
+from healthplane.stack.natsserver import NatsServer
 
 pytestmark = [pytest.mark.nats, pytest.mark.insecure]  # the test watches the requests on the bus
 
@@ -86,3 +87,28 @@ async def test_sec8_ui2_each_follower_gets_what_its_filter_selects_from_its_star
         await spy.unsubscribe()
     # Never a subject filter for the server to match against every node's subjects.
     assert asked and not [body for body in asked if b"next_by_subj" in body]
+
+
+@pytest.mark.parametrize("reader", ["Tail", "follow"])
+async def test_a_follower_told_to_stop_with_its_bus_gone_stops_at_once(nats_server: NatsServer, nc: NATS,
+                                                                        js: JetStreamContext, reader: str) -> None:
+    # A round asked of a server that went away is never answered: a stop must not wait it
+    # out (10 s), or the service it runs in outlasts its supervisor's grace and is killed.
+    await js.publish(_event("n1", "NODE_REGISTERED"), b"{}")
+    seen, stopping = Seen(), asyncio.Event()
+    if reader == "Tail":
+        tail = Tail(nc, "HP_NODE_EVENTS", every_s=0.05)
+        tail.add("hp.event.>", seen, start_seq=1)
+        running = asyncio.create_task(tail.run(stopping))
+    else:
+        running = asyncio.create_task(follow(nc, "HP_NODE_EVENTS", "hp.event.>", seen, start_seq=1,
+                                             stopping=stopping, every_s=0.05))
+    await _until(lambda: seen.caught_up and len(seen.seqs) == 1, f"the record read ({seen.seqs}, {seen.caught_up})")
+    await asyncio.to_thread(nats_server.stop)
+    await asyncio.sleep(0.5)  # a round asked of the server that is gone
+    stop_at = asyncio.get_running_loop().time()
+    stopping.set()
+    await asyncio.wait_for(running, 10)
+    assert asyncio.get_running_loop().time() - stop_at < 1.0
+    await asyncio.to_thread(nats_server.start)  # the connection's own end, for the fixture
+    await _until(lambda: nc.is_connected, "reconnected")

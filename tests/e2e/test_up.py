@@ -82,6 +82,36 @@ def test_up_starts_answers_and_ctrl_c_leaves_nothing(tmp_path: Path) -> None:
         assert not _alive(pid), f"process {pid} outlived `healthplane up`"
 
 
+def test_rel1_a_stack_whose_bus_died_stops_at_ctrl_c_in_seconds_each_service_by_itself(tmp_path: Path) -> None:
+    """Its nats-server killed, `up` stops at Ctrl-C in seconds, every service on its own
+    ("service stopped"), none killed at up's 10 s grace: a stop used to wait on what the gone
+    bus would never answer (a follower's round, the last snapshot, the lease's release)."""
+    process = _up(tmp_path, "--no-sim")
+    logs = tmp_path / "hp" / "logs"
+    try:
+        stack = _wait_for_stack(tmp_path / "hp" / "stack.json", process)
+        names = [str(s["name"]) for s in stack["services"]]  # type: ignore[union-attr, index]
+        deadline = time.monotonic() + 60
+        while not all('"service started"' in _read(logs / f"{name}.log") for name in names):
+            assert time.monotonic() < deadline, "the services never started"
+            time.sleep(0.2)
+        time.sleep(2)  # each in its loops: following, leading, folding
+        os.kill(int(stack["natsServerPid"]), signal.SIGKILL)  # type: ignore[call-overload]
+        time.sleep(1)
+    finally:
+        stop_at = time.monotonic()
+        process.send_signal(signal.SIGINT)
+        _out, err = process.communicate(timeout=60)
+    took_s = time.monotonic() - stop_at
+    assert process.returncode == 0, err
+    assert [name for name in names if '"service stopped"' not in _read(logs / f"{name}.log")] == []
+    assert took_s < 7, f"up took {took_s:.1f} s to stop"  # 10.3 s before; 3.1 s alone after
+
+
+def _read(path: Path) -> str:
+    return path.read_text() if path.exists() else ""
+
+
 def test_sec3_up_is_secure_by_default_and_lists_paths_never_keys(tmp_path: Path) -> None:
     process = _up(tmp_path, "--no-sim")
     try:

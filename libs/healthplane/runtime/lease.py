@@ -58,6 +58,9 @@ RETRY_S = 0.5
 # leader gets no answer at all; with nats-py's 5 s default, the round in flight when the
 # election ended held the fence closed up to 5 s longer (HA-2's resume, measured up to 13 s).
 ROUND_TIMEOUT_S = 2.0
+# A release at a clean stop answers in milliseconds too; unanswered (the bus gone), the TTL
+# frees the key anyway, and the stop goes on.
+RELEASE_TIMEOUT_S = 1.0
 # Who holds a lease: a name that stays the same across a restart of the same replica (``up``
 # names each child, the systemd unit the host), so a replica restarted after a crash takes its
 # own lease back at once instead of waiting out the TTL. Two live processes must never share
@@ -262,9 +265,9 @@ class Lease:
 
     async def release(self) -> None:
         if self._revision is not None:
-            try:
+            try:  # a courtesy to the next holder, bounded: a bus that is gone answers nothing
                 kv = await self._bucket()
-                await kv.delete(self.name, last=self._revision)
+                await asyncio.wait_for(kv.delete(self.name, last=self._revision), RELEASE_TIMEOUT_S)
             except Exception:
                 pass  # it expires with the TTL
             self._revision = None

@@ -525,7 +525,14 @@ class Processor(Generic[S]):
             if self._writing is not None:
                 self._writing.cancel()  # its manifest unwritten, the snapshot in force stands
             raise
-        await self.snapshot()
+        if self._nc.is_connected:
+            await self.snapshot()
+        else:  # a bus that is gone takes no snapshot: the stop need not wait on it, and the
+            # restart refolds from the last one stored, as after a crash (REL-1)
+            if self._writing is not None:
+                self._writing.cancel()
+            if self._log is not None:
+                self._log.warning("stopping without a snapshot: not connected to the bus")
         gc.unfreeze()  # what start() set aside may be collected again (a test process goes on)
 
     async def _rebuild(self) -> None:

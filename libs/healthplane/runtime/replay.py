@@ -40,6 +40,8 @@ PAYLOADS_BATCH: Final = 50_000
 # Bytes per answer: the stream stops a batch there, well under the 64 MiB a server lets a
 # client fall behind by before it calls it slow.
 MAX_BYTES: Final = 16 * 1024 * 1024
+# A follower's (follow, Tail) one round, answered or given up: the next round asks again.
+FOLLOW_TIMEOUT_S: Final = 10.0
 EMPTY: Final = "404"
 END_OF_BATCH: Final = "204"
 TOO_MANY: Final = "413"
@@ -322,13 +324,29 @@ async def follow(nc: NATS, stream: str, subject: str, on_batch: Callable[[list[S
                            for stored in streams.stored_filters(stream, [subject])))
 
 
+async def _ask_unless_stopped(nc: NATS, stream: str, request: bytes, stopping: asyncio.Event) -> list[Msg] | None:
+    """A follower's round: the answer, or None once ``stopping`` comes first. The question is
+    dropped then: a stop must not wait out a request to a bus that may be gone (10 s each)."""
+    asking = asyncio.ensure_future(_ask(nc, stream, request, FOLLOW_TIMEOUT_S))
+    stop = asyncio.ensure_future(stopping.wait())
+    try:
+        await asyncio.wait((asking, stop), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stop.cancel()
+    if asking.done():
+        return asking.result()
+    asking.cancel()
+    await asyncio.gather(asking, return_exceptions=True)
+    return None
+
+
 async def _follow_one(nc: NATS, stream: str, filter_: str, on_batch: Callable[[list[StoredMsg], bool], None],
                       start_seq: int, stopping: asyncio.Event, every_s: float,
                       on_error: Callable[[Exception], None] | None) -> None:
     seq = start_seq
     while not stopping.is_set():
         try:
-            records = await _ask(nc, stream, _request(seq, filter_, BATCH), 10.0)
+            records = await _ask_unless_stopped(nc, stream, _request(seq, filter_, BATCH), stopping)
         except Exception as exc:  # the connection is down, the stream electing: the next round
             if on_error is not None:
                 on_error(exc)
@@ -337,6 +355,8 @@ async def _follow_one(nc: NATS, stream: str, filter_: str, on_batch: Callable[[l
             except TimeoutError:
                 pass
             continue
+        if records is None:
+            return  # stopped
         batch = [_stored(stream, msg) for msg in records]
         if batch:
             seq = batch[-1].seq + 1
@@ -391,7 +411,7 @@ class Tail:
             if self._followers:
                 cursor = min(f.next_seq for f in self._followers)
                 try:
-                    records = await _ask(self._nc, self._stream, _from(cursor, BATCH), 10.0)
+                    records = await _ask_unless_stopped(self._nc, self._stream, _from(cursor, BATCH), stopping)
                 except Exception as exc:  # the connection is down, the stream electing: the next round
                     if self._on_error is not None:
                         self._on_error(exc)
