@@ -23,6 +23,7 @@ from healthplane_collector import udev
 from healthplane_collector.agent import Collector, HostSources, Hotplug, Settings, run_agent
 from healthplane_collector.hotplug import DeviceEvent, Reprobe, reprobe_for
 from tests.support.live import live
+from tests.support.log import Log
 from tests.unit.collector.test_inventory import machine, pci_device
 from tests.unit.collector.test_resources import MIB, fake_nvidia_smi, smi_log
 
@@ -183,20 +184,6 @@ def monitor() -> Iterator[QueuedMonitor]:
     queued = QueuedMonitor()
     yield queued
     queued.close()
-
-
-class Log:
-    def __init__(self) -> None:
-        self.lines: list[tuple[str, str, dict[str, Any]]] = []
-
-    def _log(self, level: str) -> Any:
-        return lambda message, **fields: self.lines.append((level, message, fields))
-
-    def __getattr__(self, level: str) -> Any:
-        return self._log(level)
-
-    def bind(self, **fields: Any) -> Log:
-        return self
 
 
 async def test_watcher_drains_every_queued_event_COL_11(context: Any, monitor: QueuedMonitor) -> None:

@@ -41,6 +41,7 @@ from healthplane_collector.remediation import (
     take_pending,
 )
 from healthplane_collector.sim import SimNode
+from tests.support.log import Log
 
 NOW = datetime(2026, 12, 3, 10, 0, tzinfo=UTC)
 BOOT_A = "0f0e0d0c-0b0a-0908-0706-050403020100"
@@ -56,17 +57,6 @@ def request(**fields: Any) -> wire.RemediationRequest:
 
 def payload(**fields: Any) -> bytes:
     return wire.encode(request(**fields))
-
-
-class Log:
-    def __init__(self) -> None:
-        self.lines: list[tuple[str, str, dict[str, Any]]] = []
-
-    def __getattr__(self, level: str) -> Any:
-        return lambda message, **fields: self.lines.append((level, message, fields))
-
-    def bind(self, **fields: Any) -> Log:
-        return self
 
 
 # ---------------------------------------------------------------------------- what a payload is

@@ -11,6 +11,7 @@ import pytest
 from healthplane.contracts import subjects, wire
 from healthplane_collector.agent import Collector, Settings
 from healthplane_collector.sim import FaultError, SimNode
+from tests.support.log import Log
 
 NOW = datetime(2026, 11, 30, 9, 0, tzinfo=UTC)
 
@@ -104,7 +105,7 @@ async def test_col2_a_kernel_error_logged_before_the_first_report_rises_and_stay
             sent.append(wire.decode(wire.HealthReport, payload))
 
     collector = Collector(Settings(node_id=node.node_id, cluster="sim", interval_s=30), node, node.kmsg)
-    agent = asyncio.create_task(run_agent(collector, publish, stopping, node.out_of_band, _Log()))
+    agent = asyncio.create_task(run_agent(collector, publish, stopping, node.out_of_band, Log()))
     async with asyncio.timeout(10):
         while not sent:
             await asyncio.sleep(0.01)
@@ -116,8 +117,3 @@ async def test_col2_a_kernel_error_logged_before_the_first_report_rises_and_stay
     latest = [findings(state, report, IngestConfig()) for report in sent][-1]  # health-ingest's fold
     assert [f.type for f in latest] == ["machine_check_errors"], [r.trigger for r in sent]
     assert [r.trigger for r in sent] == ["start"]
-
-
-class _Log:
-    def __getattr__(self, _: str):  # type: ignore[no-untyped-def]
-        return lambda *args, **kwargs: None
