@@ -17,7 +17,7 @@ from nats.js import JetStreamContext
 from healthplane.contracts import subjects, wire
 from healthplane.runtime.connect import connect
 from healthplane.runtime.fold import Inbound
-from healthplane.runtime.lease import HEADER, Lease
+from healthplane.runtime.lease import HEADER, RELEASE_TIMEOUT_S, Lease
 from healthplane.runtime.replay import read_all, replay
 from healthplane.stack.natsserver import NatsServer
 from healthplane_scorer.fold import ScorerCore, node_view
@@ -160,3 +160,26 @@ async def _differences_from_replay(nc, js: JetStreamContext) -> list[str]:  # ty
 async def _numbered(js: JetStreamContext):  # type: ignore[no-untyped-def]
     async for msg in replay(js, "HP_ASSESSMENTS", "hp.assess.>"):
         yield msg.seq, msg
+
+
+async def test_a_release_with_the_bus_gone_gives_up_within_its_bound(nats_server: NatsServer,
+                                                                     js: JetStreamContext) -> None:
+    # A clean stop while the server is down: the release is a courtesy (the TTL frees the key
+    # anyway), so it gives up within RELEASE_TIMEOUT_S, not the bucket request's own timeout
+    # (30 s here), and the stop goes on.
+    nc = await connect(nats_server.url, name="release-test", creds=creds_for(nats_server, "scorer"), give_up_after=5)
+    lease = Lease(nc.jetstream(timeout=30), "scorer", "me")
+    assert await lease.attempt()
+    await asyncio.to_thread(nats_server.stop)
+    async with asyncio.timeout(5):
+        while nc.is_connected:
+            await asyncio.sleep(0.02)
+    started = asyncio.get_running_loop().time()
+    await lease.release()
+    assert asyncio.get_running_loop().time() - started < RELEASE_TIMEOUT_S + 0.5
+    assert not lease.is_leader and lease.fence() is None
+    await asyncio.to_thread(nats_server.start)  # the connection's own end
+    async with asyncio.timeout(15):
+        while not nc.is_connected:
+            await asyncio.sleep(0.05)
+    await nc.close()
