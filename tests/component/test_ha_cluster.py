@@ -14,6 +14,7 @@ import subprocess
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from datetime import datetime, timedelta
 from pathlib import Path
 
@@ -27,7 +28,7 @@ from healthplane.contracts import streams, wire
 from healthplane.runtime import converge
 from healthplane.runtime.connect import connect
 from healthplane.runtime.replay import read_all
-from healthplane.stack.natsserver import NatsCluster, NatsServer
+from healthplane.stack.natsserver import CLUSTER_READY_TIMEOUT_S, NatsCluster, NatsServer
 from tests.support.pipeline import (
     Fleet,
     assert_views_equal_a_replay,
@@ -204,6 +205,23 @@ async def _latest_revision(nc, js: JetStreamContext) -> int:  # type: ignore[no-
     found = await read_all(nc, js, "HP_NODES", "hp.node.>", last_per_subject=True)
     return max((int((m.headers or {}).get("Hp-Lease-Rev", "0")) for m in found), default=0)
 
+
+
+def test_ha1_two_servers_given_one_route_port_start_on_new_ones(tmp_path: Path) -> None:
+    # Seen in a full run: the second server listened for clients, then exited over its route
+    # port, which the first held; the start took it for up and waited 30 s for a leader.
+    servers = NatsCluster(tmp_path / "nats")
+    first, second = servers.servers[0], servers.servers[1]
+    assert first.routes is not None and second.routes is not None
+    second.routes = replace(second.routes, port=first.routes.port)
+    started = time.monotonic()
+    servers.start()
+    try:
+        assert len({s.routes.port for s in servers.servers if s.routes is not None}) == 3
+        assert all(server.healthy() for server in servers.servers)
+        assert time.monotonic() - started < CLUSTER_READY_TIMEOUT_S
+    finally:
+        servers.stop()
 
 
 @pytest.mark.parametrize("which", ["route", "client"])

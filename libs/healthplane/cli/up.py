@@ -231,7 +231,7 @@ def _federation(args: argparse.Namespace, config: ClusterConfig) -> Federation |
         raise federation.FederationError("--federation-hub and --attach configure the server up starts; for your "
                                          "own servers set their domain and leaf nodes (docs/federation.md)")
     if args.federation_hub:
-        return Federation(federation.HUB_DOMAIN, leaf_port=args.leaf_port or _pick_port())
+        return Federation(federation.HUB_DOMAIN, leaf_port=args.leaf_port or free_port())
     if not args.insecure and not args.attach_creds:
         raise federation.FederationError("--attach needs --attach-creds FILE: the member credentials "
                                          "`healthplane federation attach NAME` printed on the hub")
@@ -436,7 +436,7 @@ def _start_service(name: str, nats_url: str, log_dir: Path, identities: Identiti
     env: dict[str, str] = {}
     http_port = None
     if name == "api":  # its port is kept across restarts: an open page reconnects by itself
-        http_port = api_port or _pick_port()
+        http_port = api_port or free_port()
         env["HEALTHPLANE_API_PORT"] = str(http_port)
         if hub:
             env["HEALTHPLANE_FEDERATION_HUB"] = "1"
@@ -447,7 +447,7 @@ def _start_service(name: str, nats_url: str, log_dir: Path, identities: Identiti
 
 def _start_child(name: str, command: list[str], nats_url: str, log_dir: Path, identities: Identities | None,
                  replica: int = 1, *, env: dict[str, str] | None = None, http_port: int | None = None) -> Child:
-    port = _pick_port()
+    port = free_port()
     creds = identities.by_child[name] if identities else None  # replicas share their service's identity
     process = _spawn(_label(name, replica), command, port, nats_url, log_dir, creds, env or {})
     return Child(name, command, port, process, creds, replica=replica, env=env or {}, http_port=http_port)
@@ -505,25 +505,11 @@ def _check_alive(children: list[Child], log_dir: Path, nats_url: str, timeout_s:
         time.sleep(0.1)
 
 
-# Every port this `up` handed a child. A port is picked free, and is bound only when the child
-# listens: two picks in a row can name the same port (seen: eviction and the scheduler given one
-# metrics port; the scheduler, restarted on it again and again, never ran).
-_HANDED_OUT: set[int] = set()
-
-
-def _pick_port() -> int:
-    """A free port no other child of this `up` was given."""
-    while (port := free_port()) in _HANDED_OUT:
-        pass
-    _HANDED_OUT.add(port)
-    return port
-
-
 def _repick_ports(child: Child) -> None:
     """New ports for a child whose port was taken (its metrics', and the api's own if up chose it)."""
-    child.port = _pick_port()
+    child.port = free_port()
     if child.name == "api" and child.http_port_picked:
-        child.http_port = _pick_port()
+        child.http_port = free_port()
         child.env["HEALTHPLANE_API_PORT"] = str(child.http_port)
 
 

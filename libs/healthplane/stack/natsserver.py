@@ -20,6 +20,7 @@ import sysconfig
 import time
 import urllib.error
 import urllib.request
+from collections import deque
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -78,21 +79,32 @@ def find_binary() -> str:
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A port free now, for a server started a moment later. Taken below the kernel's range of
-    ephemeral ports: a port from that range (what binding port 0 gives) may meanwhile become
-    the local end of any outgoing connection on the host, and the server then fails to bind
-    (seen: a test cluster's route port taken so, in a full parallel run). Where the range
-    leaves no room below it, the kernel's pick."""
+    """A port free now, for a server started a moment later, and not handed out by this process
+    lately. Taken below the kernel's range of ephemeral ports: a port from that range (what
+    binding port 0 gives) may meanwhile become the local end of any outgoing connection on the
+    host, and the server then fails to bind (seen: a test cluster's route port taken so, in a
+    full parallel run). Where the range leaves no room below it, the kernel's pick."""
     low = _ephemeral_low()
     if low > _PICK_FLOOR + 1000:
         for _ in range(64):
             port = random.randrange(_PICK_FLOOR, low)
-            if not port_in_use(port, host):
+            if port not in _HANDED_OUT and not port_in_use(port, host):
+                _HANDED_OUT.append(port)
                 return port
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
+    while True:
+        with socket.socket() as sock:
+            sock.bind((host, 0))
+            port = int(sock.getsockname()[1])
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.append(port)
+            return port
 
+
+# The ports free_port handed out lately. A port picked free is bound only when its server
+# listens, so two picks in a row can name the same one (seen: `up`'s eviction and scheduler given
+# one metrics port, the scheduler never ran; a test cluster's two servers given one route port,
+# the cluster never elected a leader).
+_HANDED_OUT: deque[int] = deque(maxlen=4096)
 
 _PICK_FLOOR = 20_000  # above the well-known services' registered ports most hosts use
 
@@ -268,10 +280,8 @@ class NatsServer:
             )
         deadline = time.monotonic() + READY_TIMEOUT_S
         while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                tail = log_path.read_text(errors="replace").strip().splitlines()[-1:] or ["(no output)"]
-                taken = "address already in use" in tail[0]
-                raise (PortTaken if taken else NatsServerError)(f"nats-server exited at start: {tail[0]}")
+            if (exited := self.exited_at_start()) is not None:
+                raise exited
             try:
                 with socket.create_connection((self.host, self.port), timeout=0.2):
                     return self
@@ -279,6 +289,18 @@ class NatsServer:
                 time.sleep(0.05)
         self.stop()
         raise NatsServerError(f"nats-server did not listen on {self.url} within {READY_TIMEOUT_S:g}s")
+
+    def exited_at_start(self) -> NatsServerError | None:
+        """Why the server started last has exited, in its log's last line; None while it runs.
+        A port of its own another process holds is PortTaken: the client port is checked by
+        connecting, the route and leaf ports only by the server, which may listen for clients
+        and then exit over one of those."""
+        if self.process is None or self.process.poll() is None:
+            return None
+        log = self.store_dir / "nats-server.log"
+        tail = log.read_text(errors="replace").strip().splitlines()[-1:] or ["(no output)"]
+        taken = "address already in use" in tail[0]
+        return (PortTaken if taken else NatsServerError)(f"nats-server {self.name} exited at start: {tail[0]}")
 
     def stop(self, timeout_s: float = 10.0) -> None:
         terminate(self.process, timeout_s)
@@ -390,6 +412,9 @@ class NatsCluster:
         deadline = time.monotonic() + timeout_s
         running = [s for s in self.servers if s.process is not None and s.process.poll() is None]
         while not all(server.healthy() for server in running):
+            for server in running:
+                if (exited := server.exited_at_start()) is not None:
+                    raise exited
             if time.monotonic() > deadline:
                 waiting = next(s.name for s in running if not s.healthy())
                 raise NatsServerError(f"nats-server cluster not ready within {timeout_s:g}s: {waiting} "
