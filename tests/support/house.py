@@ -83,13 +83,14 @@ def _ours(name: str) -> bool:
 def modules() -> dict[str, Module]:
     found: dict[str, Module] = {}
     paths = sorted(LIBS.rglob("*.py")) + sorted(p for p in SERVICES.rglob("*.py") if "templates" not in p.parts)
+    trees: dict[str, ast.Module] = {}
     for path in paths:
         tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
         name = _module_name(path)
         doc = (ast.get_docstring(tree) or "").strip().split("\n\n")[0].replace("\n", " ")
-        found[name] = Module(name, path, doc)
+        found[name], trees[name] = Module(name, path, doc), tree
     for module in found.values():
-        tree = ast.parse(module.path.read_text(encoding="utf-8"))
+        tree = trees[module.name]
         package = module.name if module.path.name == "__init__.py" else module.name.rpartition(".")[0]
         for node in ast.walk(tree):
             if isinstance(node, ast.Import):

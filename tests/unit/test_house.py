@@ -6,13 +6,19 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from tests.support import house
 
-FOUND = house.modules()
+
+@pytest.fixture(scope="module")
+def found() -> dict[str, house.Module]:
+    """Read when this file's tests run, not when every worker collects the suite (3 CPU-s each)."""
+    return house.modules()
 
 
-def test_no_import_cycle_anywhere() -> None:
-    assert house.cycles(FOUND) == []
+def test_no_import_cycle_anywhere(found: dict[str, house.Module]) -> None:
+    assert house.cycles(found) == []
 
 
 def test_the_cycle_finder_finds_one() -> None:
@@ -23,8 +29,8 @@ def test_the_cycle_finder_finds_one() -> None:
     assert house.cycles({m.name: m for m in (a, b, c)}) == [["healthplane_x.a", "healthplane_x.b"]]
 
 
-def test_each_group_imports_only_those_below_it_and_services_never_each_other() -> None:
-    assert house.layer_breaches(FOUND) == []
+def test_each_group_imports_only_those_below_it_and_services_never_each_other(found: dict[str, house.Module]) -> None:
+    assert house.layer_breaches(found) == []
 
 
 def test_a_service_importing_another_is_a_breach() -> None:
@@ -35,20 +41,20 @@ def test_a_service_importing_another_is_a_breach() -> None:
         "runtime, client)"]
 
 
-def test_folds_and_rules_reach_no_io() -> None:
+def test_folds_and_rules_reach_no_io(found: dict[str, house.Module]) -> None:
     """A fold imports nothing that does I/O (STYLE.md, "A fold, shaped"), however indirectly."""
-    assert house.fold_io(FOUND) == {}
-    folds = [m for m in FOUND.values() if m.path.name == "fold.py"]
+    assert house.fold_io(found) == {}
+    folds = [m for m in found.values() if m.path.name == "fold.py"]
     assert len(folds) >= 7, [m.name for m in folds]  # every stateful service's fold was looked at
 
 
-def test_the_cli_is_imported_only_by_the_cli_and_the_collectors_commands() -> None:
-    importers = {m.name for m in FOUND.values() for t in m.imports
-                 if FOUND[t].group == "cli" and m.group != "cli"}
+def test_the_cli_is_imported_only_by_the_cli_and_the_collectors_commands(found: dict[str, house.Module]) -> None:
+    importers = {m.name for m in found.values() for t in m.imports
+                 if found[t].group == "cli" and m.group != "cli"}
     assert importers <= house.SERVICE_CLI_MODULES | {"healthplane"}, sorted(importers)
 
 
-def test_the_architecture_page_is_what_the_code_draws() -> None:
+def test_the_architecture_page_is_what_the_code_draws(found: dict[str, house.Module]) -> None:
     page = house.ROOT / "docs" / "architecture.md"
-    assert page.read_text(encoding="utf-8") == house.render(FOUND), (
+    assert page.read_text(encoding="utf-8") == house.render(found), (
         "docs/architecture.md is stale: run `python -m tests.support.house docs/architecture.md`")
