@@ -25,7 +25,7 @@ test *ARGS: lint
     # from caching what it compiles (it is set on the machine this was measured on: a service's
     # imports took 0.93 CPU-s uncompiled, 0.70 compiled).
     python -m compileall -q libs services tests > /dev/null
-    started=$(date +%s); status=0; python -m pytest -q -n "${HEALTHPLANE_TEST_WORKERS:-4}" --dist loadfile --no-loadscope-reorder {{ARGS}} || status=$?; echo "dev test: pytest took $(( $(date +%s) - started )) s"; exit $status
+    started=$(date +%s); status=0; python -m pytest -q -n "${HEALTHPLANE_TEST_WORKERS:-4}" --dist loadfile {{ARGS}} || status=$?; echo "dev test: pytest took $(( $(date +%s) - started )) s"; exit $status
 
 # Lint and type-check
 lint:

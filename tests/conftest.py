@@ -37,22 +37,6 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "insecure: the test's nats-server runs without authentication")
 
 
-# The order files are handed to `just test`'s workers (`--no-loadscope-reorder` keeps it): the
-# files that start whole stacks first, the unit tests last. xdist's own order, most tests first,
-# left the end-to-end files (a few tests of 20-60 s each) for last, so that one or two workers ran
-# them alone for minutes while the others had nothing left to do.
-_DIRECTORY_ORDER = ("e2e", "component", "security", "monitoring", "unit")
-
-
-def _file_rank(item: pytest.Item) -> int:
-    directory = item.nodeid.split("/")[1]  # tests/<directory>/...
-    return _DIRECTORY_ORDER.index(directory) if directory in _DIRECTORY_ORDER else len(_DIRECTORY_ORDER)
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    items.sort(key=_file_rank)  # stable: a file's tests keep their order
-
-
 @pytest.fixture(autouse=True)
 def _shared_empty_stays_empty() -> Iterator[None]:
     """heap.EMPTY is the empty field of every record in every fold's state that has nothing
