@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import subprocess
-import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
@@ -21,8 +19,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from healthplane.contracts import subjects, wire
 from healthplane.runtime import converge
-from healthplane.stack.natsserver import NatsServer, free_port
+from healthplane.stack.natsserver import NatsServer
 from tests.support.secure import env_for
+from tests.support.service import spawn
 
 pytestmark = pytest.mark.nats
 
@@ -65,11 +64,8 @@ async def _put(js: JetStreamContext, events: list[wire.NodeEvent]) -> None:
 @contextmanager
 def api(nats_server: NatsServer, tmp_path: Path, name: str) -> Iterator[str]:
     """One api replica as a process; yields its metrics URL."""
-    port = free_port()
     env = env_for(nats_server, "api", HEALTHPLANE_API_PORT="0", HEALTHPLANE_INSTANCE=f"test-{name}")
-    with open(tmp_path / f"{name}.log", "ab") as log:
-        process = subprocess.Popen([sys.executable, "-m", "healthplane.cli", "service", "api",
-                                    "--metrics-port", str(port)], env=env, stdout=subprocess.DEVNULL, stderr=log)
+    process, port = spawn("api", env, tmp_path / f"{name}.log")
     try:
         yield f"http://127.0.0.1:{port}/metrics"
     finally:

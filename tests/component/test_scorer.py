@@ -82,15 +82,13 @@ async def test_only_the_leader_exports_node_series_and_failover_moves_them(
         nats_server: NatsServer, js: JetStreamContext, tmp_path: Path) -> None:
     # SCO-6: series from the lease holder only; absent score for an unscored node; a replica
     # takes over when the leader dies.
-    from healthplane.stack.natsserver import free_port
     from tests.support.records import resource_report
+    from tests.support.service import spawn
 
-    ports = [free_port(), free_port()]
     ingest = start(nats_server, "health-ingest", tmp_path / "ingest.log")
-    scorers = [subprocess.Popen(
-        [sys.executable, "-m", "healthplane.cli", "service", "scorer", "--metrics-port", str(port)],
-        env=env_for(nats_server, "scorer", HEALTHPLANE_INSTANCE=f"scorer-{port}"),  # two replicas
-        stdout=subprocess.DEVNULL, stderr=open(tmp_path / f"scorer-{port}.log", "ab")) for port in ports]
+    started = [spawn("scorer", env_for(nats_server, "scorer", HEALTHPLANE_INSTANCE=f"scorer-{i}"),  # two replicas
+                     tmp_path / f"scorer-{i}.log") for i in range(2)]
+    scorers, ports = [process for process, _ in started], [port for _, port in started]
     try:
         await js.publish(subjects.resource("lab", "fresh-1"), wire.encode(resource_report("fresh-1", cluster="lab")))
         node = SimNode("gpu-1")

@@ -19,6 +19,7 @@ from nats.js import JetStreamContext
 from healthplane.runtime import converge
 from healthplane.stack.natsserver import NatsServer, free_port
 from tests.support.secure import env_for
+from tests.support.service import spawn
 
 pytestmark = pytest.mark.nats
 
@@ -53,11 +54,7 @@ def test_a_bad_setting_is_one_line_naming_it_and_exit_2(nats_server: NatsServer,
 async def test_the_schedulers_say_ready_only_once_caught_up(nats_server: NatsServer, js: JetStreamContext, tmp_path: Path,
                                                             service: str, extra: dict[str, str]) -> None:
     await converge.ensure(js)  # as `up` does: a service's identity may not create streams
-    port = free_port()
-    with open(tmp_path / f"{service}.log", "ab") as log:
-        process = subprocess.Popen([sys.executable, "-m", "healthplane.cli", "service", service,
-                                    "--metrics-port", str(port)], env=env_for(nats_server, service, **extra),
-                                   stdout=subprocess.DEVNULL, stderr=log)
+    process, port = spawn(service, env_for(nats_server, service, **extra), tmp_path / f"{service}.log")
     try:
         answers: list[tuple[int, str]] = []
         async with httpx.AsyncClient(timeout=5) as http, asyncio.timeout(60):
@@ -134,3 +131,27 @@ async def test_up_starts_a_child_again_on_new_ports_when_the_one_it_picked_was_t
             child.process.terminate()
             child.process.wait(10)
 
+
+
+async def test_a_service_a_test_starts_on_a_port_taken_meanwhile_starts_on_another(
+        nats_server: NatsServer, js: JetStreamContext, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tests' own starts pick again like `up` (tests.support.service): a full run had a
+    service's metrics port taken by another worker's process between the pick and the listen."""
+    from tests.support import service as support
+
+    await converge.ensure(js)
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        taken = held.getsockname()[1]
+        picks = iter([taken, free_port()])
+        monkeypatch.setattr(support, "free_port", lambda: next(picks))
+        process, port = support.spawn("scheduler", env_for(nats_server, "scheduler"), tmp_path / "scheduler.log")
+    try:
+        assert port != taken
+        async with httpx.AsyncClient(timeout=5) as http:
+            assert (await http.get(f"http://127.0.0.1:{port}/metrics")).status_code == 200
+        assert "metrics endpoint cannot listen" in (tmp_path / "scheduler.log").read_text()  # the first try's
+    finally:
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(30) == 0

@@ -25,8 +25,9 @@ from nats.js import JetStreamContext
 from healthplane.contracts import subjects, wire
 from healthplane.contracts.config import parse_cluster_config
 from healthplane.runtime.replay import read_all
-from healthplane.stack.natsserver import NatsServer, free_port
+from healthplane.stack.natsserver import NatsServer
 from tests.support.secure import apply_config, env_for
+from tests.support.service import spawn
 from tests.support.slurm import SlurmCluster
 
 pytestmark = [pytest.mark.nats, pytest.mark.slurm]
@@ -42,14 +43,11 @@ class Adapter:
                            HEALTHPLANE_SLURM_INTERVAL_SECONDS="0.5", HEALTHPLANE_SLURM_CONFIRM_SECONDS="2",
                            **settings)
         self.log = tmp_path / "slurm-adapter.log"
-        self.port = free_port()
+        self.port = 0
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> Adapter:
-        with open(self.log, "ab") as log:
-            self.process = subprocess.Popen(
-                [sys.executable, "-m", "healthplane.cli", "service", "slurm-adapter", "--metrics-port", str(self.port)],
-                stdout=log, stderr=subprocess.STDOUT, env=self.env, start_new_session=True)
+        self.process, self.port = spawn("slurm-adapter", self.env, self.log, start_new_session=True)
         return self
 
     def kill(self) -> None:

@@ -20,10 +20,11 @@ from healthplane.contracts import streams, subjects, wire
 from healthplane.contracts.config import parse_cluster_config
 from healthplane.runtime import configstore, converge, deadletters
 from healthplane.runtime.replay import replay
-from healthplane.stack.natsserver import NatsServer, free_port
+from healthplane.stack.natsserver import NatsServer
 from healthplane_substrate_bridge.metrics import BucketGauges
 from tests.support.records import resource_report
 from tests.support.secure import env_for
+from tests.support.service import spawn
 
 pytestmark = pytest.mark.nats
 MIB = 1024 * 1024
@@ -31,13 +32,9 @@ MIB = 1024 * 1024
 
 class BridgeProcess:
     def __init__(self, server: NatsServer, log: Path, **env: str) -> None:
-        self.port = free_port()
         self.log = log
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "healthplane.cli", "service", "substrate-bridge", "--metrics-port", str(self.port)],
-            env=env_for(server, "substrate-bridge", HEALTHPLANE_BUCKET_SAMPLE_SECONDS="0.2", **env),
-            stdout=subprocess.DEVNULL, stderr=open(log, "ab"),
-        )
+        self.process, self.port = spawn(
+            "substrate-bridge", env_for(server, "substrate-bridge", HEALTHPLANE_BUCKET_SAMPLE_SECONDS="0.2", **env), log)
 
     def lines(self) -> list[dict[str, object]]:
         return [json.loads(line) for line in self.log.read_text().splitlines() if line.startswith("{")]

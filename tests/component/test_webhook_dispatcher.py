@@ -12,7 +12,6 @@ import itertools
 import json
 import os
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -37,6 +36,7 @@ from healthplane.stack.natsserver import NatsServer, free_port
 from healthplane_webhook_dispatcher.dispatch import Dispatcher
 from healthplane_webhook_dispatcher.rules import Settings, endpoint_label
 from tests.support.secure import apply_config, creds_for, env_for
+from tests.support.service import spawn
 from tests.support.webhook_receiver import HOSTILE, Hostile, Misbehaviour, Received, Receiver
 
 pytestmark = pytest.mark.nats
@@ -466,14 +466,11 @@ async def test_secrets_never_reach_logs_or_metrics(nats_server: NatsServer, js: 
                       {"url": url_with_credentials, "secret": "s3cr3t-value-9f2e", "maxAttempts": 2},
                       {"url": f"http://127.0.0.1:{dead_port}/x?api_key=k3y-dead-5150", "secret": "an0ther-s3cret",
                        "maxAttempts": 2})
-    metrics_port = free_port()
     log_path = tmp_path / "dispatcher.log"
-    with open(log_path, "wb") as log_file:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "healthplane.cli", "service", "webhook-dispatcher", "--metrics-port", str(metrics_port)],
-            env={**env_for(nats_server, "webhook-dispatcher"),
-                 "HEALTHPLANE_WEBHOOK_BACKOFF_BASE_SECONDS": "0.05", "HEALTHPLANE_WEBHOOK_DRAIN_SECONDS": "0.5"},
-            stdout=subprocess.DEVNULL, stderr=log_file)
+    process, metrics_port = spawn("webhook-dispatcher",
+                                  {**env_for(nats_server, "webhook-dispatcher"),
+                                   "HEALTHPLANE_WEBHOOK_BACKOFF_BASE_SECONDS": "0.05",
+                                   "HEALTHPLANE_WEBHOOK_DRAIN_SECONDS": "0.5"}, log_path)
     try:
         async with asyncio.timeout(20):
             while "webhook endpoints in force" not in log_path.read_text():

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import signal
 import subprocess
-import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -27,11 +26,12 @@ from healthplane.runtime import deadletters
 from healthplane.runtime.connect import connect
 from healthplane.runtime.replay import read_all
 from healthplane.stack.keystore import Keystore
-from healthplane.stack.natsserver import NatsServer, free_port
+from healthplane.stack.natsserver import NatsServer
 from healthplane_collector.agent import Collector, Settings
 from healthplane_collector.sim import SimNode
 from tests.support.records import resource_report
 from tests.support.secure import env_for
+from tests.support.service import spawn
 
 pytestmark = pytest.mark.nats
 CLUSTER = "lab"
@@ -43,10 +43,8 @@ async def _report(node: SimNode) -> bytes:
     return wire.encode(await collector.collect("scheduled", datetime.now(UTC)))
 
 
-def _start(server: NatsServer, service: str, port: int, log: Path) -> subprocess.Popen[bytes]:
-    with open(log, "ab") as out:
-        return subprocess.Popen([sys.executable, "-m", "healthplane.cli", "service", service, "--metrics-port",
-                                 str(port)], env=env_for(server, service), stdout=subprocess.DEVNULL, stderr=out)
+def _start(server: NatsServer, service: str, log: Path) -> tuple[subprocess.Popen[bytes], int]:
+    return spawn(service, env_for(server, service), log)
 
 
 def _mismatches(port: int, service: str, stream: str) -> float:
@@ -57,8 +55,8 @@ def _mismatches(port: int, service: str, stream: str) -> float:
 
 async def test_sec7_a_node_cannot_report_for_another_node(nats_server: NatsServer, nc: NATS, js: JetStreamContext,
                                                           keystore: Keystore, tmp_path: Path) -> None:
-    ports = {"health-ingest": free_port(), "substrate-bridge": free_port()}
-    processes = [_start(nats_server, name, port, tmp_path / f"{name}.log") for name, port in ports.items()]
+    started = {name: _start(nats_server, name, tmp_path / f"{name}.log") for name in ("health-ingest", "substrate-bridge")}
+    processes, ports = [process for process, _ in started.values()], {name: port for name, (_, port) in started.items()}
     node_creds = keystore.node("sim-002", CLUSTER, tmp_path / "sim-002.creds")
     attacker = await connect(nats_server.url, name="root-on-sim-002", creds=str(node_creds), give_up_after=5)
     try:
@@ -112,8 +110,7 @@ async def test_sec7_a_node_whose_id_needs_escaping_is_still_its_own(nats_server:
     """The references' id form (``10.0.0.42/9100``) travels escaped in its subject token; the
     identity check compares encoded tokens, so the node's own report is folded, not refused."""
     node_id = "10.0.0.42/9100"
-    port = free_port()
-    ingest = _start(nats_server, "health-ingest", port, tmp_path / "health-ingest.log")
+    ingest, port = _start(nats_server, "health-ingest", tmp_path / "health-ingest.log")
     creds = keystore.node(node_id, CLUSTER, tmp_path / "escaped.creds")
     node = await connect(nats_server.url, name="escaped", creds=str(creds), give_up_after=5)
     try:
