@@ -22,8 +22,9 @@ from nats.js.errors import NotFoundError
 from healthplane.contracts import subjects, wire
 from healthplane.contracts.config import parse_cluster_config
 from healthplane.runtime.replay import replay
-from healthplane.stack.natsserver import NatsServer, free_port
+from healthplane.stack.natsserver import NatsServer
 from tests.support.secure import apply_config, env_for
+from tests.support.service import listening_port
 
 pytestmark = pytest.mark.nats
 CLUSTER = "lab"
@@ -35,10 +36,10 @@ def at(minutes: float) -> datetime:
 
 
 @asynccontextmanager
-async def policy_service(server: NatsServer, js: JetStreamContext, log: Path, metrics_port: int = 0) -> AsyncIterator[subprocess.Popen[bytes]]:
+async def policy_service(server: NatsServer, js: JetStreamContext, log: Path) -> AsyncIterator[subprocess.Popen[bytes]]:
     earlier = _read(log).count("service started")  # a restart appends to the same log
-    process = subprocess.Popen(
-        [sys.executable, "-m", "healthplane.cli", "service", "policy", "--metrics-port", str(metrics_port)],
+    process = subprocess.Popen(  # its metrics port the kernel's: tests.support.service.listening_port
+        [sys.executable, "-m", "healthplane.cli", "service", "policy", "--metrics-port", "0"],
         env=env_for(server, "policy"),
         stdout=subprocess.DEVNULL, stderr=open(log, "ab"))
     try:
@@ -264,8 +265,8 @@ async def test_pol6_breaker_trips_at_its_bound_reports_metrics_and_resets_from_t
     await apply(js, {"mode": "cordon", "maxUnavailablePercent": 100,
                      "circuitBreaker": {"percentage": 0, "maxNodes": 2, "duration": "10m"}})
     await register(js, 8)
-    port = free_port()
-    async with policy_service(nats_server, js, tmp_path / "policy.log", metrics_port=port):
+    async with policy_service(nats_server, js, tmp_path / "policy.log"):
+        port = listening_port(tmp_path / "policy.log")
         for i in range(4):
             await degrade(js, f"n{i}", 50, 1)
 

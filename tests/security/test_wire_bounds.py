@@ -24,7 +24,7 @@ from healthplane.contracts import permissions, subjects, wire
 from healthplane.runtime import deadletters
 from healthplane.runtime.connect import connect
 from healthplane.stack.keystore import Keystore
-from healthplane.stack.natsserver import NatsServer, free_port
+from healthplane.stack.natsserver import NatsServer
 from healthplane_collector.sim import SimNode
 from tests.security.test_identity import CLUSTER, _report, _start
 
@@ -55,9 +55,8 @@ def _packed(report: bytes) -> tuple[bytes, int]:
 async def test_sec11_a_report_of_many_list_items_under_the_cap_is_dead_lettered_and_the_node_goes_on(
         nats_server: NatsServer, nc: NATS, js: JetStreamContext, keystore: Keystore, tmp_path: Path) -> None:
     """SEC-11, REL-3: the decoder's bound refuses what the payload cap lets through."""
-    port = free_port()
     log = tmp_path / "health-ingest.log"
-    ingest = _start(nats_server, "health-ingest", port, log)
+    ingest, port = _start(nats_server, "health-ingest", log)
     node = await connect(nats_server.url, name=f"root-on-{NODE}",
                          creds=str(keystore.node(NODE, CLUSTER, tmp_path / f"{NODE}.creds")), give_up_after=5)
     try:

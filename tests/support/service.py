@@ -1,46 +1,56 @@
-"""``healthplane service NAME`` started by a test on a metrics port picked free, as `up` starts
-its children: a port picked free is not yet bound, and another worker's process may take it
-before the service listens (seen in full runs: "metrics endpoint cannot listen", the service
-gone with EXIT_PORT_IN_USE). The service is then started again on another port, up to
-PORT_PICKS times, and the test never sees the first try."""
+"""``healthplane service NAME`` started by a test on a metrics port the kernel picks
+(``--metrics-port 0``): bound as it is picked. A port a test picked free first and handed over
+is not yet bound, and in a full run another worker's process took one before the service
+listened ("metrics endpoint cannot listen", the slurm adapter gone with EXIT_PORT_IN_USE). The
+port is read from the service's own log line."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
-
-from healthplane.runtime.lifecycle import EXIT_PORT_IN_USE
-from healthplane.stack.natsserver import PORT_PICKS, free_port
+from urllib.parse import urlsplit
 
 LISTEN_TIMEOUT_S = 60.0  # a service's imports, on a machine the whole suite keeps busy
+ENDPOINT_EVENT = "metrics endpoint"  # healthplane.runtime.lifecycle logs it with the URL it serves
 
 
 def spawn(service: str, env: dict[str, str], log: Path, **popen: Any) -> tuple[subprocess.Popen[bytes], int]:
-    """The service's process, listening on its metrics port (or exited for another reason,
-    which the test sees), and that port. Its log lines are appended to ``log``."""
-    for attempt in range(1, PORT_PICKS + 1):
-        port = free_port()
-        with open(log, "ab") as out:
-            process = subprocess.Popen([sys.executable, "-m", "healthplane.cli", "service", service,
-                                        "--metrics-port", str(port)],
-                                       env=env, stdout=subprocess.DEVNULL, stderr=out, **popen)
-        if not _lost_its_port(process, port, log) or attempt == PORT_PICKS:
-            return process, port
-    raise AssertionError("unreachable")
-
-
-def _lost_its_port(process: subprocess.Popen[bytes], port: int, log: Path) -> bool:
-    """Until the service logs its metrics endpoint on ``port`` (its own line: a connection to
-    the port could reach the process that took it) or exits; True if it exited over the port."""
-    listening = f':{port}/metrics"'
+    """The service's process, listening on its metrics port, and that port. Its log lines are
+    appended to ``log`` (a restart may share it: the port is from this process's line)."""
+    earlier = len(_endpoints(log))
+    with open(log, "ab") as out:
+        process = subprocess.Popen([sys.executable, "-m", "healthplane.cli", "service", service, "--metrics-port", "0"],
+                                   env=env, stdout=subprocess.DEVNULL, stderr=out, **popen)
     deadline = time.monotonic() + LISTEN_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            return process.returncode == EXIT_PORT_IN_USE
-        if listening in log.read_text(encoding="utf-8", errors="replace"):
-            return False
+    while len(_endpoints(log)) == earlier:
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()
+            raise AssertionError(f"{service} did not listen: {_tail(log)}")
         time.sleep(0.05)
-    return False
+    return process, listening_port(log)
+
+
+def listening_port(log: Path) -> int:
+    """The metrics port the service that wrote ``log`` last said it listens on."""
+    found = _endpoints(log)
+    port = urlsplit(found[-1]).port if found else None
+    assert port is not None, f"no {ENDPOINT_EVENT!r} line with a port: {_tail(log)}"
+    return port
+
+
+def _endpoints(log: Path) -> list[str]:
+    urls = []
+    for line in _tail(log, 1 << 30).splitlines():
+        if line.startswith("{") and ENDPOINT_EVENT in line:
+            record = json.loads(line)
+            if record.get("event") == ENDPOINT_EVENT:
+                urls.append(str(record["url"]))
+    return urls
+
+
+def _tail(log: Path, size: int = 2000) -> str:
+    return log.read_text(encoding="utf-8", errors="replace")[-size:] if log.exists() else ""
