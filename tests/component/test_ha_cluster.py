@@ -11,6 +11,7 @@ import json
 import signal
 import socket
 import subprocess
+import threading
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
@@ -28,7 +29,12 @@ from healthplane.contracts import streams, wire
 from healthplane.runtime import converge
 from healthplane.runtime.connect import connect
 from healthplane.runtime.replay import read_all
-from healthplane.stack.natsserver import CLUSTER_READY_TIMEOUT_S, NatsCluster, NatsServer
+from healthplane.stack.natsserver import (
+    CLUSTER_READY_TIMEOUT_S,
+    NatsCluster,
+    NatsServer,
+    NatsServerError,
+)
 from tests.support.pipeline import (
     Fleet,
     assert_views_equal_a_replay,
@@ -221,6 +227,24 @@ def test_ha1_two_servers_given_one_route_port_start_on_new_ones(tmp_path: Path) 
         assert all(server.healthy() for server in servers.servers)
         assert time.monotonic() - started < CLUSTER_READY_TIMEOUT_S
     finally:
+        servers.stop()
+
+
+def test_ha1_a_member_gone_while_the_cluster_waits_for_a_leader_is_said_at_once(tmp_path: Path) -> None:
+    # The readiness wait looks at its members' processes, not only at their /healthz: one gone
+    # (here killed; in a full run, exited over a taken route port after it listened for clients)
+    # is reported then, not after the whole timeout.
+    servers = NatsCluster(tmp_path / "nats")
+    alone = servers.servers[0].start()  # one of three: no leader can be elected
+    killer = threading.Timer(0.5, alone.kill)
+    killer.start()
+    started = time.monotonic()
+    try:
+        with pytest.raises(NatsServerError, match="hp-0 exited at start"):
+            servers.wait_ready(timeout_s=10)
+        assert time.monotonic() - started < 5
+    finally:
+        killer.cancel()
         servers.stop()
 
 

@@ -24,7 +24,7 @@ from healthplane.contracts.config import parse_cluster_config
 from healthplane.runtime.replay import replay
 from healthplane.stack.natsserver import NatsServer
 from tests.support.secure import apply_config, env_for
-from tests.support.service import listening_port
+from tests.support.service import listening_port, spawn
 
 pytestmark = pytest.mark.nats
 CLUSTER = "lab"
@@ -38,10 +38,7 @@ def at(minutes: float) -> datetime:
 @asynccontextmanager
 async def policy_service(server: NatsServer, js: JetStreamContext, log: Path) -> AsyncIterator[subprocess.Popen[bytes]]:
     earlier = _read(log).count("service started")  # a restart appends to the same log
-    process = subprocess.Popen(  # its metrics port the kernel's: tests.support.service.listening_port
-        [sys.executable, "-m", "healthplane.cli", "service", "policy", "--metrics-port", "0"],
-        env=env_for(server, "policy"),
-        stdout=subprocess.DEVNULL, stderr=open(log, "ab"))
+    process, _ = spawn("policy", env_for(server, "policy"), log)  # its port: listening_port(log)
     try:
         async def started() -> bool:
             return _read(log).count("service started") > earlier

@@ -44,7 +44,7 @@ def listening_port(log: Path) -> int:
 
 def _endpoints(log: Path) -> list[str]:
     urls = []
-    for line in _tail(log, 1 << 30).splitlines():
+    for line in (log.read_text(encoding="utf-8", errors="replace") if log.exists() else "").splitlines():
         if line.startswith("{") and ENDPOINT_EVENT in line:
             record = json.loads(line)
             if record.get("event") == ENDPOINT_EVENT:
@@ -52,5 +52,5 @@ def _endpoints(log: Path) -> list[str]:
     return urls
 
 
-def _tail(log: Path, size: int = 2000) -> str:
-    return log.read_text(encoding="utf-8", errors="replace")[-size:] if log.exists() else ""
+def _tail(log: Path) -> str:
+    return log.read_text(encoding="utf-8", errors="replace")[-2000:] if log.exists() else ""
